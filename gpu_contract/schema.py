@@ -1,0 +1,325 @@
+"""The node annotation contract, version 1: the one thing the agent and the scorer share.
+
+The agent encodes a `NodeGpuState` into `gpu-scheduler.example.com/*` annotation strings and a JSON
+merge patch; the scorer decodes whatever it finds on a Node back into a `DecodedAnnotations`. Both
+binaries import this module, and it imports neither pynvml nor kubernetes, so a scorer image never
+loads NVML and the agent never links the scorer's HTTP stack.
+
+Decoding is deliberately lenient per field and strict per value: one unparsable or out-of-range
+value (NaN, inf, negative, a fraction above 1) drops that field alone, with a problem recorded,
+while the rest of the node's data stays usable. An unknown `schema-version` drops everything,
+because the meaning of every other key may have changed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Final
+
+SCHEMA_VERSION: Final = "1"
+DEFAULT_PREFIX: Final = "gpu-scheduler.example.com/"
+# The API server stamps this manager's entry in metadata.managedFields with its own clock on every
+# write that changes the Node; the scorer uses that time to catch a node clock that lies.
+FIELD_MANAGER: Final = "gpu-scheduler-agent"
+
+# A DNS subdomain (RFC 1123), as Kubernetes requires for an annotation key's prefix.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_MAX_PREFIX_LEN: Final = 253
+
+
+class Health(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    UNAVAILABLE = "unavailable"
+
+
+class Field(StrEnum):
+    """Key names after the prefix. The order here is the order of encoded output."""
+
+    UTILIZATION = "utilization"
+    UTILIZATION_MAX = "utilization-max"
+    MEMORY_FRAGMENTATION = "memory-fragmentation"
+    MEMORY_FREE_MIB = "memory-free-mib"
+    MEMORY_LARGEST_FREE_MIB = "memory-largest-free-mib"
+    TEMPERATURE = "temperature"
+    GPU_MODEL = "gpu-model"
+    GPU_COUNT = "gpu-count"
+    HEALTH = "health"
+    HEALTH_DETAIL = "health-detail"
+    UPDATED_AT = "updated-at"
+    SCHEMA_VERSION = "schema-version"
+
+
+MIXED_MODELS: Final = "mixed"
+# Long enough for a few per-GPU problems, short enough to stay readable in `kubectl describe node`.
+MAX_HEALTH_DETAIL_CHARS: Final = 256
+
+
+class PrefixError(ValueError):
+    """The configured annotation prefix is not a DNS subdomain followed by `/`."""
+
+
+def normalize_prefix(prefix: str) -> str:
+    """Return the prefix with exactly one trailing `/`, or raise `PrefixError` naming the rule."""
+    domain = prefix.strip().rstrip("/")
+    if not domain or len(domain) > _MAX_PREFIX_LEN or not _DNS_SUBDOMAIN.match(domain):
+        raise PrefixError(
+            f"annotation prefix {prefix!r} must be a DNS subdomain (lowercase letters, digits, "
+            f"'-' and '.', at most {_MAX_PREFIX_LEN} characters), optionally followed by '/'"
+        )
+    return domain + "/"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The full annotation keys for one prefix, computed once and reused on every encode/decode."""
+
+    prefix: str
+    by_field: Mapping[Field, str]
+    by_key: Mapping[str, Field]
+
+    @classmethod
+    def for_prefix(cls, prefix: str = DEFAULT_PREFIX) -> Keys:
+        normalized = normalize_prefix(prefix)
+        by_field = {f: normalized + f.value for f in Field}
+        return cls(normalized, by_field, {k: f for f, k in by_field.items()})
+
+    def __getitem__(self, f: Field) -> str:
+        return self.by_field[f]
+
+
+DEFAULT_KEYS: Final = Keys.for_prefix(DEFAULT_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpuState:
+    """What the agent publishes about one node. `None` means "not measured": the key is omitted."""
+
+    health: Health
+    updated_at: datetime
+    utilization: float | None = None
+    utilization_max: float | None = None
+    memory_fragmentation: float | None = None
+    memory_free_mib: int | None = None
+    memory_largest_free_mib: int | None = None
+    temperature_c: int | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    health_detail: str | None = None
+
+
+def normalize_model_name(product_name: str) -> str:
+    """`NVIDIA A100-SXM4-80GB` -> `NVIDIA-A100-SXM4-80GB`, the `nvidia.com/gpu.product` style."""
+    return "-".join(product_name.split())
+
+
+def format_fraction(value: float) -> str:
+    """Two decimals, clamped to [0, 1], never an exponent: `0.42`."""
+    clamped = min(1.0, max(0.0, value))
+    return f"{clamped:.2f}"
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 UTC with second resolution and a `Z`: `2026-11-30T14:19:24Z`."""
+    if moment.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """Parse an RFC 3339 timestamp (any offset, optional fraction) to aware UTC; `None` if invalid.
+
+    Kubernetes writes `...Z`; a hand-edited annotation may carry an offset. A timestamp without
+    an offset is refused rather than guessed at, because its age would depend on the reader's zone.
+    """
+    candidate = text.strip()
+    if len(candidate) < 20 or candidate[10] not in "Tt":
+        return None
+    if candidate[-1] in "Zz":
+        candidate = candidate[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(candidate)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.astimezone(UTC)
+
+
+def _clean_detail(detail: str) -> str:
+    flat = " ".join(detail.split())
+    if len(flat) <= MAX_HEALTH_DETAIL_CHARS:
+        return flat
+    return flat[: MAX_HEALTH_DETAIL_CHARS - 1] + "…"
+
+
+def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
+    """The annotations for `state`: full key -> string value, unmeasured fields left out."""
+    values: dict[Field, str | None] = {
+        Field.UTILIZATION: (
+            None if state.utilization is None else format_fraction(state.utilization)
+        ),
+        Field.UTILIZATION_MAX: (
+            None if state.utilization_max is None else format_fraction(state.utilization_max)
+        ),
+        Field.MEMORY_FRAGMENTATION: (
+            None
+            if state.memory_fragmentation is None
+            else format_fraction(state.memory_fragmentation)
+        ),
+        Field.MEMORY_FREE_MIB: _format_count(state.memory_free_mib),
+        Field.MEMORY_LARGEST_FREE_MIB: _format_count(state.memory_largest_free_mib),
+        Field.TEMPERATURE: None if state.temperature_c is None else str(int(state.temperature_c)),
+        Field.GPU_MODEL: state.gpu_model,
+        Field.GPU_COUNT: _format_count(state.gpu_count),
+        Field.HEALTH: state.health.value,
+        Field.HEALTH_DETAIL: (
+            _clean_detail(state.health_detail)
+            if state.health_detail and state.health is not Health.OK
+            else None
+        ),
+        Field.UPDATED_AT: format_timestamp(state.updated_at),
+        Field.SCHEMA_VERSION: SCHEMA_VERSION,
+    }
+    return {keys[f]: v for f, v in values.items() if v is not None}
+
+
+def _format_count(value: int | None) -> str | None:
+    return None if value is None else str(max(0, int(value)))
+
+
+def merge_patch(
+    annotations: Mapping[str, str],
+    keys: Keys = DEFAULT_KEYS,
+    current: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, dict[str, str | None]]]:
+    """A JSON merge patch body that makes the Node's prefix keys exactly `annotations`.
+
+    Every schema key missing from `annotations` is deleted with `null`; so is any other key under
+    the prefix that `current` (the Node's annotations as last seen) holds, such as a key of an
+    older schema. Keys outside the prefix are never named, so other writers' annotations survive.
+    """
+    body: dict[str, str | None] = dict(annotations)
+    for full_key in keys.by_key:
+        body.setdefault(full_key, None)
+    if current:
+        for full_key in current:
+            if full_key.startswith(keys.prefix):
+                body.setdefault(full_key, None)
+    return {"metadata": {"annotations": body}}
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedAnnotations:
+    """What a reader can trust from a Node's annotations.
+
+    `state` is `None` when the node carries no usable data at all (no annotations of the prefix,
+    an unknown schema version, or no parsable `updated-at`); `problems` says why, and also lists
+    each single field that was dropped for a bad value.
+    """
+
+    state: NodeGpuState | None
+    problems: tuple[str, ...] = field(default=())
+    schema_version: str | None = None
+
+
+_FRACTION_FIELDS: Final = (Field.UTILIZATION, Field.UTILIZATION_MAX, Field.MEMORY_FRAGMENTATION)
+_COUNT_FIELDS: Final = (Field.MEMORY_FREE_MIB, Field.MEMORY_LARGEST_FREE_MIB, Field.GPU_COUNT)
+
+
+def _parse_fraction(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0.0 or value > 1.0:
+        return None
+    return value
+
+
+def _parse_count(text: str) -> int | None:
+    stripped = text.strip()
+    if not stripped.isascii() or not stripped.isdigit():
+        return None
+    return int(stripped)
+
+
+def _parse_temperature(text: str) -> int | None:
+    stripped = text.strip()
+    body = stripped[1:] if stripped.startswith("-") else stripped
+    if not body.isascii() or not body.isdigit() or len(body) > 4:
+        return None
+    return int(stripped)
+
+
+def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> DecodedAnnotations:
+    """Read the contract back from a Node's annotations, dropping (and naming) bad values."""
+    get = annotations.get
+    version = get(keys[Field.SCHEMA_VERSION])
+    if version is None:
+        if not any(k.startswith(keys.prefix) for k in annotations):
+            return DecodedAnnotations(None, ("no gpu annotations",))
+        return DecodedAnnotations(None, ("schema-version missing",))
+    if version.strip() != SCHEMA_VERSION:
+        return DecodedAnnotations(None, (f"unknown schema-version {version!r}",), version)
+
+    updated_text = get(keys[Field.UPDATED_AT])
+    updated_at = None if updated_text is None else parse_timestamp(updated_text)
+    if updated_at is None:
+        reason = "updated-at missing" if updated_text is None else "updated-at unparsable"
+        return DecodedAnnotations(None, (reason,), version)
+
+    problems: list[str] = []
+    health_text = get(keys[Field.HEALTH])
+    try:
+        health = Health(health_text.strip()) if health_text is not None else None
+    except ValueError:
+        health = None
+    if health is None:
+        # Without a health verdict the numbers may still be right; treat the node as degraded
+        # rather than discarding what was measured.
+        problems.append("health missing" if health_text is None else "health unparsable")
+        health = Health.DEGRADED
+
+    fractions: dict[Field, float | None] = {}
+    for f in _FRACTION_FIELDS:
+        text = get(keys[f])
+        value = None if text is None else _parse_fraction(text)
+        if text is not None and value is None:
+            problems.append(f"{f.value} invalid")
+        fractions[f] = value
+
+    counts: dict[Field, int | None] = {}
+    for f in _COUNT_FIELDS:
+        text = get(keys[f])
+        count = None if text is None else _parse_count(text)
+        if text is not None and count is None:
+            problems.append(f"{f.value} invalid")
+        counts[f] = count
+
+    temperature_text = get(keys[Field.TEMPERATURE])
+    temperature = None if temperature_text is None else _parse_temperature(temperature_text)
+    if temperature_text is not None and temperature is None:
+        problems.append("temperature invalid")
+
+    model = get(keys[Field.GPU_MODEL])
+    detail = get(keys[Field.HEALTH_DETAIL])
+    state = NodeGpuState(
+        health=health,
+        updated_at=updated_at,
+        utilization=fractions[Field.UTILIZATION],
+        utilization_max=fractions[Field.UTILIZATION_MAX],
+        memory_fragmentation=fractions[Field.MEMORY_FRAGMENTATION],
+        memory_free_mib=counts[Field.MEMORY_FREE_MIB],
+        memory_largest_free_mib=counts[Field.MEMORY_LARGEST_FREE_MIB],
+        temperature_c=temperature,
+        gpu_model=model.strip() if model and model.strip() else None,
+        gpu_count=counts[Field.GPU_COUNT],
+        health_detail=detail,
+    )
+    return DecodedAnnotations(state, tuple(problems), version)

@@ -1,0 +1,1 @@
+"""Simulation and demo tooling: a local Kubernetes API stand-in, fleet traces, the demo."""
