@@ -42,3 +42,6 @@ class NodeReading:
     lost: tuple[str, ...] = field(default=())
     # Set when NVML itself failed this tick: no GPU could be read at all.
     fatal: str | None = None
+    # The NVML error kinds met this tick ("NotSupported", "GpuIsLost", "FunctionNotFound", ...),
+    # one entry per failed call, for the agent's `nvml errors by kind` metric.
+    error_kinds: tuple[str, ...] = ()
