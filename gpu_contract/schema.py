@@ -124,6 +124,13 @@ def format_fraction(value: float) -> str:
     return f"{clamped:.2f}"
 
 
+def _fraction_or_none(value: float | None) -> str | None:
+    # NaN would clamp to 0.00 and read as an idle GPU: a value that is not a number is unmeasured.
+    if value is None or not math.isfinite(value):
+        return None
+    return format_fraction(value)
+
+
 def format_timestamp(moment: datetime) -> str:
     """RFC 3339 UTC with second resolution and a `Z`: `2026-11-30T14:19:24Z`."""
     if moment.tzinfo is None:
@@ -144,11 +151,11 @@ def parse_timestamp(text: str) -> datetime | None:
         candidate = candidate[:-1] + "+00:00"
     try:
         parsed = datetime.fromisoformat(candidate)
-    except ValueError:
+        if parsed.tzinfo is None:
+            return None
+        return parsed.astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: an offset that leaves years 1..9999
         return None
-    if parsed.tzinfo is None:
-        return None
-    return parsed.astimezone(UTC)
 
 
 def _clean_detail(detail: str) -> str:
@@ -161,17 +168,9 @@ def _clean_detail(detail: str) -> str:
 def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
     """The annotations for `state`: full key -> string value, unmeasured fields left out."""
     values: dict[Field, str | None] = {
-        Field.UTILIZATION: (
-            None if state.utilization is None else format_fraction(state.utilization)
-        ),
-        Field.UTILIZATION_MAX: (
-            None if state.utilization_max is None else format_fraction(state.utilization_max)
-        ),
-        Field.MEMORY_FRAGMENTATION: (
-            None
-            if state.memory_fragmentation is None
-            else format_fraction(state.memory_fragmentation)
-        ),
+        Field.UTILIZATION: _fraction_or_none(state.utilization),
+        Field.UTILIZATION_MAX: _fraction_or_none(state.utilization_max),
+        Field.MEMORY_FRAGMENTATION: _fraction_or_none(state.memory_fragmentation),
         Field.MEMORY_FREE_MIB: _format_count(state.memory_free_mib),
         Field.MEMORY_LARGEST_FREE_MIB: _format_count(state.memory_largest_free_mib),
         Field.TEMPERATURE: None if state.temperature_c is None else str(int(state.temperature_c)),
@@ -180,7 +179,7 @@ def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
         Field.HEALTH: state.health.value,
         Field.HEALTH_DETAIL: (
             _clean_detail(state.health_detail)
-            if state.health_detail and state.health is not Health.OK
+            if state.health_detail and state.health_detail.strip() and state.health is not Health.OK
             else None
         ),
         Field.UPDATED_AT: format_timestamp(state.updated_at),
@@ -242,9 +241,13 @@ def _parse_fraction(text: str) -> float | None:
     return value
 
 
+# Far above any real MiB count, far below Python's int-parsing digit limit.
+_MAX_COUNT_DIGITS: Final = 15
+
+
 def _parse_count(text: str) -> int | None:
     stripped = text.strip()
-    if not stripped.isascii() or not stripped.isdigit():
+    if not stripped.isascii() or not stripped.isdigit() or len(stripped) > _MAX_COUNT_DIGITS:
         return None
     return int(stripped)
 
@@ -257,50 +260,58 @@ def _parse_temperature(text: str) -> int | None:
     return int(stripped)
 
 
+_HEALTH_BY_TEXT: Final = {h.value: h for h in Health}
+
+
 def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> DecodedAnnotations:
-    """Read the contract back from a Node's annotations, dropping (and naming) bad values."""
+    """Read the contract back from a Node's annotations, dropping (and naming) bad values.
+
+    A record with no `schema-version` but a parsable `updated-at` is the original design's format,
+    written before the version key existed (`utilization` and `updated-at` alone); it is read as
+    version 1, since version 1 only added keys, and its missing `health` counts as `ok`.
+    """
     get = annotations.get
+    problems: list[str] = []
     version = get(keys[Field.SCHEMA_VERSION])
     if version is None:
         if not any(k.startswith(keys.prefix) for k in annotations):
             return DecodedAnnotations(None, ("no gpu annotations",))
-        return DecodedAnnotations(None, ("schema-version missing",))
-    if version.strip() != SCHEMA_VERSION:
+        problems.append("schema-version missing (read as 1)")
+    elif version.strip() != SCHEMA_VERSION:
         return DecodedAnnotations(None, (f"unknown schema-version {version!r}",), version)
 
     updated_text = get(keys[Field.UPDATED_AT])
     updated_at = None if updated_text is None else parse_timestamp(updated_text)
     if updated_at is None:
         reason = "updated-at missing" if updated_text is None else "updated-at unparsable"
-        return DecodedAnnotations(None, (reason,), version)
+        return DecodedAnnotations(None, (*problems, reason), version)
 
-    problems: list[str] = []
     health_text = get(keys[Field.HEALTH])
-    try:
-        health = Health(health_text.strip()) if health_text is not None else None
-    except ValueError:
-        health = None
+    health = None if health_text is None else _HEALTH_BY_TEXT.get(health_text.strip())
     if health is None:
-        # Without a health verdict the numbers may still be right; treat the node as degraded
-        # rather than discarding what was measured.
-        problems.append("health missing" if health_text is None else "health unparsable")
-        health = Health.DEGRADED
+        if health_text is None and version is None:
+            health = Health.OK
+        else:
+            # Without a health verdict the numbers may still be right; treat the node as
+            # degraded rather than discarding what was measured.
+            problems.append("health missing" if health_text is None else "health unparsable")
+            health = Health.DEGRADED
 
-    fractions: dict[Field, float | None] = {}
+    fractions: list[float | None] = []
     for f in _FRACTION_FIELDS:
         text = get(keys[f])
         value = None if text is None else _parse_fraction(text)
         if text is not None and value is None:
             problems.append(f"{f.value} invalid")
-        fractions[f] = value
+        fractions.append(value)
 
-    counts: dict[Field, int | None] = {}
+    counts: list[int | None] = []
     for f in _COUNT_FIELDS:
         text = get(keys[f])
         count = None if text is None else _parse_count(text)
         if text is not None and count is None:
             problems.append(f"{f.value} invalid")
-        counts[f] = count
+        counts.append(count)
 
     temperature_text = get(keys[Field.TEMPERATURE])
     temperature = None if temperature_text is None else _parse_temperature(temperature_text)
@@ -308,18 +319,18 @@ def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Decoded
         problems.append("temperature invalid")
 
     model = get(keys[Field.GPU_MODEL])
-    detail = get(keys[Field.HEALTH_DETAIL])
+    model = model.strip() if model else None
     state = NodeGpuState(
         health=health,
         updated_at=updated_at,
-        utilization=fractions[Field.UTILIZATION],
-        utilization_max=fractions[Field.UTILIZATION_MAX],
-        memory_fragmentation=fractions[Field.MEMORY_FRAGMENTATION],
-        memory_free_mib=counts[Field.MEMORY_FREE_MIB],
-        memory_largest_free_mib=counts[Field.MEMORY_LARGEST_FREE_MIB],
+        utilization=fractions[0],
+        utilization_max=fractions[1],
+        memory_fragmentation=fractions[2],
+        memory_free_mib=counts[0],
+        memory_largest_free_mib=counts[1],
         temperature_c=temperature,
-        gpu_model=model.strip() if model and model.strip() else None,
-        gpu_count=counts[Field.GPU_COUNT],
-        health_detail=detail,
+        gpu_model=model or None,
+        gpu_count=counts[2],
+        health_detail=get(keys[Field.HEALTH_DETAIL]),
     )
     return DecodedAnnotations(state, tuple(problems), version)
