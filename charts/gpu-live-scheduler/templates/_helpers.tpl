@@ -1,0 +1,325 @@
+{{/*
+Names, labels and the few derived values that more than one template needs.
+*/}}
+
+{{- define "gls.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped base name; component names append a suffix, so keep room for it. */}}
+{{- define "gls.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gls.agent.fullname" -}}{{ include "gls.fullname" . }}-agent{{- end -}}
+{{- define "gls.scorer.fullname" -}}{{ include "gls.fullname" . }}-scorer{{- end -}}
+{{- define "gls.scheduler.fullname" -}}{{ include "gls.fullname" . }}-scheduler{{- end -}}
+
+{{- define "gls.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "gls.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: pass (dict "root" $ "component" "agent"). */}}
+{{- define "gls.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gls.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gls.componentLabels" -}}
+{{ include "gls.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The one image both binaries ship in; a digest wins over a tag. */}}
+{{- define "gls.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+kube-scheduler must not be newer than the API server and should match its minor version, so an
+empty tag means the cluster's own version (vendor suffixes such as -eks-... dropped).
+*/}}
+{{- define "gls.scheduler.image" -}}
+{{- $img := .Values.scheduler.image -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else if $img.tag -}}
+{{- printf "%s:%s" $img.repository $img.tag -}}
+{{- else -}}
+{{- $v := regexFind "[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- printf "%s:v%s" $img.repository $v -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The annotation prefix with exactly one trailing slash, as both binaries normalise it. */}}
+{{- define "gls.annotationPrefix" -}}
+{{- printf "%s/" (trimSuffix "/" .Values.annotationPrefix) -}}
+{{- end -}}
+
+{{- define "gls.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create -}}
+{{- default (include "gls.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- else -}}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gls.scorer.serviceAccountName" -}}
+{{- if .Values.scorer.serviceAccount.create -}}
+{{- default (include "gls.scorer.fullname" .) .Values.scorer.serviceAccount.name -}}
+{{- else -}}
+{{- required "scorer.serviceAccount.name is required when scorer.serviceAccount.create is false" .Values.scorer.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gls.scheduler.serviceAccountName" -}}
+{{- if .Values.scheduler.serviceAccount.create -}}
+{{- default (include "gls.scheduler.fullname" .) .Values.scheduler.serviceAccount.name -}}
+{{- else -}}
+{{- required "scheduler.serviceAccount.name is required when scheduler.serviceAccount.create is false" .Values.scheduler.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gls.scheduler.leaseName" -}}
+{{- default (include "gls.scheduler.fullname" .) .Values.scheduler.leaderElection.resourceName -}}
+{{- end -}}
+
+{{- define "gls.scorer.sidecar" -}}
+{{- if eq .Values.scorer.mode "sidecar" -}}true{{- end -}}
+{{- end -}}
+
+{{/* Path prefix with a leading slash and no trailing one ("" for the root). */}}
+{{- define "gls.scorer.pathPrefix" -}}
+{{- $p := trimSuffix "/" (trimPrefix "/" .Values.scorer.pathPrefix) -}}
+{{- if $p -}}/{{ $p }}{{- end -}}
+{{- end -}}
+
+{{- define "gls.scorer.host" -}}
+{{- if include "gls.scorer.sidecar" . -}}
+{{- "127.0.0.1" -}}
+{{- else -}}
+{{- printf "%s.%s.svc" (include "gls.scorer.fullname" .) .Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What kube-scheduler puts before "/<verb>" when it calls the extender. */}}
+{{- define "gls.scorer.urlPrefix" -}}
+{{- $scheme := ternary "https" "http" .Values.scorer.tls.enabled -}}
+{{- printf "%s://%s:%d%s" $scheme (include "gls.scorer.host" .) (int .Values.scorer.port) (include "gls.scorer.pathPrefix" .) -}}
+{{- end -}}
+
+{{- define "gls.scorer.tlsServerName" -}}
+{{- if .Values.scorer.tls.serverName -}}
+{{- .Values.scorer.tls.serverName -}}
+{{- else if include "gls.scorer.sidecar" . -}}
+{{- "localhost" -}}
+{{- else -}}
+{{- include "gls.scorer.host" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Mount points inside the containers. */}}
+{{- define "gls.scorer.tlsDir" -}}/etc/gpu-scorer/tls{{- end -}}
+{{- define "gls.scorer.policyDir" -}}/etc/gpu-scorer/policy{{- end -}}
+{{- define "gls.scheduler.configDir" -}}/etc/kubernetes/gpu-scheduler{{- end -}}
+{{- define "gls.scheduler.tlsDir" -}}/etc/kubernetes/gpu-scheduler/extender-tls{{- end -}}
+
+{{/* Environment of the agent: GPU_AGENT_<FLAG_UPPER_SNAKE>, as `gpu-agent run` reads it. */}}
+{{- define "gls.agent.config" -}}
+GPU_AGENT_SOURCE: {{ .Values.agent.source | quote }}
+GPU_AGENT_SAMPLE_INTERVAL: {{ .Values.agent.sampleIntervalSeconds | toString | quote }}
+GPU_AGENT_MIN_WRITE_INTERVAL: {{ .Values.agent.minWriteIntervalSeconds | toString | quote }}
+GPU_AGENT_HEARTBEAT: {{ .Values.agent.heartbeatSeconds | toString | quote }}
+GPU_AGENT_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
+GPU_AGENT_METRICS_PORT: {{ .Values.agent.metricsPort | toString | quote }}
+GPU_AGENT_LOG_LEVEL: {{ .Values.agent.logLevel | quote }}
+GPU_AGENT_LOG_FORMAT: {{ .Values.agent.logFormat | quote }}
+{{- if eq .Values.agent.source "simulated" }}
+GPU_AGENT_SIMULATED_GPUS: {{ .Values.agent.simulated.gpus | toString | quote }}
+GPU_AGENT_SIMULATED_MODEL: {{ .Values.agent.simulated.model | quote }}
+GPU_AGENT_SEED: {{ .Values.agent.simulated.seed | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment of the scorer: GPU_SCORER_<FLAG_UPPER_SNAKE>, as `gpu-scorer serve` reads it. */}}
+{{- define "gls.scorer.config" -}}
+GPU_SCORER_HOST: {{ .Values.scorer.host | quote }}
+GPU_SCORER_PORT: {{ .Values.scorer.port | toString | quote }}
+GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
+GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
+GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
+GPU_SCORER_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
+{{- if kindIs "invalid" .Values.scorer.staleAfterSeconds }}
+GPU_SCORER_STALE_AFTER_S: {{ mulf 3 .Values.agent.heartbeatSeconds | toString | quote }}
+{{- else }}
+GPU_SCORER_STALE_AFTER_S: {{ .Values.scorer.staleAfterSeconds | toString | quote }}
+{{- end }}
+{{- if .Values.scorer.policy }}
+GPU_SCORER_POLICY_FILE: {{ printf "%s/policy.json" (include "gls.scorer.policyDir" .) | quote }}
+{{- end }}
+{{- if .Values.scorer.tls.enabled }}
+GPU_SCORER_TLS_CERT_FILE: {{ printf "%s/tls.crt" (include "gls.scorer.tlsDir" .) | quote }}
+GPU_SCORER_TLS_KEY_FILE: {{ printf "%s/tls.key" (include "gls.scorer.tlsDir" .) | quote }}
+{{- if .Values.scorer.tls.clientAuth }}
+GPU_SCORER_TLS_CLIENT_CA_FILE: {{ printf "%s/ca.crt" (include "gls.scorer.tlsDir" .) | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Probes of the scorer: kubelet cannot present a client certificate, so mTLS falls back to TCP. */}}
+{{- define "gls.scorer.probes" -}}
+{{- if and .Values.scorer.tls.enabled .Values.scorer.tls.clientAuth }}
+livenessProbe:
+  tcpSocket:
+    port: http
+  {{- toYaml .Values.scorer.livenessProbe | nindent 2 }}
+readinessProbe:
+  tcpSocket:
+    port: http
+  {{- toYaml .Values.scorer.readinessProbe | nindent 2 }}
+{{- else }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: http
+    scheme: {{ ternary "HTTPS" "HTTP" .Values.scorer.tls.enabled }}
+  {{- toYaml .Values.scorer.livenessProbe | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: http
+    scheme: {{ ternary "HTTPS" "HTTP" .Values.scorer.tls.enabled }}
+  {{- toYaml .Values.scorer.readinessProbe | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The scorer container, shared by the Deployment and the scheduler's sidecar. */}}
+{{- define "gls.scorer.container" -}}
+- name: scorer
+  image: {{ include "gls.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["gpu-scorer"]
+  args:
+    - serve
+    {{- range .Values.scorer.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  envFrom:
+    - configMapRef:
+        name: {{ include "gls.scorer.fullname" . }}
+  {{- with .Values.scorer.extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ .Values.scorer.port }}
+      protocol: TCP
+  {{- include "gls.scorer.probes" . | trim | nindent 2 }}
+  resources:
+    {{- toYaml .Values.scorer.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.scorer.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+    {{- if .Values.scorer.policy }}
+    - name: scorer-policy
+      mountPath: {{ include "gls.scorer.policyDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if .Values.scorer.tls.enabled }}
+    - name: scorer-tls
+      mountPath: {{ include "gls.scorer.tlsDir" . }}
+      readOnly: true
+    {{- end }}
+{{- end -}}
+
+{{- define "gls.scorer.volumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 16Mi
+{{- if .Values.scorer.policy }}
+- name: scorer-policy
+  configMap:
+    name: {{ include "gls.scorer.fullname" . }}-policy
+{{- end }}
+{{- if .Values.scorer.tls.enabled }}
+- name: scorer-tls
+  secret:
+    secretName: {{ required "scorer.tls.secretName is required when scorer.tls.enabled is true" .Values.scorer.tls.secretName }}
+{{- end }}
+{{- end -}}
+
+{{/* Fail early on combinations that cannot work. */}}
+{{- define "gls.validate" -}}
+{{- if and (include "gls.scorer.sidecar" .) (not .Values.scheduler.enabled) -}}
+{{- fail "scorer.mode=sidecar runs the scorer inside the chart's kube-scheduler pod: set scheduler.enabled=true, or scorer.mode=deployment" -}}
+{{- end -}}
+{{- if and .Values.scorer.tls.clientAuth (not .Values.scorer.tls.enabled) -}}
+{{- fail "scorer.tls.clientAuth needs scorer.tls.enabled=true" -}}
+{{- end -}}
+{{- if and .Values.scorer.tls.clientAuth .Values.scheduler.enabled (not .Values.scorer.tls.clientSecretName) -}}
+{{- fail "scorer.tls.clientAuth needs scorer.tls.clientSecretName: the Secret with the client certificate (tls.crt, tls.key) kube-scheduler presents to the scorer" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The KubeSchedulerConfiguration: one profile under its own schedulerName, the scorer registered as
+an extender, and a leader-election Lease of its own (never kube-system/kube-scheduler).
+*/}}
+{{- define "gls.scheduler.config" -}}
+{{- $ext := .Values.scheduler.extender -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: {{ .Values.scheduler.leaderElection.enabled }}
+  resourceLock: leases
+  resourceName: {{ include "gls.scheduler.leaseName" . }}
+  resourceNamespace: {{ .Release.Namespace }}
+profiles:
+  - schedulerName: {{ .Values.scheduler.name }}
+extenders:
+  - urlPrefix: {{ include "gls.scorer.urlPrefix" . | quote }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    weight: {{ $ext.weight }}
+    # Must match the scorer's mode: names only when it keeps its own Node cache.
+    nodeCacheCapable: {{ .Values.scorer.nodeCache }}
+    ignorable: {{ $ext.ignorable }}
+    httpTimeout: {{ $ext.httpTimeout }}
+    enableHTTPS: {{ .Values.scorer.tls.enabled }}
+    {{- if .Values.scorer.tls.enabled }}
+    tlsConfig:
+      serverName: {{ include "gls.scorer.tlsServerName" . | quote }}
+      caFile: {{ include "gls.scheduler.tlsDir" . }}/ca/ca.crt
+      {{- if .Values.scorer.tls.clientAuth }}
+      certFile: {{ include "gls.scheduler.tlsDir" . }}/client/tls.crt
+      keyFile: {{ include "gls.scheduler.tlsDir" . }}/client/tls.key
+      {{- end }}
+    {{- end }}
+    managedResources:
+      {{- toYaml $ext.managedResources | nindent 6 }}
+{{- end -}}
