@@ -1,0 +1,108 @@
+"""Turn one tick's per-GPU reading into the node-level state of the annotation contract.
+
+Pure: no NVML, no clock, no I/O. The exact definition of every aggregate, its edge cases and what
+each kind of fault does to `health` are in docs/fragmentation.md; this module is that text as code.
+A value that no GPU could measure stays `None` (the key is then omitted), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+from agent.records import GpuReading, NodeReading
+from gpu_contract.schema import MIXED_MODELS, Health, NodeGpuState, normalize_model_name
+
+
+def memory_fragmentation(free_mib_per_gpu: Sequence[int]) -> float:
+    """`1 - largest / total` of the free memory per GPU, in [0, 1).
+
+    0.0 when there is at most one GPU or when nothing is free: a node with one free block, or
+    none, is not fragmented. Negative inputs (a driver glitch) count as 0 free.
+    """
+    if len(free_mib_per_gpu) <= 1:
+        return 0.0
+    free = [max(0, int(v)) for v in free_mib_per_gpu]
+    total = sum(free)
+    if total == 0:
+        return 0.0
+    return 1.0 - max(free) / total
+
+
+def _finite_fractions(values: Iterable[float | None]) -> list[float]:
+    # A NaN or infinite value from a source is as good as no value; out-of-range ones are clamped
+    # because a fraction is what the contract publishes.
+    return [min(1.0, max(0.0, v)) for v in values if v is not None and math.isfinite(v)]
+
+
+def _counts(values: Iterable[int | None]) -> list[int]:
+    return [max(0, int(v)) for v in values if v is not None]
+
+
+def _model(gpus: Sequence[GpuReading]) -> str | None:
+    models = {normalize_model_name(g.name) for g in gpus if g.name and g.name.strip()}
+    if not models:
+        return None
+    if len(models) > 1:
+        return MIXED_MODELS
+    return models.pop()
+
+
+def _updated_at(sampled_at: datetime) -> datetime:
+    # A naive time is taken as UTC rather than refused: the sources always pass aware times, and
+    # the contract's writer needs some defined answer.
+    aware = sampled_at if sampled_at.tzinfo is not None else sampled_at.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).replace(microsecond=0)
+
+
+def _detail(parts: Iterable[str]) -> str | None:
+    seen: dict[str, None] = {}
+    for part in parts:
+        text = part.strip()
+        if text:
+            seen.setdefault(text, None)
+    return "; ".join(seen) or None
+
+
+def aggregate(reading: NodeReading) -> NodeGpuState:
+    """The contract's node state for one tick (see docs/fragmentation.md for each rule)."""
+    updated_at = _updated_at(reading.sampled_at)
+    if reading.fatal is not None:
+        return NodeGpuState(
+            health=Health.UNAVAILABLE,
+            updated_at=updated_at,
+            health_detail=_detail([f"nvml: {reading.fatal}"]) or "nvml failed",
+        )
+
+    gpus = reading.gpus
+    device_count = max(0, reading.device_count)
+    problems = [*reading.lost, *(p for g in gpus for p in g.problems)]
+    if not gpus:
+        reason = problems or (["no gpus reported"] if device_count == 0 else ["no usable gpu"])
+        return NodeGpuState(
+            health=Health.UNAVAILABLE,
+            updated_at=updated_at,
+            gpu_count=device_count,
+            health_detail=_detail(reason),
+        )
+
+    utilizations = _finite_fractions(g.utilization for g in gpus)
+    free_mib = _counts(g.memory_free_mib for g in gpus)
+    temperatures = [int(g.temperature_c) for g in gpus if g.temperature_c is not None]
+    detail = _detail(problems)
+    return NodeGpuState(
+        health=Health.DEGRADED if detail else Health.OK,
+        updated_at=updated_at,
+        utilization=sum(utilizations) / len(utilizations) if utilizations else None,
+        utilization_max=max(utilizations) if utilizations else None,
+        memory_fragmentation=memory_fragmentation(free_mib) if free_mib else None,
+        memory_free_mib=sum(free_mib) if free_mib else None,
+        memory_largest_free_mib=max(free_mib) if free_mib else None,
+        temperature_c=max(temperatures) if temperatures else None,
+        gpu_model=_model(gpus),
+        # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a
+        # smaller node; never below the GPUs actually read.
+        gpu_count=max(device_count, len(gpus)),
+        health_detail=detail,
+    )

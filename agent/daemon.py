@@ -1,0 +1,286 @@
+"""The agent's tick and the loop that runs it.
+
+`Agent.tick` is the unit: read the source, aggregate, ask the limiter, maybe patch, then update the
+limiter and the metrics. It takes the monotonic and wall times as arguments, so tests drive it over
+simulated hours with a fake clock and never sleep. `run_daemon` wraps it in an APScheduler interval
+job (one instance at a time, missed runs coalesced), serves the health endpoints, and stops cleanly
+on SIGTERM/SIGINT: the current tick finishes, the scheduler stops, then the source is closed
+(`nvmlShutdown`), and the process exits 0.
+
+Nothing a tick meets may kill the loop: a source that raises becomes an `unavailable` reading, an
+API error becomes a backoff, and anything else is logged and counted as a failed tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
+
+from agent.aggregate import aggregate
+from agent.kube import ApiError, ForbiddenError, TooManyRequestsError, UnauthorizedError
+from agent.limiter import (
+    Decision,
+    LimiterState,
+    WritePolicy,
+    decide,
+    record_failure,
+    record_success,
+)
+from agent.metrics import AgentMetrics
+from agent.records import NodeReading
+from agent.sources import GpuSource
+from gpu_contract.schema import DEFAULT_KEYS, Keys, NodeGpuState, encode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLICY = WritePolicy()
+# /healthz fails when no tick completed within this many sample intervals.
+HEALTHY_TICK_INTERVALS = 3
+
+
+class AnnotationWriter(Protocol):
+    """What the daemon needs from `agent.kube.NodeAnnotator` (tests may pass a fake)."""
+
+    def patch(self, annotations: Mapping[str, str]) -> None: ...
+
+    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, object]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one tick saw and did (for tests, `gpu-agent once` and debugging)."""
+
+    reading: NodeReading
+    state: NodeGpuState
+    annotations: dict[str, str]
+    decision: Decision
+    # The failed write's error; None when the write succeeded or none was attempted.
+    write_error: ApiError | None = None
+    # True only when a patch reached the API server and was accepted.
+    written: bool = False
+
+
+def memory_total_mib(reading: NodeReading) -> int | None:
+    """Total GPU memory of the readable GPUs: what the memory deadband is a fraction of."""
+    totals = [g.memory_total_mib for g in reading.gpus if g.memory_total_mib is not None]
+    return sum(totals) if totals else None
+
+
+def _unavailable_reading(now: datetime, error: BaseException) -> NodeReading:
+    return NodeReading(
+        sampled_at=now,
+        gpus=(),
+        device_count=0,
+        fatal=f"gpu source failed: {type(error).__name__}: {error}",
+        error_kinds=(type(error).__name__,),
+    )
+
+
+class Agent:
+    """One node's agent: owns the limiter state and runs ticks. Not thread-safe by design: the
+    scheduler runs at most one tick at a time."""
+
+    def __init__(
+        self,
+        *,
+        source: GpuSource,
+        writer: AnnotationWriter | None,
+        policy: WritePolicy = DEFAULT_POLICY,
+        keys: Keys = DEFAULT_KEYS,
+        metrics: AgentMetrics | None = None,
+        sample_interval_s: float = 5.0,
+        start_s: float,
+        jitter_s: float = 0.0,
+        request_budget_s: float = 0.0,
+    ) -> None:
+        self.source = source
+        self.writer = writer
+        self.policy = policy
+        self.keys = keys
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self.sample_interval_s = sample_interval_s
+        # The longest one API request may take (connect + read timeout): a tick waiting on a slow
+        # API server is alive, so liveness allows for it on top of the sample intervals.
+        self.request_budget_s = request_budget_s
+        self.limiter = LimiterState.initial(now_s=start_s, jitter_s=jitter_s)
+        self.started_s = start_s
+        self.last_tick_s: float | None = None
+        self.last_result: TickResult | None = None
+        # The last write attempt's error class, for readiness: refused credentials make the pod
+        # unready so a rollout with broken RBAC stops instead of spreading.
+        self._last_write_error: ApiError | None = None
+
+    def tick(self, *, now_s: float, wall_now: datetime) -> TickResult:
+        """One sample, one decision, at most one write. Never raises for GPU or API faults."""
+        started = time.perf_counter()
+        try:
+            result = self._tick(now_s=now_s, wall_now=wall_now)
+        finally:
+            self.metrics.tick_duration.observe(time.perf_counter() - started)
+        self.last_tick_s = now_s
+        self.last_result = result
+        return result
+
+    def _tick(self, *, now_s: float, wall_now: datetime) -> TickResult:
+        read_started = time.perf_counter()
+        try:
+            reading = self.source.read(wall_now)
+        except Exception as exc:
+            # The source promises not to raise; if it does anyway, publish `unavailable`
+            # rather than stop sampling.
+            log.exception("gpu source raised; reporting the node unavailable")
+            reading = _unavailable_reading(wall_now, exc)
+        self.metrics.source_read_duration.observe(time.perf_counter() - read_started)
+        self.metrics.samples.inc()
+        self.metrics.nvml_errors_seen(reading.error_kinds)
+
+        state = aggregate(reading)
+        annotations = encode(state, self.keys)
+        decision = decide(
+            self.limiter,
+            state,
+            now_s=now_s,
+            memory_total_mib=memory_total_mib(reading),
+            policy=self.policy,
+        )
+        if not decision.write:
+            self.metrics.write_suppressed(decision.reason)
+            return TickResult(reading, state, annotations, decision)
+        if self.writer is None:
+            # Dry run: behave as if the write succeeded, so the limiter's rhythm is the real one.
+            self.limiter = record_success(self.limiter, written=state, now_s=now_s)
+            return TickResult(reading, state, annotations, decision)
+
+        try:
+            self.writer.patch(annotations)
+        except ApiError as error:
+            retry_after_s = error.retry_after_s if isinstance(error, TooManyRequestsError) else None
+            self.limiter = record_failure(
+                self.limiter, now_s=now_s, policy=self.policy, retry_after_s=retry_after_s
+            )
+            self._last_write_error = error
+            self.metrics.write_failed(
+                error.code, consecutive_failures=self.limiter.consecutive_failures
+            )
+            wait_s = (self.limiter.retry_at_s or now_s) - now_s
+            log.warning(
+                "write failed (%s attempt in a row), next attempt in %.0f s: %s",
+                _ordinal(self.limiter.consecutive_failures),
+                wait_s,
+                error,
+            )
+            return TickResult(reading, state, annotations, decision, error, False)
+        recovered = self.limiter.consecutive_failures > 0
+        self.limiter = record_success(self.limiter, written=state, now_s=now_s)
+        self._last_write_error = None
+        self.metrics.write_succeeded(decision.reason, now_s=now_s)
+        if recovered:
+            log.info("write succeeded again after API errors")
+        log.debug("wrote annotations (%s%s)", decision.reason.value, _changed(decision))
+        return TickResult(reading, state, annotations, decision, None, True)
+
+    def healthz(self, now_s: float) -> tuple[bool, str]:
+        """Alive while a tick completed within a few sample intervals (or since start)."""
+        reference = self.last_tick_s if self.last_tick_s is not None else self.started_s
+        age_s = now_s - reference
+        limit_s = HEALTHY_TICK_INTERVALS * self.sample_interval_s + self.request_budget_s
+        if age_s <= limit_s:
+            return True, f"last tick {age_s:.1f}s ago"
+        return False, f"no tick for {age_s:.1f}s (limit {limit_s:g}s)"
+
+    def readyz(self) -> tuple[bool, str]:
+        """Ready after the first tick, unless the API refuses the agent's credentials."""
+        if self.last_tick_s is None:
+            return False, "no sample taken yet"
+        error = self._last_write_error
+        if isinstance(error, UnauthorizedError | ForbiddenError):
+            return False, f"API refuses the agent's writes ({error.code})"
+        return True, "sampling"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _changed(decision: Decision) -> str:
+    return f": {', '.join(decision.changed)}" if decision.changed else ""
+
+
+def start_jitter_s(*, seed: int | None, max_s: float) -> float:
+    """A random start delay in [0, max_s); seeded runs are reproducible."""
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    return rng.uniform(0.0, max_s)
+
+
+class TickLoop:
+    """Runs `agent.tick` every `interval_s` in a background scheduler; `stop()` awaits the tick."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        interval_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._agent = agent
+        self._monotonic = monotonic
+        self._wall = wall
+        self._scheduler = BackgroundScheduler(timezone=UTC)
+        self._scheduler.add_job(
+            self._run_tick,
+            "interval",
+            seconds=interval_s,
+            # First tick right away: sampling is not jittered, only writing is.
+            next_run_time=datetime.now(UTC),
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+            id="tick",
+        )
+
+    def _run_tick(self) -> None:
+        try:
+            self._agent.tick(now_s=self._monotonic(), wall_now=self._wall())
+        except Exception:
+            # A bug must not end the loop; /healthz will show whether ticks still complete.
+            log.exception("tick failed")
+
+    def start(self) -> None:
+        self._scheduler.start()
+
+    def stop(self) -> None:
+        # wait=True: a tick in progress finishes before the source is closed under it.
+        self._scheduler.shutdown(wait=True)
+
+
+def run_until_signalled(
+    loop: TickLoop, *, on_stop: Callable[[], None], stop_event: threading.Event | None = None
+) -> None:
+    """Start `loop`, block until SIGTERM/SIGINT (or `stop_event`), then stop in order."""
+    stop = stop_event if stop_event is not None else threading.Event()
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s; finishing the current tick", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        loop.start()
+        while not stop.wait(timeout=1.0):
+            pass
+    finally:
+        loop.stop()
+        on_stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

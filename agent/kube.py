@@ -1,0 +1,300 @@
+"""The agent's only conversation with the Kubernetes API: merge-patching its own Node's annotations.
+
+This is the one agent module that imports the `kubernetes` client. Everything it can go wrong with
+is mapped, here and only here, onto a small error hierarchy (`ApiError` and its subclasses), so the
+daemon decides retries and metrics on a few named classes and never on client internals.
+
+Why these details:
+
+* `CoreV1Api.patch_node` in kubernetes 36.x picks the *first* patch content type of its list for a
+  dict body, which is `application/json-patch+json`; the API server would then reject an object body
+  with 400. Every call therefore forces `application/merge-patch+json`.
+* `fieldManager=gpu-scheduler-agent` makes the API server stamp the agent's last change time in
+  `metadata.managedFields`, which the scorer uses to judge freshness without trusting node clocks.
+* The body comes from `gpu_contract.merge_patch`, given the prefix keys last seen on the Node, so
+  keys of the prefix that the schema does not define are removed with `null` while keys outside the
+  prefix are never named (other writers' annotations survive).
+* Each request has a connect and a read timeout, and urllib3's own retries are off: a hung API
+  server costs one bounded wait per tick, and one attempt is one request (the limiter owns retries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import urllib3
+from kubernetes import client, config  # type: ignore[import-untyped]
+from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
+
+from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Keys, merge_patch
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+DEFAULT_CONNECT_TIMEOUT_S: Final = 3.0
+DEFAULT_READ_TIMEOUT_S: Final = 5.0
+
+
+class ApiError(Exception):
+    """A Node read or patch failed. `code` is the metric label: an HTTP status or `transport`."""
+
+    code: str = "error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UnauthorizedError(ApiError):
+    code = "401"
+
+
+class ForbiddenError(ApiError):
+    code = "403"
+
+
+class NotFoundError(ApiError):
+    code = "404"
+
+
+class ConflictError(ApiError):
+    code = "409"
+
+
+class TooManyRequestsError(ApiError):
+    code = "429"
+
+    def __init__(self, message: str, *, retry_after_s: float | None) -> None:
+        super().__init__(message, status=429)
+        self.retry_after_s = retry_after_s
+
+
+class ServerError(ApiError):
+    """5xx: the API server (or a proxy in front of it) failed; `code` is the exact status."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message, status=status)
+        self.code = str(status)
+
+
+class ClientError(ApiError):
+    """Any other 4xx (400, 415, 422, ...): the request itself was refused."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message, status=status)
+        self.code = str(status)
+
+
+class TransportError(ApiError):
+    """No HTTP answer: connection refused or reset, timeout, TLS failure."""
+
+    code = "transport"
+
+
+def _retry_after_s(headers: Mapping[str, str] | None) -> float | None:
+    if not headers:
+        return None
+    for name, value in headers.items():
+        if name.lower() == "retry-after":
+            try:
+                seconds = float(value.strip())
+            except ValueError:
+                # An HTTP date is allowed by RFC 9110 but never sent by kube-apiserver; fall back
+                # to the exponential backoff rather than parse clocks we do not trust.
+                return None
+            return seconds if seconds >= 0 else None
+    return None
+
+
+def _status_message(body: object) -> str:
+    """The `message` of a Kubernetes Status body, or a short excerpt of whatever came back."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str) or not body:
+        return ""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body[:200]
+    if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+        return str(parsed["message"])[:300]
+    return body[:200]
+
+
+def classify(exc: BaseException, *, node_name: str) -> ApiError:
+    """Map any failure of a client call onto the error hierarchy, with an operator's message."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ApiException) and exc.status:
+        status = int(exc.status)
+        detail = _status_message(exc.body)
+        headers = dict(exc.headers) if exc.headers else None
+        if status == 401:
+            return UnauthorizedError(
+                "API server rejected the agent's credentials (401 Unauthorized): check the "
+                "ServiceAccount token mounted in the pod (automountServiceAccountToken) or the "
+                f"kubeconfig's user; server said: {detail}",
+                status=status,
+            )
+        if status == 403:
+            return ForbiddenError(
+                f"API server forbade patching node {node_name!r} (403 Forbidden): the agent's "
+                "ServiceAccount needs a ClusterRole with 'get' and 'patch' on 'nodes' bound to it; "
+                f"server said: {detail}",
+                status=status,
+            )
+        if status == 404:
+            return NotFoundError(
+                f"node {node_name!r} not found (404): check --node-name / NODE_NAME "
+                "(the chart sets it from spec.nodeName); will re-read the node and retry",
+                status=status,
+            )
+        if status == 409:
+            return ConflictError(
+                f"conflict patching node {node_name!r} (409): {detail}; will re-read the node",
+                status=status,
+            )
+        if status == 429:
+            retry_after_s = _retry_after_s(headers)
+            return TooManyRequestsError(
+                f"API server throttled the agent (429 Too Many Requests, Retry-After "
+                f"{retry_after_s if retry_after_s is not None else 'absent'}): {detail}",
+                retry_after_s=retry_after_s,
+            )
+        if 500 <= status <= 599:
+            return ServerError(f"API server error {status}: {detail}", status=status)
+        return ClientError(f"API server refused the patch ({status}): {detail}", status=status)
+    if isinstance(exc, ApiException):
+        # status 0: the client wraps TLS failures this way.
+        return TransportError(f"API server unreachable: {exc.reason}")
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError | socket.timeout):
+        return TransportError(f"API server unreachable: {type(exc).__name__}: {exc}")
+    return TransportError(
+        f"unexpected error talking to the API server: {type(exc).__name__}: {exc}"
+    )
+
+
+class CredentialsMissingError(Exception):
+    """No usable API configuration at start-up; the message says which one was tried."""
+
+
+def api_client_for(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or from the pod's in-cluster ServiceAccount."""
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (config.ConfigException, OSError, ValueError) as exc:
+        where = (
+            f"kubeconfig {kubeconfig!r}"
+            if kubeconfig
+            else "the in-cluster config (KUBERNETES_SERVICE_HOST and the mounted ServiceAccount "
+            "token; outside a cluster pass --kubeconfig)"
+        )
+        raise CredentialsMissingError(f"cannot load {where}: {exc}") from None
+    # One attempt is one request: the limiter decides retries, with backoff.
+    configuration.retries = False
+    return client.ApiClient(configuration)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_s: float = DEFAULT_READ_TIMEOUT_S
+
+
+class NodeAnnotator:
+    """Merge-patches the agent's annotations onto one Node; remembers its prefix keys."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        node_name: str,
+        keys: Keys = DEFAULT_KEYS,
+        timeouts: Timeouts = Timeouts(),
+    ) -> None:
+        self._core = client.CoreV1Api(api_client)
+        self._api_client = api_client
+        self.node_name = node_name
+        self.keys = keys
+        self._timeouts = timeouts
+        # Prefix keys as last seen on the Node; None until the Node has been read.
+        self._seen: dict[str, str] | None = None
+
+    @property
+    def needs_refresh(self) -> bool:
+        return self._seen is None
+
+    def refresh(self) -> None:
+        """Read the Node once to learn which prefix keys it carries (e.g. an older schema's)."""
+        try:
+            response = self._core.read_node(
+                self.node_name,
+                _preload_content=False,
+                _request_timeout=(self._timeouts.connect_s, self._timeouts.read_s),
+            )
+            node = json.loads(response.data)
+        except Exception as exc:
+            raise classify(exc, node_name=self.node_name) from exc
+        self._seen = self._prefix_annotations(node)
+
+    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, Any]:
+        """The merge patch that makes the Node's prefix keys exactly `annotations`."""
+        return merge_patch(annotations, self.keys, current=self._seen)
+
+    def patch(self, annotations: Mapping[str, str]) -> None:
+        """Send one merge patch; raises `ApiError`. After a 404/409 the next call re-reads first."""
+        if self._seen is None:
+            try:
+                self.refresh()
+            except ForbiddenError as exc:
+                # Allowed to patch but not to read: write anyway. Only keys of an older schema
+                # stay behind until this patch's answer (the whole Node) shows them.
+                log.warning(
+                    "cannot read node %r before writing (403); grant 'get' on 'nodes' so that "
+                    "stale annotation keys are removed at once: %s",
+                    self.node_name,
+                    exc,
+                )
+        body = self.patch_body(annotations)
+        try:
+            response = self._core.patch_node(
+                self.node_name,
+                body,
+                field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=(self._timeouts.connect_s, self._timeouts.read_s),
+            )
+            node = json.loads(response.data)
+        except Exception as exc:
+            error = classify(exc, node_name=self.node_name)
+            if isinstance(error, NotFoundError | ConflictError):
+                self._seen = None
+            raise error from exc
+        self._seen = self._prefix_annotations(node)
+
+    def close(self) -> None:
+        self._api_client.close()
+
+    def _prefix_annotations(self, node: object) -> dict[str, str]:
+        annotations: object = None
+        if isinstance(node, dict):
+            metadata = node.get("metadata")
+            if isinstance(metadata, dict):
+                annotations = metadata.get("annotations")
+        if not isinstance(annotations, dict):
+            return {}
+        return {
+            str(k): str(v)
+            for k, v in annotations.items()
+            if isinstance(k, str) and k.startswith(self.keys.prefix)
+        }

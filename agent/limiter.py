@@ -1,0 +1,285 @@
+"""The write decision: whether this tick's state is worth a Node patch.
+
+Every Node patch fans out as a watch event to every Node watcher in the cluster and makes
+kube-scheduler retry its unschedulable pods, so writes are the agent's real cost. This module
+decides when one is worth it. It is pure: the caller passes the state, the monotonic time `now_s`
+and the total GPU memory; the module never reads a clock, never sleeps and never does I/O, so every
+rule is tested by feeding it times.
+
+The rules (docs/agent.md has the operator's version):
+
+* A write happens when the agent has never written, when a discrete field changed (`health`,
+  `health-detail`, `gpu-model`, `gpu-count`), when a numeric field moved by at least its deadband
+  since the last *written* value, or when the last successful write is older than the heartbeat.
+* Any two write attempts, successful or not, are at least `min_write_interval_s` apart. This holds
+  for discrete changes too (a GPU going unavailable waits at most one interval) and for the first
+  attempt after an error: a flapping GPU or a recovering API server must never cause a burst.
+* After a failed attempt the next one waits an exponential backoff (`backoff_base_s` doubling up to
+  `backoff_max_s`), or the server's `Retry-After` when that is longer (capped at `backoff_max_s`).
+* Start-up waits a jitter chosen by the caller (up to one interval), so a fleet does not write in
+  lockstep.
+* There is no queue: each decision looks at the newest state only, compared with what was last
+  written, so a state that was never sent because of a backoff is simply superseded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from gpu_contract.schema import NodeGpuState
+
+
+class Reason(StrEnum):
+    """Why a tick did or did not write. The values are the metric label values."""
+
+    # Written.
+    FIRST_WRITE = "first-write"
+    DISCRETE_CHANGE = "discrete-change"
+    DEADBAND_EXCEEDED = "deadband-exceeded"
+    HEARTBEAT_DUE = "heartbeat-due"
+    # Suppressed.
+    WITHIN_MIN_INTERVAL = "within-min-interval"
+    BELOW_DEADBAND = "below-deadband"
+    BACKING_OFF = "backing-off"
+    JITTER_PENDING = "jitter-pending"
+
+
+WRITE_REASONS = frozenset(
+    {Reason.FIRST_WRITE, Reason.DISCRETE_CHANGE, Reason.DEADBAND_EXCEEDED, Reason.HEARTBEAT_DUE}
+)
+SUPPRESS_REASONS = frozenset(Reason) - WRITE_REASONS
+
+
+class PolicyError(ValueError):
+    """A `WritePolicy` bound is violated; the message names the field and the bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class WritePolicy:
+    """The write rules' numbers. Defaults are the contract's (../shared/DESIGN.md)."""
+
+    min_write_interval_s: float = 10.0
+    heartbeat_s: float = 60.0
+    utilization_deadband: float = 0.05
+    fragmentation_deadband: float = 0.05
+    temperature_deadband_c: float = 3.0
+    # A fraction of the node's total GPU memory, applied to memory-free-mib and
+    # memory-largest-free-mib alike.
+    memory_deadband_fraction: float = 0.05
+    # The first backoff equals the minimum write interval, so a failure never shortens spacing.
+    backoff_base_s: float = 10.0
+    # Two heartbeats: after an outage the agent notices recovery within two minutes.
+    backoff_max_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "min_write_interval_s",
+            "heartbeat_s",
+            "backoff_base_s",
+            "backoff_max_s",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise PolicyError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in (
+            "utilization_deadband",
+            "fragmentation_deadband",
+            "temperature_deadband_c",
+            "memory_deadband_fraction",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise PolicyError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.heartbeat_s < self.min_write_interval_s:
+            raise PolicyError(
+                f"heartbeat_s ({self.heartbeat_s}) must be >= min_write_interval_s "
+                f"({self.min_write_interval_s})"
+            )
+        if self.backoff_max_s < self.backoff_base_s:
+            raise PolicyError(
+                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s "
+                f"({self.backoff_base_s})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterState:
+    """What the limiter remembers between ticks. Replace, never mutate."""
+
+    # No attempt before this time (the start-up jitter).
+    not_before_s: float
+    # The state of the last successful write and the total memory it was judged against.
+    last_written: NodeGpuState | None = None
+    last_success_s: float | None = None
+    # Every attempt, successful or not, counts for the minimum write interval.
+    last_attempt_s: float | None = None
+    consecutive_failures: int = 0
+    # After a failure: no attempt before this time.
+    retry_at_s: float | None = None
+
+    @classmethod
+    def initial(cls, *, now_s: float, jitter_s: float = 0.0) -> LimiterState:
+        """A limiter that has never written and may first write `jitter_s` after `now_s`."""
+        return cls(not_before_s=now_s + max(0.0, jitter_s))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    write: bool
+    reason: Reason
+    # The contract field names that triggered a write (discrete changes, deadbands crossed).
+    changed: tuple[str, ...] = ()
+
+
+# "Moved by at least the deadband" must hold for 0.40 -> 0.45, which is 0.04999... in binary.
+_EPSILON = 1e-9
+
+
+def _fraction(value: float | None) -> float | None:
+    # Compare fractions as readers see them (two decimals), so a change invisible in the written
+    # text never triggers a write and a visible 0.05 step always does.
+    return None if value is None else round(value, 2)
+
+
+def _moved(old: float | None, new: float | None, deadband: float) -> bool:
+    if old is None or new is None:
+        # A field appearing or disappearing is always worth telling readers.
+        return (old is None) != (new is None)
+    return abs(new - old) >= deadband - _EPSILON
+
+
+def _discrete_changes(old: NodeGpuState, new: NodeGpuState) -> tuple[str, ...]:
+    changed: list[str] = []
+    if old.health != new.health:
+        changed.append("health")
+    if old.health_detail != new.health_detail:
+        changed.append("health-detail")
+    if old.gpu_model != new.gpu_model:
+        changed.append("gpu-model")
+    if old.gpu_count != new.gpu_count:
+        changed.append("gpu-count")
+    return tuple(changed)
+
+
+def _deadband_changes(
+    old: NodeGpuState, new: NodeGpuState, policy: WritePolicy, memory_total_mib: int | None
+) -> tuple[str, ...]:
+    changed: list[str] = []
+    if _moved(_fraction(old.utilization), _fraction(new.utilization), policy.utilization_deadband):
+        changed.append("utilization")
+    if _moved(
+        _fraction(old.utilization_max), _fraction(new.utilization_max), policy.utilization_deadband
+    ):
+        changed.append("utilization-max")
+    if _moved(
+        _fraction(old.memory_fragmentation),
+        _fraction(new.memory_fragmentation),
+        policy.fragmentation_deadband,
+    ):
+        changed.append("memory-fragmentation")
+    if _moved(
+        None if old.temperature_c is None else float(old.temperature_c),
+        None if new.temperature_c is None else float(new.temperature_c),
+        policy.temperature_deadband_c,
+    ):
+        changed.append("temperature")
+    # Without a known total the memory deadband cannot be sized; any change counts (still bounded
+    # by the minimum write interval).
+    memory_deadband_mib = (
+        policy.memory_deadband_fraction * memory_total_mib
+        if memory_total_mib is not None and memory_total_mib > 0
+        else 0.0
+    )
+    for name, old_mib, new_mib in (
+        ("memory-free-mib", old.memory_free_mib, new.memory_free_mib),
+        ("memory-largest-free-mib", old.memory_largest_free_mib, new.memory_largest_free_mib),
+    ):
+        if memory_deadband_mib == 0.0:
+            if old_mib != new_mib:
+                changed.append(name)
+        elif _moved(
+            None if old_mib is None else float(old_mib),
+            None if new_mib is None else float(new_mib),
+            memory_deadband_mib,
+        ):
+            changed.append(name)
+    return tuple(changed)
+
+
+def decide(
+    limiter: LimiterState,
+    state: NodeGpuState,
+    *,
+    now_s: float,
+    memory_total_mib: int | None,
+    policy: WritePolicy,
+) -> Decision:
+    """Whether to write `state` now. Pure: same inputs, same answer."""
+    if now_s < limiter.not_before_s:
+        return Decision(False, Reason.JITTER_PENDING)
+    if limiter.retry_at_s is not None and now_s < limiter.retry_at_s:
+        return Decision(False, Reason.BACKING_OFF)
+
+    last = limiter.last_written
+    wanted: Decision
+    if last is None:
+        wanted = Decision(True, Reason.FIRST_WRITE)
+    elif discrete := _discrete_changes(last, state):
+        wanted = Decision(True, Reason.DISCRETE_CHANGE, discrete)
+    elif numeric := _deadband_changes(last, state, policy, memory_total_mib):
+        wanted = Decision(True, Reason.DEADBAND_EXCEEDED, numeric)
+    elif limiter.last_success_s is None or now_s - limiter.last_success_s >= policy.heartbeat_s:
+        wanted = Decision(True, Reason.HEARTBEAT_DUE)
+    else:
+        return Decision(False, Reason.BELOW_DEADBAND)
+
+    if (
+        limiter.last_attempt_s is not None
+        and now_s - limiter.last_attempt_s < policy.min_write_interval_s
+    ):
+        return Decision(False, Reason.WITHIN_MIN_INTERVAL, wanted.changed)
+    return wanted
+
+
+def record_success(limiter: LimiterState, *, written: NodeGpuState, now_s: float) -> LimiterState:
+    """The write of `written`, attempted at `now_s`, succeeded."""
+    return replace(
+        limiter,
+        last_written=written,
+        last_success_s=now_s,
+        last_attempt_s=now_s,
+        consecutive_failures=0,
+        retry_at_s=None,
+    )
+
+
+def backoff_delay_s(
+    consecutive_failures: int, *, policy: WritePolicy, retry_after_s: float | None = None
+) -> float:
+    """The wait after the n-th failure in a row: base * 2**(n-1), capped, at least Retry-After."""
+    exponent = max(0, consecutive_failures - 1)
+    # Cap the exponent before computing so a long outage cannot overflow a float.
+    delay = min(policy.backoff_max_s, policy.backoff_base_s * 2.0 ** min(exponent, 62))
+    if retry_after_s is not None and math.isfinite(retry_after_s) and retry_after_s > 0:
+        delay = max(delay, min(retry_after_s, policy.backoff_max_s))
+    return delay
+
+
+def record_failure(
+    limiter: LimiterState,
+    *,
+    now_s: float,
+    policy: WritePolicy,
+    retry_after_s: float | None = None,
+) -> LimiterState:
+    """The write attempted at `now_s` failed; back off. `last_written` stays what the server has."""
+    failures = limiter.consecutive_failures + 1
+    delay = backoff_delay_s(failures, policy=policy, retry_after_s=retry_after_s)
+    return replace(
+        limiter,
+        last_attempt_s=now_s,
+        consecutive_failures=failures,
+        retry_at_s=now_s + delay,
+    )

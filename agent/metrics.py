@@ -1,0 +1,112 @@
+"""The agent's Prometheus metrics, in a registry of their own per daemon.
+
+A registry per `AgentMetrics` (not the process-global default) lets every test, and every agent in
+one process, start from zero. The age of the last successful write is computed at scrape time from
+the monotonic clock, so it keeps growing while writes fail or the tick loop is stuck.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
+
+# Ticks are sub-millisecond without I/O; a slow NVML or a timing-out API pushes them to seconds.
+_TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class AgentMetrics:
+    """Counters and gauges the daemon updates once per tick."""
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._monotonic = monotonic
+        self._last_success_s: float | None = None
+        self.samples = Counter("gpu_agent_samples", "Sampling ticks run.", registry=self.registry)
+        self.writes = Counter(
+            "gpu_agent_writes",
+            "Successful Node annotation patches, by why they were written.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.writes_suppressed = Counter(
+            "gpu_agent_writes_suppressed",
+            "Ticks that did not write, by why.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.api_errors = Counter(
+            "gpu_agent_api_errors",
+            "Failed API requests, by HTTP status code (or 'transport').",
+            ["code"],
+            registry=self.registry,
+        )
+        self.nvml_errors = Counter(
+            "gpu_agent_nvml_errors",
+            "Failed NVML calls, by NVML error kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.last_write_age = Gauge(
+            "gpu_agent_last_write_age_seconds",
+            "Seconds since the last successful write; +Inf before the first.",
+            registry=self.registry,
+        )
+        self.last_write_age.set_function(self._age_s)
+        self.tick_duration = Histogram(
+            "gpu_agent_tick_duration_seconds",
+            "Wall time of one tick, API request included.",
+            buckets=_TICK_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.source_read_duration = Histogram(
+            "gpu_agent_source_read_duration_seconds",
+            "Wall time of reading the GPUs (NVML) in one tick.",
+            buckets=_TICK_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.backoff = Gauge(
+            "gpu_agent_write_backoff_failures",
+            "Consecutive failed writes (0 when the last write succeeded).",
+            registry=self.registry,
+        )
+        # Pre-create every label value so dashboards see zeros rather than absent series.
+        for reason in WRITE_REASONS:
+            self.writes.labels(reason=reason.value)
+        for reason in SUPPRESS_REASONS:
+            self.writes_suppressed.labels(reason=reason.value)
+
+    def _age_s(self) -> float:
+        if self._last_success_s is None:
+            return math.inf
+        return max(0.0, self._monotonic() - self._last_success_s)
+
+    def write_succeeded(self, reason: Reason, *, now_s: float) -> None:
+        self.writes.labels(reason=reason.value).inc()
+        self._last_success_s = now_s
+        self.backoff.set(0)
+
+    def write_failed(self, code: str, *, consecutive_failures: int) -> None:
+        self.api_errors.labels(code=code).inc()
+        self.backoff.set(consecutive_failures)
+
+    def write_suppressed(self, reason: Reason) -> None:
+        self.writes_suppressed.labels(reason=reason.value).inc()
+
+    def nvml_errors_seen(self, kinds: tuple[str, ...]) -> None:
+        for kind in kinds:
+            self.nvml_errors.labels(kind=kind).inc()
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """A sample's current value (0 when absent): for tests and the `once` command."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return 0.0 if found is None else found

@@ -1,0 +1,199 @@
+"""The agent's settings: one validated object built from flags, environment and defaults.
+
+Every setting is a command-line flag (`--sample-interval`) and an environment variable with the
+`GPU_AGENT_` prefix (`GPU_AGENT_SAMPLE_INTERVAL`); the node name is also read from `NODE_NAME`,
+which the chart fills from the pod's `spec.nodeName`. Flags override the environment, which
+overrides the defaults. Bounds are checked once at start-up, and a violation is reported as one
+line naming the setting, its flag and variable, and the bound (`settings_error_message`).
+
+`AgentSettings.model_fields`, `flag_name` and `env_names` are the public list of accepted names;
+the chart's consistency check imports them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent.limiter import WritePolicy
+from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError, normalize_prefix
+
+ENV_PREFIX = "GPU_AGENT_"
+
+SourceKind = Literal["nvml", "simulated"]
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class SettingsError(ValueError):
+    """Invalid settings; the message is one line an operator can act on."""
+
+
+class AgentSettings(BaseSettings):
+    """The agent's settings. Durations are seconds; names match the flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+    )
+
+    node_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(f"{ENV_PREFIX}NODE_NAME", "NODE_NAME"),
+        description="The Node this agent annotates (its own). Required to write.",
+    )
+    source: SourceKind = Field(default="nvml", description="Where GPU readings come from.")
+    sample_interval: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds between samples (ticks)."
+    )
+    min_write_interval: float = Field(
+        default=10.0, gt=0, description="Minimum seconds between two write attempts."
+    )
+    heartbeat: float = Field(
+        default=60.0, gt=0, description="Write at least this often (seconds) while the API is up."
+    )
+    utilization_deadband: float = Field(
+        default=0.05, ge=0, le=1, description="Utilization change that is worth a write."
+    )
+    fragmentation_deadband: float = Field(
+        default=0.05, ge=0, le=1, description="Memory fragmentation change worth a write."
+    )
+    temperature_deadband: float = Field(
+        default=3.0, ge=0, le=100, description="Temperature change (degrees C) worth a write."
+    )
+    memory_deadband: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Free-memory change worth a write, as a fraction of total GPU memory.",
+    )
+    backoff_base: float = Field(
+        default=10.0, gt=0, description="First wait (seconds) after a failed write."
+    )
+    backoff_max: float = Field(
+        default=120.0, gt=0, le=3600, description="Longest wait (seconds) between failed writes."
+    )
+    api_timeout: float = Field(
+        default=5.0, gt=0, le=60, description="Read timeout (seconds) of one API request."
+    )
+    annotation_prefix: str = Field(
+        default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="Path to a kubeconfig; unset means the in-cluster config."
+    )
+    metrics_port: int = Field(
+        default=9400, ge=0, le=65535, description="Port of /metrics, /healthz, /readyz; 0: off."
+    )
+    metrics_address: str = Field(
+        default="0.0.0.0", description="Address the metrics and health server binds."
+    )
+    simulated_gpus: int = Field(default=8, ge=1, le=64, description="GPUs of the simulated source.")
+    simulated_model: str = Field(
+        default="NVIDIA A100-SXM4-80GB", min_length=1, description="Simulated GPU product name."
+    )
+    simulated_lose_gpu_after: float | None = Field(
+        default=None, gt=0, description="Simulated source: lose one GPU after this many seconds."
+    )
+    seed: int = Field(default=0, description="Seed of the simulated trace and the start jitter.")
+    log_level: LogLevel = Field(default="INFO", description="Log level.")
+    log_format: LogFormat = Field(default="text", description="Log line format.")
+
+    @field_validator("annotation_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        try:
+            return normalize_prefix(value)
+        except PrefixError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _ordering(self) -> AgentSettings:
+        # The limiter's guarantees need heartbeat >= min write interval >= sample interval.
+        if self.min_write_interval < self.sample_interval:
+            raise ValueError(
+                f"min-write-interval ({self.min_write_interval:g}) must be >= sample-interval "
+                f"({self.sample_interval:g})"
+            )
+        if self.heartbeat < self.min_write_interval:
+            raise ValueError(
+                f"heartbeat ({self.heartbeat:g}) must be >= min-write-interval "
+                f"({self.min_write_interval:g})"
+            )
+        if self.backoff_max < self.backoff_base:
+            raise ValueError(
+                f"backoff-max ({self.backoff_max:g}) must be >= backoff-base "
+                f"({self.backoff_base:g})"
+            )
+        return self
+
+    def write_policy(self) -> WritePolicy:
+        return WritePolicy(
+            min_write_interval_s=self.min_write_interval,
+            heartbeat_s=self.heartbeat,
+            utilization_deadband=self.utilization_deadband,
+            fragmentation_deadband=self.fragmentation_deadband,
+            temperature_deadband_c=self.temperature_deadband,
+            memory_deadband_fraction=self.memory_deadband,
+            backoff_base_s=self.backoff_base,
+            backoff_max_s=self.backoff_max,
+        )
+
+    def keys(self) -> Keys:
+        return Keys.for_prefix(self.annotation_prefix)
+
+    def log_level_number(self) -> int:
+        return int(logging.getLevelName(self.log_level))
+
+
+def flag_name(field_name: str) -> str:
+    """`sample_interval` -> `--sample-interval`."""
+    return "--" + field_name.replace("_", "-")
+
+
+def env_names(field_name: str) -> tuple[str, ...]:
+    """The environment variables a setting is read from, preferred first."""
+    if field_name == "node_name":
+        return (ENV_PREFIX + "NODE_NAME", "NODE_NAME")
+    return (ENV_PREFIX + field_name.upper(),)
+
+
+def settings_error_message(error: ValidationError) -> str:
+    """One line per violated bound, naming the flag and variable: what an operator needs."""
+    parts: list[str] = []
+    for item in error.errors():
+        loc = [str(part) for part in item.get("loc", ())]
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        if loc:
+            name = loc[0]
+            if name.startswith(ENV_PREFIX.lower()) or name.startswith(ENV_PREFIX):
+                name = name[len(ENV_PREFIX) :].lower()
+            name = name.lower()
+            if name == "node_name" or name in AgentSettings.model_fields:
+                label = f"{flag_name(name)} / {' / '.join(env_names(name))}"
+            else:
+                label = name
+            got = item.get("input")
+            parts.append(f"{label}: {message} (got {got!r})")
+        else:
+            parts.append(message)
+    return "invalid settings: " + "; ".join(parts)
+
+
+def load_settings(**overrides: object) -> AgentSettings:
+    """Settings from the environment with `overrides` (the given flags) on top."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return AgentSettings(**given)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsError(settings_error_message(exc)) from None

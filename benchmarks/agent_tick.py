@@ -1,0 +1,259 @@
+"""Agent cost per tick and the daemon's peak memory.
+
+What a tick costs on the node, apart from NVML: aggregating the reading, the write decision, and
+building and serialising the merge patch body. Measured per tick for 1 and 8 simulated GPUs as CPU
+time (`time.process_time_ns`) and wall time (`time.perf_counter_ns`), reported as median and p99.
+Beside it, `Agent.tick` itself (metrics included, replayed readings, a writer without I/O) shows
+what the daemon's own bookkeeping adds.
+Reading the source is timed separately (for the simulated source it is the trace's cost, not
+NVML's; the real NVML time per tick comes from `pytest -m gpu` on a GPU machine).
+
+Peak RSS: a real `gpu-agent run --source simulated` process against the local API server stand-in,
+sampling every 0.5 s for a few seconds; `VmHWM` from /proc/<pid>/status.
+
+    python -m benchmarks.agent_tick            # table
+    python -m benchmarks.agent_tick --json     # one JSON object (for benchmarks.figures)
+
+Targets: <= 5 ms per tick for 8 GPUs (excluding NVML), <= 80 MB peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from agent.aggregate import aggregate
+from agent.daemon import Agent, memory_total_mib
+from agent.limiter import LimiterState, WritePolicy, decide, record_success
+from agent.records import NodeReading
+from agent.sources import open_source
+from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch
+from gpu_sim.apiserver import ApiServerStandIn
+
+TICK_TARGET_MS = 5.0
+RSS_TARGET_MB = 80.0
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def _quantiles_ms(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"median_ms": statistics.median(ordered) / 1e6, "p99_ms": p99 / 1e6}
+
+
+def bench_tick(gpus: int, ticks: int) -> dict[str, Any]:
+    """Per-tick cost of aggregate + decide + patch body (encode, merge patch, JSON), and read."""
+    source = open_source("simulated", simulated_gpus=gpus, seed=5, start=T0)
+    policy = WritePolicy()
+    readings: list[NodeReading] = []
+    read_wall_ns: list[int] = []
+    for step in range(ticks):
+        started = time.perf_counter_ns()
+        readings.append(source.read(T0 + timedelta(seconds=5 * step)))
+        read_wall_ns.append(time.perf_counter_ns() - started)
+    source.close()
+
+    limiter = LimiterState.initial(now_s=0.0)
+    cpu_ns: list[int] = []
+    wall_ns: list[int] = []
+    writes = 0
+    for step, reading in enumerate(readings):
+        now_s = 5.0 * step
+        cpu_start, wall_start = time.process_time_ns(), time.perf_counter_ns()
+        state = aggregate(reading)
+        annotations = encode(state, DEFAULT_KEYS)
+        decision = decide(
+            limiter,
+            state,
+            now_s=now_s,
+            memory_total_mib=memory_total_mib(reading),
+            policy=policy,
+        )
+        # The body is built every tick (the `once` command and the dry-run path print it), so its
+        # cost counts whether or not this tick writes.
+        body = json.dumps(merge_patch(annotations, DEFAULT_KEYS)).encode()
+        if decision.write:
+            limiter = record_success(limiter, written=state, now_s=now_s)
+            writes += 1
+        cpu_ns.append(time.process_time_ns() - cpu_start)
+        wall_ns.append(time.perf_counter_ns() - wall_start)
+        assert body
+    return {
+        "gpus": gpus,
+        "ticks": ticks,
+        "writes": writes,
+        "agent_tick_cpu": _agent_tick_cpu(readings),
+        "cpu": _quantiles_ms(cpu_ns),
+        "wall": _quantiles_ms(wall_ns),
+        "source_read_wall": _quantiles_ms(read_wall_ns),
+    }
+
+
+class _Replay:
+    """A source that hands back recorded readings: the tick's own cost without the trace's."""
+
+    def __init__(self, readings: list[NodeReading]) -> None:
+        self._readings = iter(readings)
+
+    def read(self, now: datetime) -> NodeReading:
+        return next(self._readings)
+
+    def close(self) -> None:
+        return None
+
+
+class _AcceptingWriter:
+    """Accepts every patch without I/O, but builds the body as the real writer does."""
+
+    def patch(self, annotations: Mapping[str, str]) -> None:
+        json.dumps(self.patch_body(annotations)).encode()
+
+    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, Any]:
+        return merge_patch(annotations, DEFAULT_KEYS)
+
+
+def _agent_tick_cpu(readings: list[NodeReading]) -> dict[str, float]:
+    """`Agent.tick` as the daemon runs it (metrics included), API and source I/O excluded."""
+    agent = Agent(
+        source=_Replay(readings), writer=_AcceptingWriter(), sample_interval_s=5.0, start_s=0.0
+    )
+    cpu_ns: list[int] = []
+    for step in range(len(readings)):
+        started = time.process_time_ns()
+        agent.tick(now_s=5.0 * step, wall_now=T0 + timedelta(seconds=5 * step))
+        cpu_ns.append(time.process_time_ns() - started)
+    return _quantiles_ms(cpu_ns)
+
+
+def _proc_status_kib(pid: int, field: str) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def bench_rss(seconds: float) -> dict[str, Any]:
+    """Peak RSS of a real daemon writing to the API server stand-in for `seconds`."""
+    with ApiServerStandIn(token="bench-token") as server, tempfile.TemporaryDirectory() as tmp:
+        server.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-node"}})
+        kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent",
+                "run",
+                "--source=simulated",
+                "--node-name=bench-node",
+                f"--kubeconfig={kubeconfig}",
+                "--metrics-port=0",
+                "--sample-interval=0.5",
+                "--min-write-interval=1",
+                "--heartbeat=2",
+                "--log-level=WARNING",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            time.sleep(seconds)
+            hwm_kib = _proc_status_kib(process.pid, "VmHWM")
+            rss_kib = _proc_status_kib(process.pid, "VmRSS")
+            alive = process.poll() is None
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        writes = server.node_writes("bench-node")
+    if not alive:
+        error = process.stderr.read().decode() if process.stderr is not None else ""
+        raise RuntimeError("the daemon exited early: " + error[-500:])
+    return {
+        "seconds": seconds,
+        "peak_rss_mb": None if hwm_kib is None else hwm_kib / 1024,
+        "rss_mb": None if rss_kib is None else rss_kib / 1024,
+        "writes": writes,
+        "exit_code": code,
+    }
+
+
+def machine() -> str:
+    model = platform.processor() or "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical cpus, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ticks", type=int, default=2000, help="ticks per GPU count")
+    parser.add_argument("--rss-seconds", type=float, default=6.0, help="daemon run time")
+    parser.add_argument("--no-rss", action="store_true", help="skip the daemon RSS run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+
+    ticks = [bench_tick(gpus, args.ticks) for gpus in (1, 8)]
+    rss = None if args.no_rss else bench_rss(args.rss_seconds)
+    result = {
+        "machine": machine(),
+        "targets": {"tick_ms_8_gpus": TICK_TARGET_MS, "peak_rss_mb": RSS_TARGET_MB},
+        "ticks": ticks,
+        "rss": rss,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"machine: {result['machine']}")
+    print(
+        f"{'gpus':>4}  {'cpu med ms':>10}  {'cpu p99 ms':>10}  {'wall med ms':>11}  "
+        f"{'wall p99 ms':>11}  {'Agent.tick cpu med/p99 ms':>25}  {'read med ms':>11}  "
+        f"{'writes/ticks':>12}"
+    )
+    for row in ticks:
+        print(
+            f"{row['gpus']:>4}  {row['cpu']['median_ms']:>10.3f}  {row['cpu']['p99_ms']:>10.3f}  "
+            f"{row['wall']['median_ms']:>11.3f}  {row['wall']['p99_ms']:>11.3f}  "
+            f"{row['agent_tick_cpu']['median_ms']:>12.3f}/{row['agent_tick_cpu']['p99_ms']:<12.3f} "
+            f"{row['source_read_wall']['median_ms']:>11.3f}  "
+            f"{row['writes']:>5}/{row['ticks']:<6}"
+        )
+    eight = ticks[1]["cpu"]["median_ms"]
+    print(
+        f"tick cpu median, 8 gpus: {eight:.3f} ms (target <= {TICK_TARGET_MS} ms); "
+        f"8/1 gpu ratio {eight / max(ticks[0]['cpu']['median_ms'], 1e-9):.2f}"
+    )
+    if rss is not None:
+        print(
+            f"daemon peak RSS (VmHWM) after {rss['seconds']:g}s: {rss['peak_rss_mb']:.1f} MB "
+            f"(target <= {RSS_TARGET_MB:g} MB), {rss['writes']} writes, exit {rss['exit_code']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

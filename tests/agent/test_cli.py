@@ -1,0 +1,169 @@
+"""`gpu-agent once` and the start-up failures of both commands (in process, no API server)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agent import cli
+from agent.settings import AgentSettings, env_names
+from agent.sources import SourceUnavailable
+from gpu_contract.schema import DEFAULT_KEYS, SCHEMA_VERSION, Field, decode
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in AgentSettings.model_fields:
+        for env in env_names(name):
+            monkeypatch.delenv(env, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`main()` installs the agent's log handler on the root logger; take it away afterwards."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if h.get_name() == "gpu-agent"]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def run_once(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["once", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_once_dry_run_json_is_a_complete_version_1_set(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_once(
+        capsys, "--dry-run", "--source", "simulated", "--output", "json", "--seed", "3"
+    )
+    assert code == 0
+    document: dict[str, Any] = json.loads(out)
+    annotations = document["annotations"]
+    # A healthy simulated node measures every field; health-detail is present only when not ok.
+    expected = {DEFAULT_KEYS[f] for f in Field if f is not Field.HEALTH_DETAIL}
+    assert set(annotations) == expected
+    assert annotations[DEFAULT_KEYS[Field.SCHEMA_VERSION]] == SCHEMA_VERSION
+    assert annotations[DEFAULT_KEYS[Field.GPU_COUNT]] == "8"
+    assert annotations[DEFAULT_KEYS[Field.GPU_MODEL]] == "NVIDIA-A100-SXM4-80GB"
+    assert document["health"] == "ok"
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert decoded.problems == ()
+    patch = document["patch"]["metadata"]["annotations"]
+    assert {k: v for k, v in patch.items() if v is not None} == annotations
+    assert patch[DEFAULT_KEYS[Field.HEALTH_DETAIL]] is None
+    assert document["dry_run"] is True
+    assert document["written"] is False
+
+
+def test_once_dry_run_with_custom_prefix_and_lost_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_once(
+        capsys,
+        "--dry-run",
+        "--source=simulated",
+        "--output=json",
+        "--annotation-prefix=gpu.corp.example",
+        "--simulated-gpus=2",
+        "--simulated-model=NVIDIA H100 80GB HBM3",
+    )
+    assert code == 0
+    annotations = json.loads(out)["annotations"]
+    assert annotations["gpu.corp.example/gpu-model"] == "NVIDIA-H100-80GB-HBM3"
+    assert all(key.startswith("gpu.corp.example/") for key in annotations)
+
+
+def test_once_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_once(capsys, "--dry-run", "--source", "simulated")
+    assert code == 0
+    assert "gpu-scheduler.example.com/schema-version=1\n" in out
+    assert "# merge patch (application/merge-patch+json):" in out
+    assert out.rstrip().endswith("# dry run: nothing written")
+
+
+@pytest.mark.parametrize("command", ["once", "run"])
+def test_missing_node_name_exits_2(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([command, "--source", "simulated"]) == 2
+    err = capsys.readouterr().err
+    assert "no node name: set --node-name, GPU_AGENT_NODE_NAME or NODE_NAME" in err
+
+
+def test_no_api_configuration_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert cli.main(["run", "--source", "simulated", "--node-name", "n"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the in-cluster config" in err
+    assert "--kubeconfig" in err
+
+
+@pytest.mark.parametrize("command", ["once", "run"])
+def test_nvml_unavailable_exits_2_with_one_line(
+    command: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+) -> None:
+    def unavailable(kind: str, **_: object) -> object:
+        assert kind == "nvml"
+        raise SourceUnavailable("NVML library not found (libnvidia-ml.so.1)")
+
+    monkeypatch.setattr(cli, "open_source", unavailable)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    args = [command, "--node-name", "n", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpu-agent: NVML library not found (libnvidia-ml.so.1)"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("agent.nvml") is None or shutil.which("nvidia-smi") is not None,
+    reason="needs agent.nvml on a machine without an NVIDIA driver",
+)
+def test_real_nvml_missing_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_once(capsys, "--dry-run", "--source", "nvml")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("gpu-agent: ")
+
+
+def test_json_log_lines_are_one_object_each() -> None:
+    formatter = cli._JsonFormatter()
+    record = logging.LogRecord(
+        "agent.daemon", logging.WARNING, __file__, 1, "write failed: %s", ("403",), None
+    )
+    entry = json.loads(formatter.format(record))
+    assert entry["level"] == "warning"
+    assert entry["logger"] == "agent.daemon"
+    assert entry["message"] == "write failed: 403"
+    assert entry["time"].endswith("+00:00")
+
+
+def test_logging_setup_replaces_only_its_own_handler() -> None:
+    root = logging.getLogger()
+    before = [h for h in root.handlers if h.get_name() != "gpu-agent"]
+    settings = AgentSettings(log_format="json", log_level="WARNING")
+    cli.configure_logging(settings)
+    cli.configure_logging(settings)
+    ours = [h for h in root.handlers if h.get_name() == "gpu-agent"]
+    try:
+        assert len(ours) == 1
+        assert all(h in root.handlers for h in before)
+    finally:
+        for handler in ours:
+            root.removeHandler(handler)

@@ -1,0 +1,367 @@
+"""The tick and the loop, driven with injected times and in-memory fakes (no HTTP here)."""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+
+import pytest
+
+from agent.daemon import Agent, TickLoop, memory_total_mib, run_until_signalled, start_jitter_s
+from agent.http import HealthServer
+from agent.kube import (
+    ApiError,
+    ForbiddenError,
+    NotFoundError,
+    ServerError,
+    TooManyRequestsError,
+    TransportError,
+    UnauthorizedError,
+)
+from agent.limiter import Reason, WritePolicy
+from agent.metrics import AgentMetrics
+from agent.records import GpuReading, NodeReading
+from agent.sources import open_source
+from gpu_contract.schema import DEFAULT_KEYS, Field, merge_patch
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def reading(
+    now: datetime, *, utilization: float = 0.5, temperature_c: int = 60, lost: bool = False
+) -> NodeReading:
+    gpus = tuple(
+        GpuReading(
+            uuid=f"GPU-{i}",
+            index=i,
+            name="NVIDIA A100-SXM4-80GB",
+            utilization=utilization,
+            memory_total_mib=81920,
+            memory_free_mib=40000,
+            temperature_c=temperature_c,
+        )
+        for i in range(2 if not lost else 1)
+    )
+    return NodeReading(
+        sampled_at=now,
+        gpus=gpus,
+        device_count=2,
+        lost=("gpu 1: lost",) if lost else (),
+        error_kinds=("GpuIsLost",) if lost else (),
+    )
+
+
+@dataclass
+class FakeSource:
+    """A source whose next readings the test sets; records reads and close."""
+
+    utilization: float = 0.5
+    temperature_c: int = 60
+    lost: bool = False
+    fail: Exception | None = None
+    reads: list[datetime] = field(default_factory=list)
+    closed: int = 0
+
+    def read(self, now: datetime) -> NodeReading:
+        self.reads.append(now)
+        if self.fail is not None:
+            raise self.fail
+        return reading(
+            now, utilization=self.utilization, temperature_c=self.temperature_c, lost=self.lost
+        )
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@dataclass
+class FakeWriter:
+    """Records patches; raises the queued errors first."""
+
+    errors: list[ApiError] = field(default_factory=list)
+    patches: list[dict[str, str]] = field(default_factory=list)
+    attempts: int = 0
+
+    def patch(self, annotations: Mapping[str, str]) -> None:
+        self.attempts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        self.patches.append(dict(annotations))
+
+    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, object]:
+        return merge_patch(annotations)
+
+
+def make_agent(
+    source: object, writer: FakeWriter | None, *, jitter_s: float = 0.0
+) -> tuple[Agent, AgentMetrics, list[float]]:
+    clock = [0.0]
+    metrics = AgentMetrics(monotonic=lambda: clock[0])
+    agent = Agent(
+        source=source,  # type: ignore[arg-type]
+        writer=writer,
+        policy=WritePolicy(),
+        metrics=metrics,
+        sample_interval_s=5.0,
+        start_s=0.0,
+        jitter_s=jitter_s,
+    )
+    return agent, metrics, clock
+
+
+def tick_at(agent: Agent, clock: list[float], now_s: float):  # type: ignore[no-untyped-def]
+    clock[0] = now_s
+    return agent.tick(now_s=now_s, wall_now=T0 + timedelta(seconds=now_s))
+
+
+def test_tick_writes_first_then_suppresses_and_counts() -> None:
+    source, writer = FakeSource(), FakeWriter()
+    agent, metrics, clock = make_agent(source, writer, jitter_s=4.0)
+
+    assert tick_at(agent, clock, 0.0).decision.reason is Reason.JITTER_PENDING
+    first = tick_at(agent, clock, 5.0)
+    assert first.written
+    assert first.decision.reason is Reason.FIRST_WRITE
+    assert writer.patches[0][DEFAULT_KEYS[Field.UPDATED_AT]] == "2026-11-30T12:00:05Z"
+    assert tick_at(agent, clock, 10.0).decision.reason is Reason.BELOW_DEADBAND
+    source.utilization = 0.9
+    assert tick_at(agent, clock, 12.0).decision.reason is Reason.WITHIN_MIN_INTERVAL
+    assert tick_at(agent, clock, 15.0).decision.reason is Reason.DEADBAND_EXCEEDED
+
+    assert metrics.value("gpu_agent_samples_total") == 5
+    assert metrics.value("gpu_agent_writes_total", {"reason": "first-write"}) == 1
+    assert metrics.value("gpu_agent_writes_total", {"reason": "deadband-exceeded"}) == 1
+    for reason, count in [("jitter-pending", 1), ("below-deadband", 1), ("within-min-interval", 1)]:
+        assert metrics.value("gpu_agent_writes_suppressed_total", {"reason": reason}) == count
+    clock[0] = 22.5
+    assert metrics.value("gpu_agent_last_write_age_seconds") == 7.5
+    assert metrics.value("gpu_agent_tick_duration_seconds_count") == 5
+
+
+def test_write_age_is_infinite_before_the_first_write() -> None:
+    _, metrics, _ = make_agent(FakeSource(), FakeWriter())
+    assert metrics.value("gpu_agent_last_write_age_seconds") == float("inf")
+
+
+def test_lost_gpu_degrades_and_counts_nvml_error_kind() -> None:
+    source, writer = FakeSource(), FakeWriter()
+    agent, metrics, clock = make_agent(source, writer)
+    tick_at(agent, clock, 0.0)
+    source.lost = True
+    result = tick_at(agent, clock, 10.0)
+    assert result.decision.reason is Reason.DISCRETE_CHANGE
+    assert writer.patches[-1][DEFAULT_KEYS[Field.HEALTH]] == "degraded"
+    assert writer.patches[-1][DEFAULT_KEYS[Field.HEALTH_DETAIL]] == "gpu 1: lost"
+    assert metrics.value("gpu_agent_nvml_errors_total", {"kind": "GpuIsLost"}) == 1
+
+
+def test_source_that_raises_is_published_unavailable_not_fatal() -> None:
+    source, writer = FakeSource(fail=RuntimeError("driver went away")), FakeWriter()
+    agent, metrics, clock = make_agent(source, writer)
+    result = tick_at(agent, clock, 0.0)
+    assert result.written
+    assert writer.patches[0][DEFAULT_KEYS[Field.HEALTH]] == "unavailable"
+    assert "driver went away" in writer.patches[0][DEFAULT_KEYS[Field.HEALTH_DETAIL]]
+    assert metrics.value("gpu_agent_nvml_errors_total", {"kind": "RuntimeError"}) == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "retry_at_s"),
+    [
+        pytest.param(UnauthorizedError("401", status=401), "401", 10.0, id="401"),
+        pytest.param(ForbiddenError("403", status=403), "403", 10.0, id="403"),
+        pytest.param(NotFoundError("404", status=404), "404", 10.0, id="404"),
+        pytest.param(TooManyRequestsError("429", retry_after_s=42.0), "429", 42.0, id="429"),
+        pytest.param(ServerError("503", status=503), "503", 10.0, id="503"),
+        pytest.param(TransportError("reset"), "transport", 10.0, id="transport"),
+    ],
+)
+def test_api_error_backs_off_and_is_counted(error: ApiError, code: str, retry_at_s: float) -> None:
+    writer = FakeWriter(errors=[error])
+    agent, metrics, clock = make_agent(FakeSource(), writer)
+    failed = tick_at(agent, clock, 0.0)
+    assert failed.write_error is error
+    assert not failed.written
+    assert metrics.value("gpu_agent_api_errors_total", {"code": code}) == 1
+    assert metrics.value("gpu_agent_write_backoff_failures") == 1
+    assert tick_at(agent, clock, retry_at_s - 0.1).decision.reason is Reason.BACKING_OFF
+    retried = tick_at(agent, clock, retry_at_s)
+    assert retried.written
+    assert retried.decision.reason is Reason.FIRST_WRITE
+    assert writer.attempts == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "ready"),
+    [
+        pytest.param(UnauthorizedError("401", status=401), False, id="401-unready"),
+        pytest.param(ForbiddenError("403", status=403), False, id="403-unready"),
+        pytest.param(ServerError("500", status=500), True, id="5xx-stays-ready"),
+        pytest.param(TransportError("timeout"), True, id="timeout-stays-ready"),
+    ],
+)
+def test_readiness_after_api_errors(error: ApiError, ready: bool) -> None:
+    agent, _, clock = make_agent(FakeSource(), FakeWriter(errors=[error]))
+    assert agent.readyz()[0] is False  # no sample yet
+    tick_at(agent, clock, 0.0)
+    assert agent.readyz()[0] is ready
+    tick_at(agent, clock, 10.0)  # the retry succeeds
+    assert agent.readyz()[0] is True
+
+
+def test_liveness_follows_completed_ticks() -> None:
+    agent, _, clock = make_agent(FakeSource(), FakeWriter())
+    assert agent.healthz(15.0)[0] is True  # start-up grace: three intervals
+    assert agent.healthz(15.1)[0] is False
+    tick_at(agent, clock, 20.0)
+    assert agent.healthz(35.0)[0] is True
+    ok, detail = agent.healthz(35.5)
+    assert not ok
+    assert "no tick for 15.5s" in detail
+
+
+def test_dry_run_agent_keeps_the_real_rhythm_without_writing() -> None:
+    agent, metrics, clock = make_agent(FakeSource(), None)
+    assert tick_at(agent, clock, 0.0).decision.reason is Reason.FIRST_WRITE
+    assert tick_at(agent, clock, 5.0).decision.reason is Reason.BELOW_DEADBAND
+    assert metrics.value("gpu_agent_writes_total", {"reason": "first-write"}) == 0
+
+
+def test_memory_total_ignores_unreadable_gpus() -> None:
+    lost = reading(T0, lost=True)
+    assert memory_total_mib(lost) == 81920
+    assert memory_total_mib(NodeReading(sampled_at=T0, gpus=(), device_count=0)) is None
+
+
+def test_start_jitter_is_seeded_and_bounded() -> None:
+    assert start_jitter_s(seed=3, max_s=10.0) == start_jitter_s(seed=3, max_s=10.0)
+    assert all(0.0 <= start_jitter_s(seed=s, max_s=10.0) < 10.0 for s in range(50))
+
+
+# --- simulated hours with the real simulated source -------------------------------------------
+
+
+def simulated_hour(writer: FakeWriter, *, jitter_s: float = 3.0) -> tuple[Agent, list[float]]:
+    source = open_source("simulated", simulated_gpus=8, seed=7, start=T0)
+    agent, _, clock = make_agent(source, writer, jitter_s=jitter_s)
+    attempts: list[float] = []
+    for step in range(int(3600 / 5)):
+        before = writer.attempts
+        tick_at(agent, clock, step * 5.0)
+        if writer.attempts > before:
+            attempts.append(step * 5.0)
+    return agent, attempts
+
+
+def test_simulated_hour_respects_every_rate_limit() -> None:
+    writer = FakeWriter()
+    _, attempts = simulated_hour(writer)
+    gaps = [b - a for a, b in pairwise(attempts)]
+    assert attempts[0] == 5.0  # the first tick after the 3 s jitter
+    assert min(gaps) >= 10.0
+    assert max(gaps) <= 60.0 + 5.0
+    # The trace is busy, yet deadbands keep writes well below one per tick.
+    assert 60 <= len(attempts) < 720 / 2
+
+
+def test_simulated_hour_of_api_outage_does_not_storm() -> None:
+    writer = FakeWriter(errors=[TransportError("connection reset")] * 10_000)
+    agent, attempts = simulated_hour(writer)
+    gaps = [b - a for a, b in pairwise(attempts)]
+    assert min(gaps) >= 10.0
+    # 10, 20, 40, 80 s, then one attempt per 120 s cap: about 33 attempts in the hour.
+    assert len(attempts) <= 36
+    assert gaps[-5:] == [120.0] * 5
+    assert agent.limiter.last_written is None
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+
+def test_loop_finishes_the_tick_then_closes_the_source() -> None:
+    stop = threading.Event()
+    events: list[str] = []
+
+    class Recording(FakeSource):
+        def read(self, now: datetime) -> NodeReading:
+            events.append("read")
+            if len(self.reads) >= 1:
+                stop.set()  # a "signal" arrives while this tick runs
+            return super().read(now)
+
+        def close(self) -> None:
+            events.append("close")
+            super().close()
+
+    source = Recording()
+    agent, _, _ = make_agent(source, FakeWriter())
+    loop = TickLoop(agent, interval_s=0.01)
+    run_until_signalled(loop, on_stop=source.close, stop_event=stop)
+    assert events[-1] == "close"
+    assert events.count("close") == 1
+    assert len(source.reads) >= 2
+    assert agent.last_result is not None
+
+
+def test_health_server_serves_metrics_and_probes() -> None:
+    agent, metrics, clock = make_agent(FakeSource(), FakeWriter())
+    with HealthServer(
+        registry=metrics.registry,
+        healthz=lambda: agent.healthz(clock[0]),
+        readyz=agent.readyz,
+        host="127.0.0.1",
+        port=0,
+    ) as server:
+        base = f"http://127.0.0.1:{server.port}"
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(base + path, timeout=5) as response:
+                    return response.status, response.read().decode()
+            except urllib.error.HTTPError as error:
+                return error.code, error.read().decode()
+
+        assert get("/readyz") == (503, "not ok: no sample taken yet\n")
+        tick_at(agent, clock, 0.0)
+        assert get("/readyz") == (200, "ok: sampling\n")
+        assert get("/healthz")[0] == 200
+        clock[0] = 100.0
+        assert get("/healthz")[0] == 503
+        status, body = get("/metrics")
+        assert status == 200
+        assert "gpu_agent_samples_total 1.0" in body
+        assert 'gpu_agent_writes_total{reason="first-write"} 1.0' in body
+        assert "gpu_agent_last_write_age_seconds 100.0" in body
+        assert get("/nope")[0] == 404
+
+
+def test_liveness_allows_one_slow_api_request() -> None:
+    agent = Agent(
+        source=FakeSource(),  # type: ignore[arg-type]
+        writer=FakeWriter(),
+        sample_interval_s=5.0,
+        start_s=0.0,
+        request_budget_s=8.0,
+    )
+    assert agent.healthz(23.0)[0] is True
+    assert agent.healthz(23.1)[0] is False
+
+
+def test_only_the_newest_state_is_sent_after_a_failure() -> None:
+    source = FakeSource(utilization=0.2)
+    writer = FakeWriter(errors=[ServerError("503", status=503)])
+    agent, _, clock = make_agent(source, writer)
+    assert tick_at(agent, clock, 0.0).write_error is not None
+    source.utilization = 0.3
+    tick_at(agent, clock, 5.0)  # backing off
+    source.utilization = 0.9
+    assert tick_at(agent, clock, 10.0).written
+    assert len(writer.patches) == 1
+    sent = writer.patches[0]
+    assert sent[DEFAULT_KEYS[Field.UTILIZATION]] == "0.90"
+    assert sent[DEFAULT_KEYS[Field.UPDATED_AT]] == "2026-11-30T12:00:10Z"

@@ -1,0 +1,507 @@
+"""The write decision: named table cases for every rule, and properties over random histories."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.limiter import (
+    Decision,
+    LimiterState,
+    PolicyError,
+    Reason,
+    WritePolicy,
+    backoff_delay_s,
+    decide,
+    record_failure,
+    record_success,
+)
+from gpu_contract.schema import Health, NodeGpuState
+
+POLICY = WritePolicy()
+TOTAL_MIB = 8 * 81920  # 5 % of it: 32768 MiB
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def gpu_state(**changes: object) -> NodeGpuState:
+    base = NodeGpuState(
+        health=Health.OK,
+        updated_at=T0,
+        utilization=0.50,
+        utilization_max=0.70,
+        memory_fragmentation=0.20,
+        memory_free_mib=300_000,
+        memory_largest_free_mib=80_000,
+        temperature_c=60,
+        gpu_model="NVIDIA-A100-SXM4-80GB",
+        gpu_count=8,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+WRITTEN = gpu_state()
+# Wrote WRITTEN at t=100; it is now t=130 (past the minimum interval, before the heartbeat).
+AFTER_WRITE = record_success(LimiterState.initial(now_s=0.0), written=WRITTEN, now_s=100.0)
+
+
+@pytest.mark.parametrize(
+    ("limiter", "state", "now_s", "total_mib", "expected", "changed"),
+    [
+        pytest.param(
+            LimiterState.initial(now_s=0.0),
+            WRITTEN,
+            0.0,
+            TOTAL_MIB,
+            Reason.FIRST_WRITE,
+            (),
+            id="first-write-without-jitter",
+        ),
+        pytest.param(
+            LimiterState.initial(now_s=0.0, jitter_s=7.0),
+            WRITTEN,
+            6.9,
+            TOTAL_MIB,
+            Reason.JITTER_PENDING,
+            (),
+            id="jitter-pending",
+        ),
+        pytest.param(
+            LimiterState.initial(now_s=0.0, jitter_s=7.0),
+            WRITTEN,
+            7.0,
+            TOTAL_MIB,
+            Reason.FIRST_WRITE,
+            (),
+            id="first-write-after-jitter",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(updated_at=datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)),
+            130.0,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="only-timestamp-changed",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization=0.54),
+            130.0,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="utilization-below-deadband",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization=0.55),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("utilization",),
+            id="utilization-exactly-deadband",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization=0.45),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("utilization",),
+            id="utilization-down-by-deadband",
+        ),
+        pytest.param(
+            record_success(AFTER_WRITE, written=gpu_state(utilization=0.401), now_s=100.0),
+            gpu_state(utilization=0.449),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("utilization",),
+            id="visible-text-moved-0.40-to-0.45",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization_max=0.80),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("utilization-max",),
+            id="utilization-max",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(memory_fragmentation=0.26),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-fragmentation",),
+            id="fragmentation",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(temperature_c=62),
+            130.0,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="temperature-up-2",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(temperature_c=63),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("temperature",),
+            id="temperature-up-3",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(temperature_c=57),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("temperature",),
+            id="temperature-down-3",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(memory_free_mib=300_000 - 32_000),
+            130.0,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="memory-free-below-5-percent-of-total",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(memory_free_mib=300_000 - 32_768),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-free-mib",),
+            id="memory-free-5-percent-of-total",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(memory_largest_free_mib=40_000),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-largest-free-mib",),
+            id="largest-free",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(memory_free_mib=299_999),
+            130.0,
+            None,
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-free-mib",),
+            id="memory-total-unknown-any-change",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(temperature_c=None),
+            130.0,
+            TOTAL_MIB,
+            Reason.DEADBAND_EXCEEDED,
+            ("temperature",),
+            id="field-no-longer-measurable",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(health=Health.DEGRADED, health_detail="gpu 3: lost"),
+            130.0,
+            TOTAL_MIB,
+            Reason.DISCRETE_CHANGE,
+            ("health", "health-detail"),
+            id="health-change",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(gpu_count=7),
+            130.0,
+            TOTAL_MIB,
+            Reason.DISCRETE_CHANGE,
+            ("gpu-count",),
+            id="gpu-count-change",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(gpu_model="mixed"),
+            130.0,
+            TOTAL_MIB,
+            Reason.DISCRETE_CHANGE,
+            ("gpu-model",),
+            id="gpu-model-change",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(health=Health.UNAVAILABLE),
+            105.0,
+            TOTAL_MIB,
+            Reason.WITHIN_MIN_INTERVAL,
+            ("health",),
+            id="discrete-change-waits-min-interval",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization=0.9),
+            109.9,
+            TOTAL_MIB,
+            Reason.WITHIN_MIN_INTERVAL,
+            ("utilization",),
+            id="deadband-waits-min-interval",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            WRITTEN,
+            159.9,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="heartbeat-not-yet",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            WRITTEN,
+            160.0,
+            TOTAL_MIB,
+            Reason.HEARTBEAT_DUE,
+            (),
+            id="heartbeat-due",
+        ),
+        pytest.param(
+            record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
+            WRITTEN,
+            179.9,
+            TOTAL_MIB,
+            Reason.BACKING_OFF,
+            (),
+            id="backing-off",
+        ),
+        pytest.param(
+            record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
+            WRITTEN,
+            180.0,
+            TOTAL_MIB,
+            Reason.HEARTBEAT_DUE,
+            (),
+            id="retry-after-backoff",
+        ),
+        pytest.param(
+            record_failure(LimiterState.initial(now_s=0.0), now_s=0.0, policy=POLICY),
+            WRITTEN,
+            10.0,
+            TOTAL_MIB,
+            Reason.FIRST_WRITE,
+            (),
+            id="failed-first-write-retried-as-first",
+        ),
+        pytest.param(
+            record_failure(AFTER_WRITE, now_s=170.0, policy=replace(POLICY, backoff_base_s=1.0)),
+            WRITTEN,
+            175.0,
+            TOTAL_MIB,
+            Reason.WITHIN_MIN_INTERVAL,
+            (),
+            id="short-backoff-still-waits-min-interval",
+        ),
+    ],
+)
+def test_decide(
+    *,
+    limiter: LimiterState,
+    state: NodeGpuState,
+    now_s: float,
+    total_mib: int | None,
+    expected: Reason,
+    changed: tuple[str, ...],
+) -> None:
+    decision = decide(limiter, state, now_s=now_s, memory_total_mib=total_mib, policy=POLICY)
+    assert decision.reason is expected
+    assert decision.write is (
+        expected
+        in {
+            Reason.FIRST_WRITE,
+            Reason.DISCRETE_CHANGE,
+            Reason.DEADBAND_EXCEEDED,
+            Reason.HEARTBEAT_DUE,
+        }
+    )
+    assert decision.changed == changed
+
+
+def test_failure_keeps_last_written_so_deadband_compares_with_the_server() -> None:
+    failed = record_failure(AFTER_WRITE, now_s=120.0, policy=POLICY)
+    assert failed.last_written == WRITTEN
+    assert failed.last_success_s == 100.0
+    assert failed.consecutive_failures == 1
+    # The unsent change is not queued: once back, only the newest state matters.
+    later = decide(failed, WRITTEN, now_s=131.0, memory_total_mib=TOTAL_MIB, policy=POLICY)
+    assert later == Decision(False, Reason.BELOW_DEADBAND)
+
+
+@pytest.mark.parametrize(
+    ("failures", "retry_after_s", "expected_s"),
+    [
+        pytest.param(1, None, 10.0, id="first"),
+        pytest.param(2, None, 20.0, id="second-doubles"),
+        pytest.param(3, None, 40.0, id="third"),
+        pytest.param(4, None, 80.0, id="fourth"),
+        pytest.param(5, None, 120.0, id="capped"),
+        pytest.param(500, None, 120.0, id="long-outage-capped-no-overflow"),
+        pytest.param(1, 30.0, 30.0, id="retry-after-longer-wins"),
+        pytest.param(3, 5.0, 40.0, id="retry-after-shorter-backoff-wins"),
+        pytest.param(1, 3600.0, 120.0, id="retry-after-capped-at-max"),
+        pytest.param(1, -4.0, 10.0, id="negative-retry-after-ignored"),
+        pytest.param(1, math.nan, 10.0, id="nan-retry-after-ignored"),
+    ],
+)
+def test_backoff_delay(failures: int, retry_after_s: float | None, expected_s: float) -> None:
+    assert backoff_delay_s(failures, policy=POLICY, retry_after_s=retry_after_s) == expected_s
+
+
+def test_record_failure_sets_retry_time_from_retry_after() -> None:
+    failed = record_failure(AFTER_WRITE, now_s=200.0, policy=POLICY, retry_after_s=45.0)
+    assert failed.retry_at_s == 245.0
+    ok = record_success(failed, written=WRITTEN, now_s=245.0)
+    assert ok.consecutive_failures == 0
+    assert ok.retry_at_s is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param({"heartbeat_s": 5.0}, "heartbeat_s", id="heartbeat-below-min-interval"),
+        pytest.param({"min_write_interval_s": 0.0}, "min_write_interval_s", id="zero-interval"),
+        pytest.param({"utilization_deadband": -0.1}, "utilization_deadband", id="neg-deadband"),
+        pytest.param({"backoff_max_s": 1.0}, "backoff_max_s", id="max-below-base"),
+        pytest.param({"heartbeat_s": math.inf}, "heartbeat_s", id="infinite-heartbeat"),
+    ],
+)
+def test_policy_bounds(changes: dict[str, float], message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        WritePolicy(**changes)
+
+
+# --- properties over random histories ----------------------------------------------------------
+
+SAMPLE_S = 5.0
+
+steps = st.lists(
+    st.tuples(
+        st.floats(min_value=0.5, max_value=SAMPLE_S),  # time to the next tick
+        st.floats(min_value=0.0, max_value=1.0),  # utilization
+        st.integers(min_value=30, max_value=90),  # temperature
+        st.integers(min_value=0, max_value=TOTAL_MIB),  # free memory
+        st.sampled_from([Health.OK, Health.OK, Health.OK, Health.DEGRADED]),
+        st.one_of(  # API outcome: None = success, else a failure with an optional Retry-After
+            st.none(), st.none(), st.none(), st.floats(min_value=0, max_value=300) | st.just(-1.0)
+        ),
+    ),
+    min_size=1,
+    max_size=120,
+)
+
+
+def _run(history: list[tuple[float, float, int, int, Health, float | None]], *, jitter_s: float):
+    limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter_s)
+    now_s = 0.0
+    log = []
+    for dt, utilization, temperature, free_mib, health, failure in history:
+        now_s += dt
+        state = gpu_state(
+            utilization=utilization,
+            temperature_c=temperature,
+            memory_free_mib=free_mib,
+            health=health,
+        )
+        before = limiter
+        decision = decide(before, state, now_s=now_s, memory_total_mib=TOTAL_MIB, policy=POLICY)
+        if decision.write:
+            if failure is None:
+                limiter = record_success(limiter, written=state, now_s=now_s)
+            else:
+                retry_after = None if failure < 0 else failure
+                limiter = record_failure(
+                    limiter, now_s=now_s, policy=POLICY, retry_after_s=retry_after
+                )
+        log.append((now_s, state, before, decision, failure))
+    return log
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.floats(min_value=0.0, max_value=10.0))
+def test_attempts_never_closer_than_min_interval(history, jitter_s):  # type: ignore[no-untyped-def]
+    attempts = [now for now, _, _, d, _ in _run(history, jitter_s=jitter_s) if d.write]
+    assert all(b - a >= POLICY.min_write_interval_s for a, b in pairwise(attempts))
+    assert all(t >= jitter_s for t in attempts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.floats(min_value=0.0, max_value=10.0))
+def test_never_silent_longer_than_heartbeat_while_api_up(history, jitter_s):  # type: ignore[no-untyped-def]
+    up = [(dt, u, t, m, h, None) for dt, u, t, m, h, _ in history]
+    log = _run(up, jitter_s=jitter_s)
+    last_write_s = jitter_s  # the first write is due as soon as the jitter has passed
+    for now_s, _, _, decision, _ in log:
+        assert now_s - last_write_s <= POLICY.heartbeat_s + SAMPLE_S
+        if decision.write:
+            last_write_s = now_s
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_every_write_is_justified_and_deadbands_respected(history):  # type: ignore[no-untyped-def]
+    deadband_mib = POLICY.memory_deadband_fraction * TOTAL_MIB
+    for now_s, state, before, decision, _ in _run(history, jitter_s=0.0):
+        last = before.last_written
+        if last is None:
+            continue
+        moved = (
+            abs(round(state.utilization or 0, 2) - round(last.utilization or 0, 2))
+            >= POLICY.utilization_deadband - 1e-9
+            or abs((state.temperature_c or 0) - (last.temperature_c or 0))
+            >= POLICY.temperature_deadband_c
+            or abs((state.memory_free_mib or 0) - (last.memory_free_mib or 0)) >= deadband_mib
+        )
+        discrete = state.health != last.health
+        heartbeat = now_s - (before.last_success_s or 0.0) >= POLICY.heartbeat_s
+        if decision.write:
+            assert moved or discrete or heartbeat
+        if decision.reason is Reason.BELOW_DEADBAND:
+            assert not moved
+            assert not discrete
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_backoff_honoured_grows_and_caps(history):  # type: ignore[no-untyped-def]
+    log = _run(history, jitter_s=0.0)
+    previous_delay = 0.0
+    for index, (now_s, _, before, decision, failure) in enumerate(log):
+        if not decision.write or failure is None:
+            if decision.write:
+                previous_delay = 0.0
+            continue
+        failures = before.consecutive_failures + 1
+        retry_after = None if failure < 0 else failure
+        delay = backoff_delay_s(failures, policy=POLICY, retry_after_s=retry_after)
+        assert delay <= POLICY.backoff_max_s
+        if retry_after is None:
+            assert delay >= previous_delay  # grows (until the cap) while failures continue
+            previous_delay = delay
+        # Retry-After (capped) honoured: no attempt before it.
+        for later_s, _, _, later, _ in log[index + 1 :]:
+            if later.write:
+                assert later_s - now_s >= delay
+                assert later_s - now_s >= min(retry_after or 0.0, POLICY.backoff_max_s)
+                break

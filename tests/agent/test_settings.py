@@ -1,0 +1,184 @@
+"""Settings: defaults, environment names, flag precedence, and one clear line per bad bound."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.cli import build_parser, main
+from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in AgentSettings.model_fields:
+        for env in env_names(name):
+            monkeypatch.delenv(env, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`main()` installs the agent's log handler on the root logger; take it away afterwards."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in [h for h in root.handlers if h.get_name() == "gpu-agent"]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_defaults_match_the_contract() -> None:
+    settings = load_settings()
+    policy = settings.write_policy()
+    assert (settings.sample_interval, settings.min_write_interval, settings.heartbeat) == (
+        5.0,
+        10.0,
+        60.0,
+    )
+    assert (policy.utilization_deadband, policy.temperature_deadband_c) == (0.05, 3.0)
+    assert policy.memory_deadband_fraction == 0.05
+    assert settings.annotation_prefix == "gpu-scheduler.example.com/"
+    assert settings.kubeconfig is None
+    assert settings.source == "nvml"
+    assert settings.metrics_port == 9400
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "expected"),
+    [
+        pytest.param({"NODE_NAME": "gpu-1"}, "node_name", "gpu-1", id="node-name-from-NODE_NAME"),
+        pytest.param(
+            {"NODE_NAME": "a", "GPU_AGENT_NODE_NAME": "b"}, "node_name", "b", id="prefixed-wins"
+        ),
+        pytest.param({"GPU_AGENT_SAMPLE_INTERVAL": "2"}, "sample_interval", 2.0, id="interval"),
+        pytest.param({"GPU_AGENT_SOURCE": "simulated"}, "source", "simulated", id="source"),
+        pytest.param(
+            {"GPU_AGENT_ANNOTATION_PREFIX": "gpu.corp.example"},
+            "annotation_prefix",
+            "gpu.corp.example/",
+            id="prefix-normalized",
+        ),
+        pytest.param({"GPU_AGENT_METRICS_PORT": "0"}, "metrics_port", 0, id="metrics-off"),
+        pytest.param({"GPU_AGENT_LOG_LEVEL": "debug"}, "log_level", "DEBUG", id="log-level"),
+    ],
+)
+def test_environment(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], field: str, expected: object
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert getattr(load_settings(), field) == expected
+
+
+def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_AGENT_HEARTBEAT", "90")
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    settings = load_settings(heartbeat=120.0, node_name="from-flag")
+    assert settings.heartbeat == 120.0
+    assert settings.node_name == "from-flag"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        pytest.param(
+            {"heartbeat": 5.0}, "heartbeat (5) must be >= min-write-interval (10)", id="heartbeat"
+        ),
+        pytest.param(
+            {"sample_interval": 20.0},
+            "min-write-interval (10) must be >= sample-interval (20)",
+            id="sample-above-min-write",
+        ),
+        pytest.param(
+            {"sample_interval": 0.0},
+            "--sample-interval / GPU_AGENT_SAMPLE_INTERVAL: Input should be greater than 0",
+            id="zero-interval",
+        ),
+        pytest.param(
+            {"metrics_port": 70000},
+            "--metrics-port / GPU_AGENT_METRICS_PORT: Input should be less than or equal to 65535",
+            id="port",
+        ),
+        pytest.param(
+            {"annotation_prefix": "Not A Domain"},
+            "--annotation-prefix / GPU_AGENT_ANNOTATION_PREFIX: annotation prefix",
+            id="prefix",
+        ),
+        pytest.param({"source": "cuda"}, "--source / GPU_AGENT_SOURCE", id="source"),
+        pytest.param(
+            {"utilization_deadband": 2.0}, "--utilization-deadband", id="deadband-above-one"
+        ),
+        pytest.param(
+            {"backoff_base": 50.0, "backoff_max": 20.0},
+            "backoff-max (20) must be >= backoff-base (50)",
+            id="backoff",
+        ),
+    ],
+)
+def test_bounds_give_one_clear_line(overrides: dict[str, object], fragment: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(**overrides)
+    message = str(caught.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_bad_environment_value_exits_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPU_AGENT_SAMPLE_INTERVAL", "soon")
+    assert main(["run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu-agent: invalid settings: --sample-interval")
+    assert len(err.splitlines()) == 1
+
+
+def test_every_setting_is_a_flag_of_both_commands() -> None:
+    parser = build_parser()
+    for command in ("once", "run"):
+        args = parser.parse_args([command])
+        assert args.command == command
+    # The interface names fixed for docs and the chart.
+    required = {
+        "--node-name",
+        "--source",
+        "--sample-interval",
+        "--min-write-interval",
+        "--heartbeat",
+        "--annotation-prefix",
+        "--kubeconfig",
+        "--metrics-port",
+        "--simulated-gpus",
+        "--simulated-model",
+        "--seed",
+    }
+    flags = {flag_name(name) for name in AgentSettings.model_fields}
+    assert required <= flags
+    for command in ("once", "run"):
+        for name in AgentSettings.model_fields:
+            parsed = parser.parse_args([command, flag_name(name), _example(name)])
+            assert hasattr(parsed, name)
+
+
+def _example(name: str) -> str:
+    return {
+        "source": "simulated",
+        "log_level": "INFO",
+        "log_format": "json",
+        "annotation_prefix": "a.example",
+        "node_name": "n",
+        "kubeconfig": "/k",
+        "simulated_model": "NVIDIA H100",
+        "metrics_address": "127.0.0.1",
+    }.get(name, "1")
+
+
+def test_operator_doc_lists_every_flag_and_variable() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "agent.md").read_text()
+    for name in AgentSettings.model_fields:
+        assert f"`{flag_name(name)}`" in doc, name
+        for env in env_names(name):
+            assert f"`{env}`" in doc, env
