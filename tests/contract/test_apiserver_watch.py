@@ -268,3 +268,20 @@ def test_a_watch_whose_client_hangs_up_is_closed(api_server: ApiServerStandIn) -
     while api_server.watch_count and time.monotonic() < deadline:
         time.sleep(0.01)
     assert api_server.watch_count == 0
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param("resourceVersion=abc", id="bad-rv"),
+        pytest.param("timeoutSeconds=soon", id="bad-timeout"),
+    ],
+)
+def test_a_bad_watch_request_is_a_400_and_leaves_no_watch(
+    api_server: ApiServerStandIn, query: str
+) -> None:
+    got = request(api_server.url, "GET", f"/api/v1/nodes?watch=1&{query}")
+    assert got.status == 400
+    assert got.json()["reason"] == "BadRequest"
+    assert api_server.requests[-1].status == 400
+    assert api_server.watch_count == 0

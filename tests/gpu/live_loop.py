@@ -1,0 +1,61 @@
+"""The whole agent loop on a real GPU: `gpu-agent run --source nvml` against a local API stand-in.
+
+Run from the repository root on a GPU machine (part of tests/gpu/gpu_check.sh):
+
+    python tests/gpu/live_loop.py [seconds]
+
+It starts the Kubernetes API stand-in with one Node, runs the real daemon as a subprocess (real
+NVML, real kubernetes client, fast demo intervals), stops it with SIGTERM, and prints what reached
+the server: the writes, their spacing, the Node's final annotations and the daemon's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from gpu_contract.schema import DEFAULT_PREFIX
+from gpu_sim.apiserver import ApiServerStandIn
+from gpu_sim.nodes import gpu_node
+
+NODE = "gpu-node-live"
+
+
+def main() -> int:
+    duration_s = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
+    with ApiServerStandIn() as server, tempfile.TemporaryDirectory() as scratch:
+        server.put_node(gpu_node(NODE, gpu_count=1, product="NVIDIA-H200"))
+        kubeconfig = server.write_kubeconfig(Path(scratch) / "kubeconfig")
+        argv = [
+            sys.executable, "-m", "agent", "run", "--source", "nvml", "--node-name", NODE,
+            "--kubeconfig", str(kubeconfig), "--sample-interval", "1", "--min-write-interval", "2",
+            "--heartbeat", "6", "--metrics-port", "0",
+        ]  # fmt: skip
+        daemon = subprocess.Popen(argv)
+        time.sleep(duration_s)
+        daemon.send_signal(signal.SIGTERM)
+        exit_code = daemon.wait(timeout=30)
+        patches = [r for r in server.requests if r.method == "PATCH" and r.status == 200]
+        times = [
+            datetime.fromisoformat(
+                r.json()["metadata"]["annotations"][DEFAULT_PREFIX + "updated-at"][:-1] + "+00:00"
+            )
+            for r in patches
+        ]
+        gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        annotations = server.node(NODE)["metadata"].get("annotations", {})
+        ours = {k: v for k, v in sorted(annotations.items()) if k.startswith(DEFAULT_PREFIX)}
+        print(json.dumps({"writes": len(patches), "gaps_between_writes_s": gaps_s}, indent=1))
+        print(json.dumps(ours, indent=1))
+        print("daemon exit code:", exit_code)
+        return 0 if exit_code == 0 and patches else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
