@@ -1,0 +1,271 @@
+"""`gpu-scorer`: serve the extender, or explain its verdicts for a saved request.
+
+    gpu-scorer serve [--host H] [--port P] [--path-prefix /] [--node-cache] [policy flags]
+    gpu-scorer explain --request args.json [--now 2026-11-30T14:00:00Z] [--output text|json]
+
+Every `serve` flag is also a `GPU_SCORER_*` variable (flags win); policy settings may also come
+from `--policy-file`. `build_parser()` is public so that deployment manifests can be checked
+against the real flag names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import queue
+import signal
+import sys
+import types
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import msgspec
+import uvicorn
+
+from exporter_scheduler import wire
+from exporter_scheduler.explain import explain, render_text
+from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.scoring import evaluate
+from exporter_scheduler.server import NodeSource, ScorerApp, uvicorn_config
+from exporter_scheduler.settings import (
+    POLICY_FIELDS,
+    ScorerSettings,
+    SettingsError,
+    env_name,
+    flag_name,
+    load_settings,
+    settings_fields,
+)
+from gpu_contract.schema import parse_timestamp
+
+PROG = "gpu-scorer"
+# Settings `explain` accepts besides the policy: where the policy file is.
+_EXPLAIN_EXTRA = ("policy_file",)
+_NOT_SETTINGS = {"command", "request", "now", "output"}
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _after_shutdown(signum: int, frame: types.FrameType | None) -> None:
+    """Stands in for the default action while uvicorn owns the signals (see `_serve`)."""
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            document.update(fields)
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted already by the queue handler
+            document["exception"] = record.exc_text
+        return json.dumps(document, default=str, separators=(",", ":"))
+
+
+def configure_logging(level: str) -> logging.handlers.QueueListener:
+    """JSON lines on stderr, written by a listener thread so the request path only enqueues."""
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(JsonLogFormatter())
+    listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_FieldsQueueHandler(records))
+    root.setLevel(level.upper())
+    listener.start()
+    return listener
+
+
+class _FieldsQueueHandler(logging.handlers.QueueHandler):
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # Keep `fields` and the traceback for the JSON formatter instead of flattening the
+        # record into text here (the default), which would also cost time on the request path.
+        prepared = logging.makeLogRecord(record.__dict__)
+        prepared.msg = record.getMessage()
+        prepared.args = None
+        if record.exc_info:
+            prepared.exc_text = logging.Formatter().formatException(record.exc_info)
+            prepared.exc_info = None
+        return prepared
+
+
+def _flag_kwargs(name: str, annotation: Any) -> dict[str, Any]:
+    """argparse options for a settings field, from its type annotation."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+        origin = get_origin(annotation)
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin is Literal:
+        return {"choices": list(get_args(annotation))}
+    if annotation is int:
+        return {"type": int, "metavar": "N"}
+    if annotation is float:
+        return {"type": float, "metavar": "X"}
+    if annotation is Path:
+        return {"metavar": "PATH"}
+    return {"metavar": name.upper()}
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    fields = settings_fields()
+    for name in names:
+        info = fields[name]
+        parser.add_argument(
+            flag_name(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            help=f"{info.description} [env {env_name(name)}; default {info.default!r}]",
+            **_flag_kwargs(name, info.annotation),
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="kube-scheduler extender scoring GPU nodes on live GPU state"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve /filter, /prioritize, /explain over HTTP")
+    _add_setting_flags(serve, list(settings_fields()))
+
+    explain_cmd = commands.add_parser(
+        "explain", help="print every node's inputs, rules, score and verdict for a request"
+    )
+    explain_cmd.add_argument(
+        "--request", required=True, metavar="PATH", help="ExtenderArgs JSON with full Nodes"
+    )
+    explain_cmd.add_argument(
+        "--now", metavar="RFC3339", help="evaluate at this time (default: the current time)"
+    )
+    explain_cmd.add_argument("--output", choices=["text", "json"], default="text")
+    _add_setting_flags(explain_cmd, [*POLICY_FIELDS, *_EXPLAIN_EXTRA])
+    return parser
+
+
+def _settings_from(args: argparse.Namespace) -> ScorerSettings:
+    flags = {k: v for k, v in vars(args).items() if k not in _NOT_SETTINGS}
+    return load_settings(flags)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _settings_from(args)
+    listener = configure_logging(settings.log_level)
+    log = logging.getLogger("exporter_scheduler.cli")
+    policy = settings.policy()
+    metrics = ScorerMetrics()
+    cache = None
+    try:
+        if settings.node_cache:
+            # Imported here so that full-node mode never loads the kubernetes client.
+            from exporter_scheduler.nodecache import NodeCache  # noqa: PLC0415
+
+            try:
+                cache = NodeCache(
+                    kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+                    keys=policy.keys,
+                    metrics=metrics,
+                ).start()
+            except Exception as exc:
+                log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
+                return 1
+        node_source: NodeSource | None = cache
+        app = ScorerApp(
+            policy=policy,
+            node_source=node_source,
+            path_prefix=settings.path_prefix,
+            max_body_bytes=settings.max_body_bytes,
+            metrics=metrics,
+        )
+        config = uvicorn_config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            tls=settings.tls(),
+            keep_alive_s=settings.keep_alive_s,
+            log_level=settings.log_level,
+        )
+        log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "host": settings.host,
+                    "port": settings.port,
+                    "path_prefix": settings.path_prefix,
+                    "mode": "names-only (node cache)" if cache else "full nodes",
+                    "tls": settings.tls() is not None,
+                }
+            },
+        )
+        # uvicorn handles SIGTERM/SIGINT itself and, once shut down, re-raises the signal to
+        # whatever handler was there before: make that a no-op, so the process exits normally
+        # after the log queue is flushed instead of dying with the last lines still queued.
+        previous = {sig: signal.signal(sig, _after_shutdown) for sig in _STOP_SIGNALS}
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0
+    finally:
+        if cache is not None:
+            cache.stop()
+        listener.stop()
+
+
+def _explain(args: argparse.Namespace) -> int:
+    settings = _settings_from(args)
+    policy = settings.policy()
+    try:
+        body = Path(args.request).read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"--request {args.request}: cannot read it ({exc.strerror})") from None
+    if args.now is None:
+        now = datetime.now(UTC)
+    else:
+        parsed = parse_timestamp(args.now)
+        if parsed is None:
+            raise SettingsError(f"--now {args.now!r} is not an RFC 3339 time with a zone")
+        now = parsed
+    try:
+        request = wire.decode_args(body, gpu_resource_name=policy.gpu_resource_name)
+    except wire.WireError as exc:
+        raise SettingsError(f"--request {args.request}: {exc}") from None
+    if request.form != "nodes":
+        raise SettingsError(
+            f"--request {args.request}: explain needs full Node objects (a request sent with "
+            "nodeCacheCapable: false); this one carries only node names"
+        )
+    evaluation = evaluate(request.pod, request.nodes, now, policy)
+    document = explain(evaluation, request.pod, now, policy)
+    if args.output == "json":
+        sys.stdout.write(msgspec.json.format(wire.encode_json(document), indent=2).decode())
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_text(document))
+        if not render_text(document).endswith("\n"):
+            sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        return _explain(args)
+    except SettingsError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2

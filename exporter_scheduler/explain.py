@@ -1,0 +1,286 @@
+"""Explanations: every verdict spelled out for the operator, as JSON-able data and as text.
+
+Filter reasons are deliberately uniform (they are counted by text in the pod's events), so the
+node's own values, the data's age by both clocks, each rule's outcome and the score's arithmetic
+are shown here instead: `gpu-scorer explain`, `POST <prefix>/explain` and the per-node log lines
+all come from `explain`. Output is deterministic: lists keep input order and nothing iterates a set.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from exporter_scheduler.hints import HINT_NAMES
+from exporter_scheduler.policy import Policy, format_fraction_limit, weight_milli
+from exporter_scheduler.scoring import (
+    BASIS_POINTS,
+    TEMPERATURE_HEADROOM_SPAN_C,
+    Evaluation,
+    NodeVerdict,
+    PodInput,
+    ScoreBreakdown,
+)
+from gpu_contract.schema import NodeGpuState
+
+
+def _time(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    return aware.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _fraction(bp: int) -> float:
+    return bp / BASIS_POINTS
+
+
+def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy) -> dict[str, Any]:
+    """Everything behind `evaluation`, as plain JSON-able data (str keys, no NaN, no sets)."""
+    w_util, w_frag, w_temp = weight_milli(policy)
+    prefix = policy.keys.prefix
+    hint_annotations = {
+        prefix + name: pod.annotations[prefix + name]
+        for name in HINT_NAMES
+        if isinstance(pod.annotations.get(prefix + name), str)
+    }
+    problem = evaluation.hint_problem
+    hints = evaluation.hints
+    chain = evaluation.chain
+    nodes = [_node(v) for v in evaluation.verdicts]
+    reasons: dict[str, int] = {}
+    for verdict in evaluation.verdicts:
+        if not verdict.passed and verdict.reason is not None:
+            reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
+    return {
+        "now": _time(now),
+        "pod": {
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "gpu_request": pod.gpu_request,
+            "hint_annotations": hint_annotations,
+        },
+        "hints": {
+            "model_preference": list(hints.model_preference),
+            "fallback_utilization": hints.fallback_utilization,
+            "max_utilization": hints.max_utilization,
+            "min_gpu_memory_mib": hints.min_gpu_memory_mib,
+        },
+        "hint_error": (
+            None
+            if problem is None
+            else {
+                "annotation": problem.annotation,
+                "value": problem.value,
+                "problem": problem.problem,
+                "reason": problem.reason,
+            }
+        ),
+        "policy": {
+            "annotation_prefix": prefix,
+            "utilization_limit": policy.utilization_limit,
+            "effective_utilization_limit": evaluation.utilization_limit,
+            "temperature_limit_c": policy.temperature_limit_c,
+            "stale_after_s": policy.stale_after_s,
+            "clock_skew_tolerance_s": policy.clock_skew_tolerance_s,
+            "managed_fields_lag_tolerance_s": policy.managed_fields_lag_tolerance_s,
+            "missing_data": policy.missing_data,
+            "weights": {
+                "utilization": w_util / 1000,
+                "fragmentation": w_frag / 1000,
+                "temperature": w_temp / 1000,
+            },
+        },
+        "chain": (
+            None
+            if chain is None
+            else {
+                "preference": list(chain.preference),
+                "threshold": chain.threshold,
+                "chosen": chain.chosen,
+                "basis": chain.basis,
+            }
+        ),
+        "nodes": nodes,
+        "summary": {
+            "nodes": len(nodes),
+            "passed": sum(1 for v in evaluation.verdicts if v.passed),
+            "failed": sum(1 for v in evaluation.verdicts if not v.passed and not v.unresolvable),
+            "unresolvable": sum(1 for v in evaluation.verdicts if not v.passed and v.unresolvable),
+            "reasons": dict(sorted(reasons.items())),
+        },
+    }
+
+
+def _inputs(state: NodeGpuState) -> dict[str, Any]:
+    return {
+        "utilization": state.utilization,
+        "utilization_max": state.utilization_max,
+        "memory_fragmentation": state.memory_fragmentation,
+        "memory_free_mib": state.memory_free_mib,
+        "memory_largest_free_mib": state.memory_largest_free_mib,
+        "temperature_c": state.temperature_c,
+        "gpu_model": state.gpu_model,
+        "gpu_count": state.gpu_count,
+        "health": state.health.value,
+        "health_detail": state.health_detail,
+        "updated_at": _time(state.updated_at),
+    }
+
+
+def _rule_value(rule: str, state: NodeGpuState | None) -> Any:
+    if state is None:
+        return None
+    if rule == "health":
+        return state.health.value
+    if rule == "utilization":
+        return state.utilization
+    if rule == "temperature":
+        return state.temperature_c
+    if rule == "memory":
+        return state.memory_largest_free_mib
+    return state.gpu_model
+
+
+def _breakdown(b: ScoreBreakdown) -> dict[str, Any]:
+    return {
+        "utilization_headroom": _fraction(b.utilization_headroom_bp),
+        "fragmentation_headroom": _fraction(b.fragmentation_headroom_bp),
+        "temperature_headroom": _fraction(b.temperature_headroom_bp),
+        "temperature_headroom_span_c": TEMPERATURE_HEADROOM_SPAN_C,
+        "percent": b.percent_bp / 100,
+        "score": b.score,
+    }
+
+
+def _node(v: NodeVerdict) -> dict[str, Any]:
+    state = v.inputs.state
+    clock_ahead_s = None
+    if state is not None and v.agent_write_time is not None:
+        written = v.agent_write_time
+        clock_ahead_s = round((state.updated_at - written).total_seconds(), 3)
+    return {
+        "name": v.name,
+        "verdict": "pass" if v.passed else "fail",
+        "reason": v.reason,
+        "unresolvable": v.unresolvable,
+        "score": v.score,
+        "data_status": v.data_status,
+        "age_s": _seconds(v.age_s),
+        "server_age_s": _seconds(v.server_age_s),
+        "agent_write_time": _time(v.agent_write_time),
+        # updated-at minus the API server's write time: positive means the node clock runs ahead.
+        "updated_at_minus_write_time_s": clock_ahead_s,
+        "schema_version": v.inputs.schema_version,
+        "inputs": None if state is None else _inputs(state),
+        "problems": list(v.inputs.problems),
+        "rules": [
+            {
+                "rule": r.rule,
+                "outcome": r.outcome,
+                "value": None if r.outcome == "not-checked" else _rule_value(r.rule, state),
+                "limit": r.limit,
+                "reason": r.reason,
+            }
+            for r in v.rules
+        ],
+        "model_rank": v.model_rank,
+        "score_breakdown": None if v.breakdown is None else _breakdown(v.breakdown),
+    }
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format_fraction_limit(value) if 0.0 <= value <= 1.0 else f"{value:g}"
+    return str(value)
+
+
+def render_text(explanation: dict[str, Any]) -> str:
+    """The explanation for a terminal: one block per node, in request order."""
+    pod = explanation["pod"]
+    policy = explanation["policy"]
+    lines = [
+        f"pod {pod['namespace']}/{pod['name']} (gpu request {pod['gpu_request']}) "
+        f"at {explanation['now']}",
+        f"policy: utilization limit {_show(policy['effective_utilization_limit'])}"
+        f" (cluster {_show(policy['utilization_limit'])}), "
+        f"temperature limit {policy['temperature_limit_c']}C, "
+        f"stale after {policy['stale_after_s']:g}s, missing data {policy['missing_data']}",
+    ]
+    error = explanation["hint_error"]
+    if error is not None:
+        lines.append(
+            f"pod hint error: {error['annotation']}={error['value']!r}: {error['problem']} "
+            "(the pod is rejected on every node)"
+        )
+    hints = explanation["hints"]
+    shown = [f"{k}={_show(v)}" for k, v in hints.items() if v not in (None, [])]
+    if hints["model_preference"]:
+        shown[0] = "model_preference=" + ",".join(hints["model_preference"])
+    lines.append("hints: " + (", ".join(shown) if shown else "none"))
+    chain = explanation["chain"]
+    if chain is not None:
+        chosen = chain["chosen"] if chain["chosen"] is not None else "none"
+        lines.append(
+            f"model chain {','.join(chain['preference'])} at {_show(chain['threshold'])}: "
+            f"kept {chosen} ({chain['basis']})"
+        )
+    for node in explanation["nodes"]:
+        lines.append("")
+        verdict = "PASS" if node["verdict"] == "pass" else "FAIL"
+        head = f"{node['name']}: {verdict}, score {node['score']}"
+        if node["reason"] is not None:
+            head += f", {node['reason']}"
+        if node["verdict"] == "fail":
+            head += " [unresolvable]" if node["unresolvable"] else " [preemption may help]"
+        lines.append(head)
+        age = "unknown" if node["age_s"] is None else f"{node['age_s']:g}s"
+        ages = f"  data {node['data_status']}, age {age}"
+        if node["server_age_s"] is not None:
+            ages += f", server age {_show(node['server_age_s'])}s"
+        if node["updated_at_minus_write_time_s"] is not None:
+            ages += f", updated-at minus write time {node['updated_at_minus_write_time_s']:g}s"
+        lines.append(ages)
+        inputs = node["inputs"]
+        if inputs is not None:
+            lines.append(
+                "  inputs: "
+                + ", ".join(f"{k} {_show(v)}" for k, v in inputs.items() if v is not None)
+            )
+        if node["problems"]:
+            lines.append("  problems: " + "; ".join(node["problems"]))
+        rules = []
+        for rule in node["rules"]:
+            text = f"{rule['rule']} {rule['outcome']}"
+            if rule["outcome"] != "not-checked":
+                text += f" ({_show(rule['value'])} vs {_show(rule['limit'])})"
+            rules.append(text)
+        lines.append("  rules: " + "; ".join(rules))
+        breakdown = node["score_breakdown"]
+        if breakdown is not None:
+            weights = policy["weights"]
+            total = weights["utilization"] + weights["fragmentation"] + weights["temperature"]
+            lines.append(
+                "  score: 100 x ("
+                f"{weights['utilization']:g} x {breakdown['utilization_headroom']:g} "
+                f"+ {weights['fragmentation']:g} x {breakdown['fragmentation_headroom']:g} "
+                f"+ {weights['temperature']:g} x {breakdown['temperature_headroom']:g}"
+                f") / {total:g} = {breakdown['percent']:.2f}% -> {breakdown['score']}/10"
+            )
+    summary = explanation["summary"]
+    lines.append("")
+    lines.append(
+        f"summary: {summary['passed']}/{summary['nodes']} passed, {summary['failed']} failed, "
+        f"{summary['unresolvable']} unresolvable"
+    )
+    lines.extend(f"  {count} {reason}" for reason, count in summary["reasons"].items())
+    return "\n".join(lines) + "\n"

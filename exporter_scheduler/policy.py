@@ -1,0 +1,131 @@
+"""The operator's scoring policy: limits, freshness bounds, missing-data handling and score weights.
+
+One immutable value, validated when it is built, so that a bad setting fails at start-up with a
+message naming the field and its bound instead of surfacing as odd verdicts on the request path.
+Settings, the policy file and the CLI all end in a `Policy`; the scorer reads nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from gpu_contract.schema import DEFAULT_KEYS, Keys
+
+MissingData = Literal["lenient", "strict"]
+
+# Bounds checked by `Policy.__post_init__`; exported so the settings layer and the docs agree.
+MIN_TEMPERATURE_LIMIT_C: Final = 1
+MAX_TEMPERATURE_LIMIT_C: Final = 150
+# Weights are used at a resolution of 0.001 (integer arithmetic keeps scores bit-for-bit
+# reproducible), so their sum must reach at least one such step.
+WEIGHT_RESOLUTION: Final = 0.001
+MAX_WEIGHT: Final = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the scorer enforces. Every field has a safe default; see docs/scoring.md."""
+
+    keys: Keys = DEFAULT_KEYS
+    # A node whose mean GPU utilization is above this fraction fails the filter.
+    utilization_limit: float = 0.90
+    # The hottest GPU at or above this temperature fails the filter. 85 C sits below the
+    # slowdown (clock-throttling) temperature of current NVIDIA data-centre GPUs, so a node
+    # is avoided before its GPUs start to throttle the work already there.
+    temperature_limit_c: int = 85
+    # 3 x the agent's 60 s heartbeat: two missed heartbeats are tolerated before data is stale.
+    stale_after_s: float = 180.0
+    # `updated-at` this far in the scorer's future is still accepted (NTP-level drift).
+    clock_skew_tolerance_s: float = 30.0
+    # How far `updated-at` (node clock, time of sampling) may run ahead of the API server's
+    # record of the agent's last write (server clock, always after sampling).
+    managed_fields_lag_tolerance_s: float = 30.0
+    missing_data: MissingData = "lenient"
+    # The score is a weighted mean of three headrooms; only the ratios between weights matter.
+    weight_utilization: float = 0.70
+    weight_fragmentation: float = 0.15
+    weight_temperature: float = 0.15
+    gpu_resource_name: str = "nvidia.com/gpu"
+
+    def __post_init__(self) -> None:
+        _check_fraction("utilization_limit", self.utilization_limit)
+        if isinstance(self.temperature_limit_c, bool) or not isinstance(
+            self.temperature_limit_c, int
+        ):
+            raise ValueError(
+                f"temperature_limit_c must be an integer number of degrees Celsius, "
+                f"got {self.temperature_limit_c!r}"
+            )
+        if not MIN_TEMPERATURE_LIMIT_C <= self.temperature_limit_c <= MAX_TEMPERATURE_LIMIT_C:
+            raise ValueError(
+                f"temperature_limit_c must be between {MIN_TEMPERATURE_LIMIT_C} and "
+                f"{MAX_TEMPERATURE_LIMIT_C}, got {self.temperature_limit_c}"
+            )
+        _check_seconds("stale_after_s", self.stale_after_s, allow_zero=False)
+        _check_seconds("clock_skew_tolerance_s", self.clock_skew_tolerance_s, allow_zero=True)
+        _check_seconds(
+            "managed_fields_lag_tolerance_s",
+            self.managed_fields_lag_tolerance_s,
+            allow_zero=True,
+        )
+        if self.missing_data not in ("lenient", "strict"):
+            raise ValueError(
+                f"missing_data must be 'lenient' or 'strict', got {self.missing_data!r}"
+            )
+        for name, weight in (
+            ("weight_utilization", self.weight_utilization),
+            ("weight_fragmentation", self.weight_fragmentation),
+            ("weight_temperature", self.weight_temperature),
+        ):
+            if not _is_real(weight) or not 0.0 <= weight <= MAX_WEIGHT:
+                raise ValueError(f"{name} must be between 0 and {MAX_WEIGHT:g}, got {weight!r}")
+        if sum(weight_milli(self)) == 0:
+            raise ValueError(
+                "weight_utilization + weight_fragmentation + weight_temperature must be at "
+                f"least {WEIGHT_RESOLUTION} (weights are used to the nearest {WEIGHT_RESOLUTION})"
+            )
+        if not self.gpu_resource_name.strip():
+            raise ValueError("gpu_resource_name must not be empty")
+
+
+def weight_milli(policy: Policy) -> tuple[int, int, int]:
+    """The three weights in thousandths, as the integer score arithmetic uses them."""
+    return (
+        round(policy.weight_utilization * 1000),
+        round(policy.weight_fragmentation * 1000),
+        round(policy.weight_temperature * 1000),
+    )
+
+
+def _is_real(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not _is_real(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a fraction between 0 and 1, got {value!r}")
+
+
+def _check_seconds(name: str, value: float, *, allow_zero: bool) -> None:
+    if not _is_real(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "at least 0" if allow_zero else "greater than 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+
+
+def format_fraction_limit(value: float) -> str:
+    """A limit as reason texts show it: `0.90`, or more digits only when they matter (`0.875`)."""
+    text = f"{value:.2f}"
+    if float(text) == value:
+        return text
+    return f"{value:.4f}".rstrip("0")
+
+
+def format_seconds(value: float) -> str:
+    """`180` for whole seconds, `2.5` otherwise: reason texts never show `180.0`."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -1,0 +1,660 @@
+"""Verdicts: which nodes a pod may use and how much the scorer likes each, from annotations alone.
+
+`evaluate` is the whole decision: a pure function of (pod, nodes, now, policy). It reads each
+node's annotations through the shared contract (`gpu_contract.decode`), judges the data's
+freshness by two clocks, applies the filter rules and the pod's hints, and scores what passes.
+It runs inside the scheduler's wait for every pod, over up to thousands of nodes, so the per-node
+path does only integer arithmetic and shared, precomputed rule outcomes; anything that exists to
+be read by a person (values, ages, breakdowns) is carried in the verdict and rendered later by
+`exporter_scheduler.explain`.
+
+Reason texts are uniform per rule and limit, because kube-scheduler's `FailedScheduling` event
+counts each distinct text: the node's own values live in the verdict, never in its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+import msgspec
+
+from exporter_scheduler.hints import (
+    ANY_MODEL,
+    NO_HINTS,
+    HintError,
+    PodHints,
+    match_patterns,
+    model_rank,
+    parse_hints,
+)
+from exporter_scheduler.policy import (
+    Policy,
+    format_fraction_limit,
+    format_seconds,
+    weight_milli,
+)
+from gpu_contract.schema import DecodedAnnotations, Field, Health, Keys, decode
+
+DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid"]
+RuleName = Literal["health", "utilization", "temperature", "memory", "model"]
+Outcome = Literal["pass", "fail", "unknown", "not-checked"]
+ChainBasis = Literal["at-or-below-threshold", "all-above-threshold", "no-candidate"]
+
+RULE_ORDER: Final[tuple[RuleName, ...]] = (
+    "health",
+    "utilization",
+    "temperature",
+    "memory",
+    "model",
+)
+# Temperature headroom reaches its full value this many degrees below the limit.
+TEMPERATURE_HEADROOM_SPAN_C: Final = 40
+BASIS_POINTS: Final = 10_000
+MAX_SCORE: Final = 10  # kube-scheduler's MaxExtenderPriority
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInput:
+    """One node as the scorer sees it: its name, its annotations, and the server's write time."""
+
+    name: str
+    annotations: Mapping[str, str]
+    # `metadata.managedFields[manager=gpu-scheduler-agent].time`: the API server's clock at the
+    # agent's last change of this Node. `None` when unknown (names-only mode, or no such entry).
+    agent_write_time: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodInput:
+    namespace: str
+    name: str
+    annotations: Mapping[str, str]
+    # Sum of the GPU resource over the pod's containers; shown in explanations.
+    gpu_request: int = 0
+
+
+class RuleOutcome(msgspec.Struct, frozen=True, gc=False):
+    """One rule's result for one node. Instances are shared between nodes: no per-node values."""
+
+    rule: RuleName
+    outcome: Outcome
+    limit: str | None = None
+    reason: str | None = None
+    # True when evicting pods from the node (preemption) could not make this rule pass.
+    unresolvable: bool = False
+
+
+class ScoreBreakdown(msgspec.Struct, frozen=True, gc=False):
+    """The score's parts, in basis points (10000 = 1.0) so that every step is exact integer math."""
+
+    utilization_headroom_bp: int
+    fragmentation_headroom_bp: int
+    temperature_headroom_bp: int
+    percent_bp: int  # the weighted mean on 0..100.00, in hundredths of a percent
+    score: int  # 0..10
+
+
+class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
+    """The decision for one node, with everything an explanation needs.
+
+    A msgspec struct rather than a dataclass: one is built per node per request, and a frozen
+    dataclass costs about ten times as much to construct.
+    """
+
+    name: str
+    passed: bool
+    # Failed: why (uniform text). Passed: why the score is lowest (lenient on unknown data).
+    reason: str | None
+    unresolvable: bool
+    score: int
+    data_status: DataStatus
+    inputs: DecodedAnnotations
+    rules: tuple[RuleOutcome, ...]
+    breakdown: ScoreBreakdown | None = None
+    age_s: float | None = None  # scorer clock minus updated-at
+    server_age_s: float | None = None  # scorer clock minus the API server's write time
+    agent_write_time: datetime | None = None
+    model_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainOutcome:
+    """How the pod's model preference chain resolved over the nodes given."""
+
+    preference: tuple[str, ...]
+    threshold: float
+    chosen_rank: int | None
+    basis: ChainBasis
+
+    @property
+    def chosen(self) -> str | None:
+        return None if self.chosen_rank is None else self.preference[self.chosen_rank]
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    verdicts: tuple[NodeVerdict, ...]  # in input order
+    hint_error: str | None = None
+    hint_problem: HintError | None = None
+    hints: PodHints = NO_HINTS
+    chain: ChainOutcome | None = None
+    # The utilization limit applied: the policy's, or the pod's tighter `max-utilization`.
+    utilization_limit: float = 0.90
+    now: datetime | None = field(default=None)
+
+    def passed_names(self) -> list[str]:
+        return [v.name for v in self.verdicts if v.passed]
+
+    def failed(self) -> dict[str, str]:
+        """Rejections preemption might cure, for `FailedNodes`."""
+        return {
+            v.name: v.reason or "" for v in self.verdicts if not v.passed and not v.unresolvable
+        }
+
+    def unresolvable(self) -> dict[str, str]:
+        """Rejections preemption cannot cure, for `FailedAndUnresolvableNodes`."""
+        return {v.name: v.reason or "" for v in self.verdicts if not v.passed and v.unresolvable}
+
+    def scores(self) -> list[tuple[str, int]]:
+        return [(v.name, v.score) for v in self.verdicts]
+
+
+# ----------------------------------------------------------------------------- decoding
+# The same nodes come back in every request and the agent rewrites them at most every few
+# seconds, so decoding is memoised on the values of the contract's keys. `decode` is a pure
+# function of those values (except when `schema-version` is absent: then it looks at every key,
+# and the cache is bypassed), so the cache changes speed, never results.
+_DECODE_CACHE_MAX: Final = 32_768
+_decode_caches: dict[str, dict[tuple[str | None, ...], DecodedAnnotations]] = {}
+_UNREADABLE: Final = "annotation value unreadable"
+_KEY_ORDER: Final = tuple(Field)
+_VERSION_INDEX: Final = _KEY_ORDER.index(Field.SCHEMA_VERSION)
+
+
+def clear_decode_cache() -> None:
+    """Forget memoised decodes (benchmarks measuring the cold path; tests)."""
+    _decode_caches.clear()
+
+
+def _safe_decode(annotations: Mapping[str, str], keys: Keys) -> DecodedAnnotations:
+    try:
+        return decode(annotations, keys)
+    except Exception:  # a value the contract's parser trips on is bad data, not a crash
+        return DecodedAnnotations(None, (_UNREADABLE,))
+
+
+class _Decoder:
+    __slots__ = ("cache", "key_tuple", "keys")
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self.key_tuple = tuple(keys[f] for f in _KEY_ORDER)
+        cache = _decode_caches.get(keys.prefix)
+        if cache is None or len(cache) > _DECODE_CACHE_MAX:
+            cache = {}
+            _decode_caches[keys.prefix] = cache
+        self.cache = cache
+
+    def __call__(self, annotations: Mapping[str, str]) -> DecodedAnnotations:
+        try:
+            values = tuple(map(annotations.get, self.key_tuple))
+            hit = self.cache.get(values)
+        except TypeError:  # an unhashable value: not what the contract writes
+            return _safe_decode(annotations, self.keys)
+        if hit is not None:
+            return hit
+        decoded = _safe_decode(annotations, self.keys)
+        if values[_VERSION_INDEX] is not None:
+            self.cache[values] = decoded
+        return decoded
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class _Compiled:
+    """Everything about (policy, pod hints) that is the same for every node of one request."""
+
+    __slots__ = (
+        "any_rank",
+        "chain_active",
+        "health_fail",
+        "health_pass",
+        "lag_tolerance_s",
+        "lenient",
+        "limit_bp",
+        "mem_fail",
+        "mem_pass",
+        "mem_skip",
+        "mem_unknown",
+        "min_memory_mib",
+        "model_pass",
+        "model_skip",
+        "model_unlisted",
+        "not_checked",
+        "patterns",
+        "skew_tolerance_s",
+        "stale_after_s",
+        "status_reason",
+        "temp_fail",
+        "temp_limit_c",
+        "temp_pass",
+        "temp_unknown",
+        "threshold_bp",
+        "util_fail",
+        "util_pass",
+        "util_unknown",
+        "w_frag",
+        "w_temp",
+        "w_total",
+        "w_util",
+    )
+
+    def __init__(self, policy: Policy, hints: PodHints) -> None:
+        lenient = policy.missing_data == "lenient"
+        self.lenient = lenient
+        limit = policy.utilization_limit
+        if hints.max_utilization is not None and hints.max_utilization < limit:
+            limit = hints.max_utilization
+        self.limit_bp = round(limit * BASIS_POINTS)
+        threshold = limit
+        if hints.fallback_utilization is not None and hints.fallback_utilization < limit:
+            threshold = hints.fallback_utilization
+        self.threshold_bp = round(threshold * BASIS_POINTS)
+        self.temp_limit_c = policy.temperature_limit_c
+        self.stale_after_s = policy.stale_after_s
+        self.skew_tolerance_s = policy.clock_skew_tolerance_s
+        self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
+        self.min_memory_mib = hints.min_gpu_memory_mib
+        self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
+        self.w_total = self.w_util + self.w_frag + self.w_temp
+        self.status_reason: dict[DataStatus, str] = {
+            "missing": "gpu data missing",
+            "invalid": "gpu data invalid",
+            "stale": f"gpu data stale (older than {format_seconds(policy.stale_after_s)}s)",
+            "clock-skew": "gpu data clock skew",
+        }
+
+        util_limit = format_fraction_limit(limit)
+        temp_limit = f"{policy.temperature_limit_c}C"
+        self.health_pass = RuleOutcome("health", "pass", "unavailable")
+        self.health_fail = RuleOutcome(
+            "health", "fail", "unavailable", "gpu health unavailable", unresolvable=True
+        )
+        self.util_pass = RuleOutcome("utilization", "pass", util_limit)
+        self.util_fail = RuleOutcome(
+            "utilization", "fail", util_limit, f"gpu utilization above {util_limit}"
+        )
+        # Fresh timestamps but no usable utilization: the node-level "missing"/"invalid" policy.
+        self.util_unknown: dict[DataStatus, RuleOutcome] = {
+            status: (
+                RuleOutcome("utilization", "unknown", util_limit)
+                if lenient
+                else RuleOutcome(
+                    "utilization", "fail", util_limit, self.status_reason[status], True
+                )
+            )
+            for status in ("missing", "invalid")
+        }
+        self.temp_pass = RuleOutcome("temperature", "pass", temp_limit)
+        self.temp_fail = RuleOutcome(
+            "temperature", "fail", temp_limit, f"gpu temperature at or above {temp_limit}"
+        )
+        self.temp_unknown = (
+            RuleOutcome("temperature", "unknown", temp_limit)
+            if lenient
+            else RuleOutcome("temperature", "fail", temp_limit, "gpu temperature unknown", True)
+        )
+        mem_limit = None if hints.min_gpu_memory_mib is None else f"{hints.min_gpu_memory_mib}MiB"
+        self.mem_skip = RuleOutcome("memory", "not-checked")
+        self.mem_pass = RuleOutcome("memory", "pass", mem_limit)
+        self.mem_fail = RuleOutcome(
+            "memory", "fail", mem_limit, f"gpu memory below {mem_limit} free on one gpu"
+        )
+        self.mem_unknown = (
+            RuleOutcome("memory", "unknown", mem_limit)
+            if lenient
+            else RuleOutcome("memory", "fail", mem_limit, "gpu memory unknown", True)
+        )
+        self.chain_active = bool(hints.model_preference)
+        self.patterns, self.any_rank = match_patterns(hints.model_preference)
+        chain = ",".join(hints.model_preference) if hints.model_preference else None
+        self.model_skip = RuleOutcome("model", "not-checked")
+        self.model_pass = RuleOutcome("model", "pass", chain)
+        self.model_unlisted = RuleOutcome(
+            "model", "fail", chain, "gpu model not in preference list", True
+        )
+        self.not_checked = (
+            RuleOutcome("health", "not-checked"),
+            RuleOutcome("utilization", "not-checked"),
+            RuleOutcome("temperature", "not-checked"),
+            self.mem_skip,
+            self.model_skip,
+        )
+
+
+def _as_utc(moment: datetime) -> datetime:
+    # Kubernetes times are UTC; a naive datetime from a caller is read as UTC rather than
+    # failing the whole request on a subtraction of naive and aware times.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def evaluate(
+    pod: PodInput, nodes: Sequence[NodeInput], now: datetime, policy: Policy
+) -> Evaluation:
+    """Judge every node for `pod` at `now`. Never raises for any annotation content."""
+    now = _as_utc(now)
+    parsed = parse_hints(pod.annotations, policy.keys)
+    hint_problem: HintError | None = None
+    if isinstance(parsed, HintError):
+        hint_problem, hints = parsed, NO_HINTS
+    else:
+        hints = parsed
+    compiled = _Compiled(policy, hints)
+    decode_node = _Decoder(policy.keys)
+
+    verdicts: list[NodeVerdict] = []
+    # Per node, for the chain: the rank if the node passed with fresh utilization at or below
+    # the fallback threshold, else None.
+    available_rank: list[int | None] = []
+    append = verdicts.append
+    for node in nodes:
+        verdict, available = _judge(node, decode_node, now, compiled)
+        append(verdict)
+        available_rank.append(available)
+
+    limit = compiled.limit_bp / BASIS_POINTS
+    if hint_problem is not None:
+        reason = hint_problem.reason
+        rejected = tuple(
+            msgspec.structs.replace(
+                v, passed=False, reason=reason, unresolvable=True, score=0, breakdown=None
+            )
+            for v in verdicts
+        )
+        return Evaluation(rejected, reason, hint_problem, NO_HINTS, None, limit, now)
+
+    chain: ChainOutcome | None = None
+    if compiled.chain_active:
+        chain = _resolve_chain(verdicts, available_rank, hints, compiled)
+    return Evaluation(tuple(verdicts), None, None, hints, chain, limit, now)
+
+
+def _judge(
+    node: NodeInput,
+    decode_node: _Decoder,
+    now: datetime,
+    c: _Compiled,
+) -> tuple[NodeVerdict, int | None]:
+    chain_active = c.chain_active
+    decoded = decode_node(node.annotations)
+    state = decoded.state
+    written = node.agent_write_time
+    server_age_s: float | None = None
+    if written is not None:
+        written = _as_utc(written)
+        server_age_s = (now - written).total_seconds()
+
+    if state is None:
+        problems = decoded.problems
+        status: DataStatus = (
+            "invalid"
+            if problems and problems[0] in ("updated-at unparsable", _UNREADABLE)
+            else "missing"
+        )
+        rank = c.any_rank if chain_active else None
+        return _untimely(
+            node.name,
+            decoded,
+            status,
+            age_s=None,
+            server_age_s=server_age_s,
+            written=written,
+            rank=rank,
+            c=c,
+        ), None
+
+    age_s = (now - state.updated_at).total_seconds()
+    rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if chain_active else None
+    # Clock checks, most specific first. updated-at is the node's clock at sampling; the
+    # managedFields time is the server's clock at the write that followed, so updated-at may
+    # not run ahead of it, and the server's time also bounds how old the data can really be.
+    if -age_s > c.skew_tolerance_s or (
+        server_age_s is not None and server_age_s - age_s > c.lag_tolerance_s
+    ):
+        return _untimely(
+            node.name,
+            decoded,
+            "clock-skew",
+            age_s=age_s,
+            server_age_s=server_age_s,
+            written=written,
+            rank=rank,
+            c=c,
+        ), None
+    if age_s > c.stale_after_s or (server_age_s is not None and server_age_s > c.stale_after_s):
+        return _untimely(
+            node.name,
+            decoded,
+            "stale",
+            age_s=age_s,
+            server_age_s=server_age_s,
+            written=written,
+            rank=rank,
+            c=c,
+        ), None
+
+    failed: RuleOutcome | None = None
+    status = "fresh"
+    health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass
+    if health is c.health_fail:
+        failed = health
+
+    utilization = state.utilization
+    utilization_bp = 0
+    if utilization is None:
+        status = "invalid" if "utilization invalid" in decoded.problems else "missing"
+        util = c.util_unknown[status]
+    else:
+        utilization_bp = round(utilization * BASIS_POINTS)
+        util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
+    if failed is None and util.outcome == "fail":
+        failed = util
+
+    temperature_c = state.temperature_c
+    if temperature_c is None:
+        temp = c.temp_unknown
+    else:
+        temp = c.temp_fail if temperature_c >= c.temp_limit_c else c.temp_pass
+    if failed is None and temp.outcome == "fail":
+        failed = temp
+
+    min_memory_mib = c.min_memory_mib
+    if min_memory_mib is None:
+        mem = c.mem_skip
+    else:
+        largest = state.memory_largest_free_mib
+        if largest is None:
+            mem = c.mem_unknown
+        else:
+            mem = c.mem_fail if largest < min_memory_mib else c.mem_pass
+        if failed is None and mem.outcome == "fail":
+            failed = mem
+
+    model = c.model_skip
+    if chain_active:
+        model = c.model_unlisted if rank is None else c.model_pass
+        if failed is None and rank is None:
+            failed = model
+
+    rules = (health, util, temp, mem, model)
+    if failed is not None:
+        return NodeVerdict(
+            node.name,
+            False,
+            failed.reason,
+            failed.unresolvable,
+            0,
+            status,
+            decoded,
+            rules,
+            None,
+            age_s,
+            server_age_s,
+            written,
+            rank,
+        ), None
+
+    if status != "fresh":
+        # Lenient on a node whose utilization is unknown: passes, scores lowest, says why.
+        return NodeVerdict(
+            node.name,
+            True,
+            c.status_reason[status],
+            False,
+            0,
+            status,
+            decoded,
+            rules,
+            None,
+            age_s,
+            server_age_s,
+            written,
+            rank,
+        ), None
+
+    breakdown = _score(utilization_bp, state.memory_fragmentation, temperature_c, c)
+    available = rank if chain_active and utilization_bp <= c.threshold_bp else None
+    return NodeVerdict(
+        node.name,
+        True,
+        None,
+        False,
+        breakdown.score,
+        "fresh",
+        decoded,
+        rules,
+        breakdown,
+        age_s,
+        server_age_s,
+        written,
+        rank,
+    ), available
+
+
+def _untimely(
+    name: str,
+    decoded: DecodedAnnotations,
+    status: DataStatus,
+    *,
+    age_s: float | None,
+    server_age_s: float | None,
+    written: datetime | None,
+    rank: int | None,
+    c: _Compiled,
+) -> NodeVerdict:
+    """Data that cannot be judged (missing, invalid, stale, skewed): the missing-data policy."""
+    reason = c.status_reason[status]
+    if not c.lenient:
+        return NodeVerdict(
+            name, False, reason, True, 0, status, decoded, c.not_checked, None,
+            age_s, server_age_s, written, rank,
+        )  # fmt: skip
+    rules = c.not_checked
+    if c.chain_active:
+        if rank is None:
+            rules = (*rules[:4], c.model_unlisted)
+            return NodeVerdict(
+                name, False, c.model_unlisted.reason, True, 0, status, decoded, rules, None,
+                age_s, server_age_s, written, rank,
+            )  # fmt: skip
+        rules = (*rules[:4], c.model_pass)
+    return NodeVerdict(
+        name, True, reason, False, 0, status, decoded, rules, None,
+        age_s, server_age_s, written, rank,
+    )  # fmt: skip
+
+
+def _score(
+    utilization_bp: int,
+    fragmentation: float | None,
+    temperature_c: int | None,
+    c: _Compiled,
+) -> ScoreBreakdown:
+    """Weighted mean of three headrooms, in integers; an unknown headroom counts as none."""
+    utilization_headroom = BASIS_POINTS - utilization_bp
+    fragmentation_headroom = (
+        0 if fragmentation is None else BASIS_POINTS - round(fragmentation * BASIS_POINTS)
+    )
+    if temperature_c is None:
+        temperature_headroom = 0
+    else:
+        temperature_headroom = (
+            (c.temp_limit_c - temperature_c) * BASIS_POINTS // TEMPERATURE_HEADROOM_SPAN_C
+        )
+        temperature_headroom = max(0, min(BASIS_POINTS, temperature_headroom))
+    weighted = (
+        c.w_util * utilization_headroom
+        + c.w_frag * fragmentation_headroom
+        + c.w_temp * temperature_headroom
+    )
+    w_total = c.w_total
+    # Round half up twice, each step shown in explanations: to 0.01 %, then to 0..10.
+    percent_bp = (2 * weighted + w_total) // (2 * w_total)
+    percent_bp = max(0, min(BASIS_POINTS, percent_bp))
+    score = (percent_bp + BASIS_POINTS // (2 * MAX_SCORE)) // (BASIS_POINTS // MAX_SCORE)
+    return ScoreBreakdown(
+        utilization_headroom, fragmentation_headroom, temperature_headroom, percent_bp, score
+    )
+
+
+def _resolve_chain(
+    verdicts: list[NodeVerdict],
+    available_rank: list[int | None],
+    hints: PodHints,
+    c: _Compiled,
+) -> ChainOutcome:
+    """Keep the most preferred rank with a node at or below the threshold; reject the other ranks.
+
+    When no rank has such a node, keep the most preferred rank with any node that passed the
+    filter (the pod still fits there; a worse model is not less loaded in a way the pod asked
+    about). Mutates `verdicts` in place, replacing the nodes of the ranks not kept.
+    """
+    preference = hints.model_preference
+    threshold = c.threshold_bp / BASIS_POINTS
+    ranks_available = [r for r in available_rank if r is not None]
+    basis: ChainBasis
+    if ranks_available:
+        chosen: int | None = min(ranks_available)
+        basis = "at-or-below-threshold"
+    else:
+        candidates = [v.model_rank for v in verdicts if v.passed and v.model_rank is not None]
+        chosen = min(candidates) if candidates else None
+        basis = "all-above-threshold" if chosen is not None else "no-candidate"
+    if chosen is None:
+        return ChainOutcome(preference, threshold, None, basis)
+
+    entry = preference[chosen]
+    label = "any model" if entry == ANY_MODEL else entry
+    not_preferred = RuleOutcome(
+        "model",
+        "fail",
+        ",".join(preference),
+        f"gpu model not preferred ({label} available)",
+        unresolvable=True,
+    )
+    for index, verdict in enumerate(verdicts):
+        if verdict.passed and verdict.model_rank != chosen:
+            verdicts[index] = msgspec.structs.replace(
+                verdict,
+                passed=False,
+                reason=not_preferred.reason,
+                unresolvable=True,
+                score=0,
+                breakdown=None,
+                rules=(*verdict.rules[:4], not_preferred),
+            )
+    return ChainOutcome(preference, threshold, chosen, basis)

@@ -1,0 +1,286 @@
+"""The scorer over real HTTP on loopback: routes, keep-alive, TCP_NODELAY, TLS, logs, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from exporter_scheduler.policy import Policy
+from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.server import (
+    DEFAULT_KEEP_ALIVE_S,
+    TlsFiles,
+    normalize_path_prefix,
+    uvicorn_config,
+)
+from tests.scorer._http_helpers import (
+    NOW,
+    args_body,
+    call,
+    check_filter_reply,
+    check_prioritize_reply,
+    connect,
+    gpu_annotations,
+    make_app,
+    node,
+    pod,
+    serving,
+)
+
+
+class FakeSource:
+    """A NodeSource whose readiness the test controls."""
+
+    def __init__(self, nodes: dict[str, NodeInput], *, ready: bool = True) -> None:
+        self.nodes = nodes
+        self.is_ready = ready
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
+        return [self.nodes.get(n) or NodeInput(n, {}, None) for n in names]
+
+
+def _mixed_nodes() -> list[dict[str, object]]:
+    return [
+        node("cool", gpu_annotations(utilization=0.10)),
+        node("hot", gpu_annotations(utilization=0.95)),
+        node("warm", gpu_annotations(utilization=0.60)),
+    ]
+
+
+def test_filter_prioritize_explain_over_http() -> None:
+    body = args_body(pod(), _mixed_nodes())
+    with serving(make_app()) as server:
+        conn = connect(server)
+        status, headers, data = call(conn, "POST", "/filter", body)
+        assert (status, headers["content-type"]) == (200, "application/json")
+        reply = json.loads(data)
+        passed = check_filter_reply(reply, given=["cool", "hot", "warm"], form="nodes")
+        assert passed == ["cool", "warm"]
+        assert reply["FailedNodes"] == {"hot": "gpu utilization above 0.90"}
+
+        status, _, data = call(conn, "POST", "/prioritize", body)
+        scores = check_prioritize_reply(json.loads(data), given=["cool", "hot", "warm"])
+        assert scores["cool"] > scores["warm"]
+
+        status, _, data = call(conn, "POST", "/explain", body)
+        assert status == 200
+        assert json.loads(data)  # the explanation document
+        status, headers, data = call(conn, "POST", "/explain?output=text", body)
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain")
+        assert b"hot" in data
+        conn.close()
+
+
+def test_same_request_same_now_gives_identical_bytes() -> None:
+    body = args_body(pod(), _mixed_nodes())
+    with serving(make_app()) as server:
+        conn = connect(server)
+        first = call(conn, "POST", "/filter", body)[2]
+        second = call(conn, "POST", "/filter", body)[2]
+        conn.close()
+    assert first == second
+
+
+def test_keep_alive_reuses_one_connection_after_idling() -> None:
+    body = args_body(pod(), _mixed_nodes())
+    with serving(make_app()) as server:
+        conn = connect(server)
+        call(conn, "POST", "/filter", body)
+        sock = conn.sock
+        assert sock is not None
+        local = sock.getsockname()
+        for _ in range(5):
+            assert call(conn, "POST", "/prioritize", body)[0] == 200
+        time.sleep(1.0)  # an idle gap, as between two pods
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        assert conn.sock is sock
+        assert sock.getsockname() == local
+        assert len(server.server.server_state.connections) == 1
+        conn.close()
+
+
+def test_keep_alive_timeout_outlasts_the_schedulers_idle_connections() -> None:
+    config = uvicorn_config(make_app(), host="127.0.0.1", port=0)
+    assert config.timeout_keep_alive == DEFAULT_KEEP_ALIVE_S > 90
+    assert config.http == "httptools"
+
+
+def test_accepted_sockets_have_tcp_nodelay() -> None:
+    with serving(make_app()) as server:
+        conn = connect(server)
+        assert call(conn, "GET", "/healthz")[0] == 200
+        (protocol,) = server.server.server_state.connections
+        accepted = protocol.transport.get_extra_info("socket")
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "expected"),
+    [
+        pytest.param("/", "", id="root"),
+        pytest.param("", "", id="empty"),
+        pytest.param("/scheduler", "/scheduler", id="plain"),
+        pytest.param("scheduler/", "/scheduler", id="slashes"),
+        pytest.param("/a/b/", "/a/b", id="nested"),
+    ],
+)
+def test_path_prefix_normalized(prefix: str, expected: str) -> None:
+    assert normalize_path_prefix(prefix) == expected
+
+
+def test_path_prefix_routes() -> None:
+    body = args_body(pod(), _mixed_nodes())
+    with serving(make_app(path_prefix="/gpu/")) as server:
+        conn = connect(server)
+        assert call(conn, "POST", "/gpu/filter", body)[0] == 200
+        assert call(conn, "POST", "/gpu/prioritize", body)[0] == 200
+        assert call(conn, "POST", "/filter", body)[0] == 404
+        assert call(conn, "GET", "/healthz")[0] == 200
+        conn.close()
+
+
+def test_health_readiness_and_metrics() -> None:
+    source = FakeSource({"a": NodeInput("a", gpu_annotations(), None)}, ready=False)
+    body = args_body(pod(), names=["a", "b"])
+    with serving(make_app(node_source=source)) as server:
+        conn = connect(server)
+        assert call(conn, "GET", "/healthz")[:1] == (200,)
+        assert call(conn, "GET", "/readyz")[0] == 503
+        source.is_ready = True
+        assert call(conn, "GET", "/readyz")[0] == 200
+        status, _, data = call(conn, "POST", "/filter", body)
+        assert status == 200
+        reply = json.loads(data)
+        # b is unknown to the cache: missing data, lenient by default, so it passes.
+        assert check_filter_reply(reply, given=["a", "b"], form="names") == ["a", "b"]
+        call(conn, "POST", "/filter", b"{")
+        status, headers, data = call(conn, "GET", "/metrics")
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain")
+        text = data.decode()
+        conn.close()
+    for expected in (
+        'gpu_scorer_request_duration_seconds_bucket{le="0.0001",verb="filter"}',
+        'gpu_scorer_request_nodes_count{verb="filter"} 1.0',
+        'gpu_scorer_filter_verdicts_total{outcome="passed",reason="gpu data missing"} 1.0',
+        'gpu_scorer_node_data_total{status="missing"} 1.0',
+        'gpu_scorer_node_data_total{status="fresh"} 1.0',
+        'gpu_scorer_rejected_requests_total{cause="malformed_json"} 1.0',
+        "gpu_scorer_node_cache_nodes",
+    ):
+        assert expected in text
+
+
+def test_explain_a_names_only_request_from_the_node_cache() -> None:
+    source = FakeSource({"a": NodeInput("a", gpu_annotations(utilization=0.95), None)})
+    response = make_app(node_source=source).handle(
+        "explain", args_body(pod(), names=["a", "b"]), query=b"output=text"
+    )
+    assert response.status == 200
+    text = response.body.decode()
+    assert "gpu utilization above 0.90" in text
+    assert "b" in text
+
+
+def test_one_structured_log_record_per_rejected_node(caplog: pytest.LogCaptureFixture) -> None:
+    nodes = [
+        *_mixed_nodes(),
+        node("old", gpu_annotations(updated_at=NOW - timedelta(seconds=600))),
+    ]
+    app = make_app(policy=Policy(missing_data="strict"))
+    with caplog.at_level(logging.INFO, logger="exporter_scheduler.server"):
+        response = app.handle("filter", args_body(pod(), nodes))
+    assert response.status == 200
+    rejected = [r for r in caplog.records if r.getMessage() == "node rejected"]
+    by_node = {r.fields["node"]: r.fields for r in rejected}  # type: ignore[attr-defined]
+    assert set(by_node) == {"hot", "old"}
+    assert by_node["hot"]["reason"] == "gpu utilization above 0.90"
+    assert by_node["hot"]["utilization"] == 0.95
+    assert by_node["hot"]["age_s"] == 5.0
+    assert by_node["old"]["reason"] == "gpu data stale (older than 180s)"
+    assert by_node["old"]["age_s"] == 600.0
+    assert by_node["old"]["pod"] == "default/p"
+
+
+def test_invalid_hint_is_logged_once_per_request(caplog: pytest.LogCaptureFixture) -> None:
+    hint = {"gpu-scheduler.example.com/max-utilization": "lots"}
+    with caplog.at_level(logging.INFO, logger="exporter_scheduler.server"):
+        response = make_app().handle("filter", args_body(pod(hint), _mixed_nodes()))
+    reply = json.loads(response.body)
+    assert len(reply["FailedAndUnresolvableNodes"]) == 3
+    assert [r.getMessage() for r in caplog.records] == ["pod rejected on every node"]
+
+
+# ----------------------------------------------------------------------------- TLS
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def _make_pki(tmp: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all EC P-256."""
+    files = {n: tmp / f"{n}.pem" for n in ("ca", "ca-key", "srv", "srv-key", "cli", "cli-key")}
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(files["ca-key"]), "-out", str(files["ca"]), "-days", "2",
+        "-subj", "/CN=test-ca",
+    )  # fmt: skip
+    ext = tmp / "srv.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    for who, subject, extfile in (("srv", "/CN=127.0.0.1", ext), ("cli", "/CN=scheduler", None)):
+        csr = tmp / f"{who}.csr"
+        _openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(files[f"{who}-key"]), "-out", str(csr), "-subj", subject,
+        )  # fmt: skip
+        sign = ["x509", "-req", "-in", str(csr), "-CA", str(files["ca"])]
+        sign += ["-CAkey", str(files["ca-key"]), "-CAcreateserial", "-days", "2"]
+        sign += ["-out", str(files[who])]
+        if extfile is not None:
+            sign += ["-extfile", str(extfile)]
+        _openssl(*sign)
+    return files
+
+
+@needs_openssl
+def test_https_with_and_without_client_certificates(tmp_path: Path) -> None:
+    pki = _make_pki(tmp_path)
+    body = args_body(pod(), _mixed_nodes())
+    trusting = ssl.create_default_context(cafile=str(pki["ca"]))
+
+    plain_tls = TlsFiles(str(pki["srv"]), str(pki["srv-key"]))
+    with serving(make_app(), tls=plain_tls) as server:
+        assert server.url.startswith("https://")
+        conn = connect(server, context=trusting)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        conn.close()
+
+    mutual = TlsFiles(str(pki["srv"]), str(pki["srv-key"]), client_ca_file=str(pki["ca"]))
+    with serving(make_app(), tls=mutual) as server:
+        anonymous = connect(server, context=trusting)
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            call(anonymous, "POST", "/filter", body)
+        anonymous.close()
+        with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
+        with_cert.load_cert_chain(str(pki["cli"]), str(pki["cli-key"]))
+        conn = connect(server, context=with_cert)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        conn.close()
