@@ -15,19 +15,26 @@ from agent.records import GpuReading, NodeReading
 from gpu_contract.schema import MIXED_MODELS, Health, NodeGpuState, normalize_model_name
 
 
-def memory_fragmentation(free_mib_per_gpu: Sequence[int]) -> float:
-    """`1 - largest / total` of the free memory per GPU, in [0, 1).
+def memory_fragmentation(
+    free_mib_per_gpu: Sequence[int],
+    largest_allocation_mib_per_gpu: Sequence[int] | None = None,
+) -> float:
+    """`1 - largest / total` of the node's free memory, in [0, 1).
 
-    0.0 when there is at most one GPU or when nothing is free: a node with one free block, or
-    none, is not fragmented. Negative inputs (a driver glitch) count as 0 free.
+    `largest` is the biggest single allocation any GPU offers (`largest_allocation_mib_per_gpu`,
+    which differs from the free memory only on MIG-enabled GPUs); without it, the biggest per-GPU
+    free amount. 0.0 when nothing is free, and when all free memory is one block (at most one
+    GPU without MIG). Negative inputs (a driver glitch) count as 0 free.
     """
-    if len(free_mib_per_gpu) <= 1:
-        return 0.0
     free = [max(0, int(v)) for v in free_mib_per_gpu]
     total = sum(free)
     if total == 0:
         return 0.0
-    return 1.0 - max(free) / total
+    largest_per_gpu = (
+        free if largest_allocation_mib_per_gpu is None else largest_allocation_mib_per_gpu
+    )
+    largest = max((max(0, int(v)) for v in largest_per_gpu), default=0)
+    return max(0.0, 1.0 - min(largest, total) / total)
 
 
 def _finite_fractions(values: Iterable[float | None]) -> list[float]:
@@ -38,6 +45,18 @@ def _finite_fractions(values: Iterable[float | None]) -> list[float]:
 
 def _counts(values: Iterable[int | None]) -> list[int]:
     return [max(0, int(v)) for v in values if v is not None]
+
+
+def _largest_allocation_mib(gpu: GpuReading) -> int | None:
+    """The biggest single request `gpu` can take: its free memory unless MIG splits it."""
+    free = gpu.memory_free_mib
+    largest = gpu.memory_largest_allocation_mib
+    if largest is None:
+        # A MIG-enabled GPU's free memory is a sum over instances and slices, never one block:
+        # without its largest allocation it offers no known single-request size.
+        return None if gpu.mig_enabled else free
+    # One allocation cannot exceed what is free on the GPU, whatever a source claims.
+    return largest if free is None else min(largest, free)
 
 
 def _model(gpus: Sequence[GpuReading]) -> str | None:
@@ -89,6 +108,7 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
 
     utilizations = _finite_fractions(g.utilization for g in gpus)
     free_mib = _counts(g.memory_free_mib for g in gpus)
+    largest_mib = _counts(_largest_allocation_mib(g) for g in gpus if g.memory_free_mib is not None)
     temperatures = [int(g.temperature_c) for g in gpus if g.temperature_c is not None]
     detail = _detail(problems)
     return NodeGpuState(
@@ -96,9 +116,13 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
         updated_at=updated_at,
         utilization=sum(utilizations) / len(utilizations) if utilizations else None,
         utilization_max=max(utilizations) if utilizations else None,
-        memory_fragmentation=memory_fragmentation(free_mib) if free_mib else None,
+        # Both come from the per-GPU largest allocation, so a reader can recompute one from the
+        # other and `memory-largest-free-mib` is a request size that really fits.
+        memory_fragmentation=(
+            memory_fragmentation(free_mib, largest_mib) if free_mib and largest_mib else None
+        ),
         memory_free_mib=sum(free_mib) if free_mib else None,
-        memory_largest_free_mib=max(free_mib) if free_mib else None,
+        memory_largest_free_mib=max(largest_mib) if largest_mib else None,
         temperature_c=max(temperatures) if temperatures else None,
         gpu_model=_model(gpus),
         # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a

@@ -27,7 +27,7 @@ from typing import Protocol
 from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
 
 from agent.aggregate import aggregate
-from agent.kube import ApiError, ForbiddenError, TooManyRequestsError, UnauthorizedError
+from agent.kube import ApiError, ForbiddenError, UnauthorizedError
 from agent.limiter import (
     Decision,
     LimiterState,
@@ -162,11 +162,20 @@ class Agent:
             return TickResult(reading, state, annotations, decision)
 
         try:
-            self.writer.patch(annotations)
+            try:
+                self.writer.patch(annotations)
+            except ApiError:
+                raise
+            except Exception as unexpected:
+                # A writer bug is still a failed attempt: recording it keeps the minimum interval
+                # and the backoff, where letting it escape would retry on every tick.
+                log.exception("write raised an unexpected error; treating it as a failed write")
+                raise ApiError(
+                    f"unexpected {type(unexpected).__name__} while writing: {unexpected}"
+                ) from unexpected
         except ApiError as error:
-            retry_after_s = error.retry_after_s if isinstance(error, TooManyRequestsError) else None
             self.limiter = record_failure(
-                self.limiter, now_s=now_s, policy=self.policy, retry_after_s=retry_after_s
+                self.limiter, now_s=now_s, policy=self.policy, retry_after_s=error.retry_after_s
             )
             self._last_write_error = error
             self.metrics.write_failed(

@@ -41,13 +41,20 @@ DEFAULT_READ_TIMEOUT_S: Final = 5.0
 
 
 class ApiError(Exception):
-    """A Node read or patch failed. `code` is the metric label: an HTTP status or `transport`."""
+    """A Node read or patch failed. `code` is the metric label: an HTTP status or `transport`.
+
+    `retry_after_s` is the server's `Retry-After`, when it sent one (429 from API Priority and
+    Fairness; 503 from the API server or a proxy in front of it): the limiter waits at least that.
+    """
 
     code: str = "error"
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class UnauthorizedError(ApiError):
@@ -70,15 +77,14 @@ class TooManyRequestsError(ApiError):
     code = "429"
 
     def __init__(self, message: str, *, retry_after_s: float | None) -> None:
-        super().__init__(message, status=429)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, status=429, retry_after_s=retry_after_s)
 
 
 class ServerError(ApiError):
     """5xx: the API server (or a proxy in front of it) failed; `code` is the exact status."""
 
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message, status=status)
+    def __init__(self, message: str, *, status: int, retry_after_s: float | None = None) -> None:
+        super().__init__(message, status=status, retry_after_s=retry_after_s)
         self.code = str(status)
 
 
@@ -167,7 +173,10 @@ def classify(exc: BaseException, *, node_name: str) -> ApiError:
                 retry_after_s=retry_after_s,
             )
         if 500 <= status <= 599:
-            return ServerError(f"API server error {status}: {detail}", status=status)
+            retry_after_s = _retry_after_s(headers)
+            return ServerError(
+                f"API server error {status}: {detail}", status=status, retry_after_s=retry_after_s
+            )
         return ClientError(f"API server refused the patch ({status}): {detail}", status=status)
     if isinstance(exc, ApiException):
         # status 0: the client wraps TLS failures this way.

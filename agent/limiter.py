@@ -147,6 +147,10 @@ def _moved(old: float | None, new: float | None, deadband: float) -> bool:
     if old is None or new is None:
         # A field appearing or disappearing is always worth telling readers.
         return (old is None) != (new is None)
+    if deadband <= 0:
+        # A zero deadband means "any change", not "always": an unchanged value must not count
+        # (the epsilon below would otherwise make 0 >= -1e-9 true on every tick).
+        return new != old
     return abs(new - old) >= deadband - _EPSILON
 
 
@@ -196,10 +200,7 @@ def _deadband_changes(
         ("memory-free-mib", old.memory_free_mib, new.memory_free_mib),
         ("memory-largest-free-mib", old.memory_largest_free_mib, new.memory_largest_free_mib),
     ):
-        if memory_deadband_mib == 0.0:
-            if old_mib != new_mib:
-                changed.append(name)
-        elif _moved(
+        if _moved(
             None if old_mib is None else float(old_mib),
             None if new_mib is None else float(new_mib),
             memory_deadband_mib,

@@ -13,7 +13,8 @@ on. docs/fragmentation.md lists every fault and what it does to the node's healt
 Utilization is the mean of the driver's own utilization samples since the previous tick
 (`nvmlDeviceGetSamples` with the last timestamp seen per GPU UUID), so a 5 s tick reports the
 whole 5 s, not one instant. MIG-enabled GPUs report the memory that can still be handed out as GPU
-instances instead of raw free memory (see `_mig_free_mib`).
+instances instead of raw free memory, and the largest single allocation one pod could get
+(one MIG device's worth), because their free memory is never one block (see `_mig_free_mib`).
 """
 
 from __future__ import annotations
@@ -279,8 +280,9 @@ class NvmlSource:
         total_mib, free_mib = self._memory(handle, index, problems)
         temperature_c = self._temperature(handle, index, problems)
         mig_enabled = self._mig_mode(handle, index, problems)
+        largest_mib = free_mib
         if mig_enabled:
-            free_mib = self._mig_free_mib(handle, index, memo, problems)
+            free_mib, largest_mib = self._mig_free_mib(handle, index, memo, problems)
         else:
             memo.mig_profiles = None
         return GpuReading(
@@ -292,6 +294,7 @@ class NvmlSource:
             memory_free_mib=free_mib,
             temperature_c=temperature_c,
             mig_enabled=mig_enabled,
+            memory_largest_allocation_mib=largest_mib,
             problems=tuple(problems),
         )
 
@@ -409,24 +412,31 @@ class NvmlSource:
 
     def _mig_free_mib(
         self, handle: Any, index: int, memo: _GpuMemo, problems: list[str]
-    ) -> int | None:
-        """Free memory of a MIG-enabled GPU that can still be handed out, in MiB.
+    ) -> tuple[int | None, int | None]:
+        """(free, largest single allocation) of a MIG-enabled GPU, in MiB.
 
-        = the most memory that can still be carved out as new GPU instances of one profile
-          (max over profiles of remaining capacity x profile memory)
-        + the free memory inside the MIG devices that already exist.
+        free = the most memory that can still be carved out as new GPU instances of one profile
+               (max over profiles of remaining capacity x profile memory)
+             + the free memory inside the MIG devices that already exist.
+        largest = the larger of: the most free memory inside one existing MIG device, and the
+                  memory of the biggest profile that can still be created. A pod gets one MIG
+                  device, so this, not `free`, is the biggest request the GPU can take.
         The raw free memory of the parent GPU would also count memory no instance can reach.
         """
         try:
             if memo.mig_profiles is None:
                 memo.mig_profiles = self._mig_profiles(handle)
             unpartitioned = 0
+            largest_creatable = 0
             for profile_id, memory_mib in memo.mig_profiles:
                 remaining = int(
                     self._call(pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity, handle, profile_id)
                 )
                 unpartitioned = max(unpartitioned, remaining * memory_mib)
+                if remaining > 0:
+                    largest_creatable = max(largest_creatable, memory_mib)
             in_devices = 0
+            largest_in_device = 0
             slots = int(self._call(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle))
             for slot in range(slots):
                 try:
@@ -437,11 +447,13 @@ class NvmlSource:
                     if _code(error) in _ABSENT:
                         continue  # an empty slot
                     raise
-                in_devices += int(self._call(pynvml.nvmlDeviceGetMemoryInfo, mig).free) // _MIB
+                device_free = int(self._call(pynvml.nvmlDeviceGetMemoryInfo, mig).free) // _MIB
+                in_devices += device_free
+                largest_in_device = max(largest_in_device, device_free)
         except pynvml.NVMLError as error:
             problems.append(_field_problem("mig capacity", index, error))
-            return None
-        return unpartitioned + in_devices
+            return None, None
+        return unpartitioned + in_devices, max(largest_creatable, largest_in_device)
 
     def _mig_profiles(self, handle: Any) -> tuple[tuple[int, int], ...]:
         profiles: list[tuple[int, int]] = []

@@ -26,6 +26,11 @@ class GpuReading:
     memory_free_mib: int | None
     temperature_c: int | None
     mig_enabled: bool | None = None
+    # The largest single allocation one pod could get on this GPU, in MiB. Without MIG it is the
+    # free memory; with MIG, free memory is split between MIG devices and unpartitioned slices, so
+    # it is the most free memory of one existing MIG device or of one GPU instance that can still
+    # be created, whichever is larger. `None` on a non-MIG GPU means "same as memory_free_mib".
+    memory_largest_allocation_mib: int | None = None
     # Per-field faults, e.g. "temperature not supported": reported as `health: degraded`.
     problems: tuple[str, ...] = ()
 

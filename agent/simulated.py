@@ -302,6 +302,8 @@ class SimulatedSource:
                     memory_free_mib=usable - used,
                     temperature_c=round(self._temperature(gpu, elapsed_s)),
                     mig_enabled=False,
+                    # No MIG here: one pod can have all of a GPU's free memory.
+                    memory_largest_allocation_mib=usable - used,
                 )
             )
         readings = _place_memory(readings, extra.extra_memory_mib)
@@ -329,4 +331,7 @@ def _place_memory(gpus: list[GpuReading], memory_mib: int) -> list[GpuReading]:
         left -= take
         if left <= 0:
             break
-    return [replace(g, memory_free_mib=free[g.index]) for g in gpus]
+    return [
+        replace(g, memory_free_mib=free[g.index], memory_largest_allocation_mib=free[g.index])
+        for g in gpus
+    ]

@@ -24,6 +24,8 @@ def gpu(
     temperature: int | None = 50,
     name: str | None = "NVIDIA A100-SXM4-80GB",
     problems: tuple[str, ...] = (),
+    mig: bool = False,
+    largest: int | None = None,
 ) -> GpuReading:
     return GpuReading(
         uuid=f"GPU-{index}",
@@ -33,7 +35,8 @@ def gpu(
         memory_total_mib=81920,
         memory_free_mib=free,
         temperature_c=temperature,
-        mig_enabled=False,
+        mig_enabled=mig,
+        memory_largest_allocation_mib=largest,
         problems=problems,
     )
 
@@ -146,6 +149,71 @@ def test_lost_gpu_keeps_gpu_count_and_drops_its_values() -> None:
     assert state.memory_largest_free_mib == 10_000
 
 
+@pytest.mark.parametrize(
+    ("gpus", "largest_mib", "fragmentation"),
+    [
+        pytest.param(
+            [gpu(0, free=30_000), gpu(1, free=10_000)],
+            30_000,
+            0.25,
+            id="plain-gpus-free-is-largest",
+        ),
+        pytest.param(
+            [gpu(0, free=30_000, largest=30_000), gpu(1, free=10_000, largest=10_000)],
+            30_000,
+            0.25,
+            id="plain-gpus-with-explicit-largest",
+        ),
+        pytest.param(
+            [gpu(0, free=69_000, mig=True, largest=9_856)],
+            9_856,
+            1 - 9_856 / 69_000,
+            id="one-mig-gpu-of-small-instances-is-fragmented",
+        ),
+        pytest.param(
+            [gpu(0, free=69_000, mig=True, largest=9_856), gpu(1, free=20_000)],
+            20_000,
+            1 - 20_000 / 89_000,
+            id="plain-gpu-beats-bigger-mig-sum",
+        ),
+        pytest.param(
+            [gpu(0, free=80_000, mig=True, largest=80_000)],
+            80_000,
+            0.0,
+            id="mig-gpu-without-instances-is-one-block",
+        ),
+        pytest.param(
+            [gpu(0, free=50_000, mig=True), gpu(1, free=10_000)],
+            10_000,
+            1 - 10_000 / 60_000,
+            id="mig-gpu-without-largest-offers-no-known-block",
+        ),
+        pytest.param(
+            [gpu(0, free=50_000, mig=True)],
+            None,
+            None,
+            id="only-mig-gpu-without-largest-omits-both",
+        ),
+        pytest.param(
+            [gpu(0, free=5_000, largest=9_000)],
+            5_000,
+            0.0,
+            id="largest-never-above-free",
+        ),
+    ],
+)
+def test_largest_free_is_the_biggest_single_allocation(
+    gpus: list[GpuReading], largest_mib: int | None, fragmentation: float | None
+) -> None:
+    state = aggregate(node(*gpus))
+    assert state.memory_free_mib == sum(g.memory_free_mib or 0 for g in gpus)
+    assert state.memory_largest_free_mib == largest_mib
+    if fragmentation is None:
+        assert state.memory_fragmentation is None
+    else:
+        assert state.memory_fragmentation == pytest.approx(fragmentation)
+
+
 def test_fatal_publishes_no_numbers() -> None:
     state = aggregate(node(gpu(0), fatal="Driver Not Loaded"))
     assert state.utilization is None
@@ -245,13 +313,23 @@ def readings(draw: st.DrawFn) -> NodeReading:
         utilization = draw(optional_fraction)
         free = draw(optional_free)
         temperature = draw(optional_temperature)
+        mig = draw(st.booleans())
+        largest = draw(optional_free) if mig else None
         problems = tuple(
             f"{what} not supported on gpu {i}"
             for what, value in (("utilization", utilization), ("memory", free))
             if value is None
         )
         gpus.append(
-            gpu(i, utilization=utilization, free=free, temperature=temperature, problems=problems)
+            gpu(
+                i,
+                utilization=utilization,
+                free=free,
+                temperature=temperature,
+                problems=problems,
+                mig=mig,
+                largest=largest,
+            )
         )
     fatal = draw(st.one_of(st.none(), st.just("Uninitialized")))
     return node(*gpus, device_count=count, lost=tuple(lost), fatal=fatal)
@@ -275,11 +353,20 @@ def test_fragmentation_ignores_gpu_order(free: list[int], order: list[int]) -> N
 def test_aggregate_invariants(reading: NodeReading) -> None:
     state = aggregate(reading)
     measured = [g for g in reading.gpus if g.memory_free_mib is not None]
-    if state.memory_free_mib is not None:
-        assert state.memory_largest_free_mib is not None
-        assert 0 <= state.memory_largest_free_mib <= state.memory_free_mib
+    if state.memory_largest_free_mib is not None:
+        assert state.memory_free_mib is not None
+        # The biggest single request fits on one GPU: never more than any one GPU has free.
+        assert 0 <= state.memory_largest_free_mib <= max(g.memory_free_mib or 0 for g in measured)
         assert state.memory_fragmentation is not None
         assert 0.0 <= state.memory_fragmentation <= 1.0
+        if state.memory_free_mib > 0:
+            assert state.memory_fragmentation == pytest.approx(
+                1 - state.memory_largest_free_mib / state.memory_free_mib
+            )
+    plain = [g for g in measured if not g.mig_enabled]
+    if state.memory_free_mib is not None and plain:
+        assert state.memory_largest_free_mib is not None
+        assert state.memory_largest_free_mib >= max(g.memory_free_mib or 0 for g in plain)
     for fraction in (state.utilization, state.utilization_max, state.memory_fragmentation):
         assert fraction is None or 0.0 <= fraction <= 1.0
     if state.utilization is not None:

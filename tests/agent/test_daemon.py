@@ -178,6 +178,9 @@ def test_source_that_raises_is_published_unavailable_not_fatal() -> None:
         pytest.param(NotFoundError("404", status=404), "404", 10.0, id="404"),
         pytest.param(TooManyRequestsError("429", retry_after_s=42.0), "429", 42.0, id="429"),
         pytest.param(ServerError("503", status=503), "503", 10.0, id="503"),
+        pytest.param(
+            ServerError("503", status=503, retry_after_s=30.0), "503", 30.0, id="503-retry-after"
+        ),
         pytest.param(TransportError("reset"), "transport", 10.0, id="transport"),
     ],
 )
@@ -194,6 +197,28 @@ def test_api_error_backs_off_and_is_counted(error: ApiError, code: str, retry_at
     assert retried.written
     assert retried.decision.reason is Reason.FIRST_WRITE
     assert writer.attempts == 2
+
+
+def test_a_writer_bug_counts_as_a_failed_write_not_a_storm() -> None:
+    class BrokenWriter(FakeWriter):
+        def patch(self, annotations: Mapping[str, str]) -> None:
+            self.attempts += 1
+            raise KeyError("bug in the writer")
+
+    writer = BrokenWriter()
+    agent, metrics, clock = make_agent(FakeSource(), writer)
+    failed = tick_at(agent, clock, 0.0)
+    assert not failed.written
+    assert isinstance(failed.write_error, ApiError)
+    assert "KeyError" in str(failed.write_error)
+    assert metrics.value("gpu_agent_api_errors_total", {"code": "error"}) == 1
+    # The next ticks wait out the backoff instead of trying again every sample interval.
+    for now_s in (5.0, 9.9):
+        assert tick_at(agent, clock, now_s).decision.reason is Reason.BACKING_OFF
+    assert writer.attempts == 1
+    tick_at(agent, clock, 10.0)
+    assert writer.attempts == 2
+    assert agent.limiter.consecutive_failures == 2
 
 
 @pytest.mark.parametrize(

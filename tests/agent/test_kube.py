@@ -138,6 +138,15 @@ def test_patch_is_one_merge_patch_with_field_manager(
     assert not set(foreign) & set(sent)
     assert FOREIGN.items() <= foreign.items()
     assert annotations_of(server) == {**foreign, **ANNOTATIONS}
+    # The API server stamps the agent's write under its field manager: the scorer's freshness
+    # clock. Exactly one Update entry, owning exactly the keys written.
+    node = server.node(NODE)
+    mine = [m for m in node["metadata"]["managedFields"] if m["manager"] == FIELD_MANAGER]
+    assert len(mine) == 1
+    assert mine[0]["operation"] == "Update"
+    assert parse_timestamp(mine[0]["time"]) is not None
+    owned = mine[0]["fieldsV1"]["f:metadata"]["f:annotations"]
+    assert set(owned) == {f"f:{key}" for key in ANNOTATIONS}
 
 
 def test_second_patch_does_not_reread_and_forgets_removed_keys(
@@ -174,6 +183,13 @@ FAULTS = [
     ),
     pytest.param(Fault(status=500, method="PATCH"), ServerError, "500", id="500"),
     pytest.param(Fault(status=503, method="PATCH"), ServerError, "503", id="503"),
+    pytest.param(
+        Fault(status=503, retry_after_s=7, method="PATCH"),
+        ServerError,
+        "503",
+        id="503-retry-after",
+    ),
+    pytest.param(Fault(status=504, method="PATCH"), ServerError, "504", id="504"),
     pytest.param(Fault(status=422, method="PATCH"), ClientError, "422", id="422"),
     pytest.param(
         Fault(delay_s=1.5, method="PATCH"),
@@ -203,7 +219,7 @@ def test_each_fault_maps_to_one_error_and_the_next_write_succeeds(
     with pytest.raises(error_class) as caught:
         annotator.patch(ANNOTATIONS)
     assert caught.value.code == code
-    if isinstance(caught.value, TooManyRequestsError):
+    if fault.retry_after_s is not None:
         assert caught.value.retry_after_s == 7.0
     annotator.patch(ANNOTATIONS)
     assert annotations_of(server)[DEFAULT_KEYS[Field.UTILIZATION]] == "0.42"
@@ -346,10 +362,15 @@ def test_an_hour_of_api_faults_is_no_write_storm(
     assert agent.readyz()[0] is (code not in {"401", "403"})
 
 
-def test_retry_after_is_honoured_end_to_end(server: ApiServerStandIn, kubeconfig: Path) -> None:
-    server.inject(Fault(status=429, retry_after_s=45, method="PATCH", times=1))
+@pytest.mark.parametrize("status", [pytest.param(429, id="429"), pytest.param(503, id="503")])
+def test_retry_after_is_honoured_end_to_end(
+    server: ApiServerStandIn, kubeconfig: Path, status: int
+) -> None:
+    server.inject(Fault(status=status, retry_after_s=45, method="PATCH", times=1))
     drive(kubeconfig, minutes=2)
     times = sampled_times_s(server)
+    assert [r.status for r in patches(server)][:2] == [status, 200]
+    # Without Retry-After the first backoff would be 10 s.
     assert times[1] - times[0] >= 45.0
     assert times[1] - times[0] <= 45.0 + 5.0
 

@@ -339,6 +339,54 @@ def test_decide(
     assert decision.changed == changed
 
 
+ZERO_DEADBANDS = WritePolicy(
+    utilization_deadband=0.0,
+    fragmentation_deadband=0.0,
+    temperature_deadband_c=0.0,
+    memory_deadband_fraction=0.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected", "changed"),
+    [
+        pytest.param(WRITTEN, Reason.BELOW_DEADBAND, (), id="unchanged-is-no-change"),
+        pytest.param(
+            gpu_state(updated_at=datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)),
+            Reason.BELOW_DEADBAND,
+            (),
+            id="only-timestamp",
+        ),
+        pytest.param(
+            gpu_state(utilization=0.51), Reason.DEADBAND_EXCEEDED, ("utilization",), id="util"
+        ),
+        pytest.param(
+            gpu_state(temperature_c=61), Reason.DEADBAND_EXCEEDED, ("temperature",), id="temp"
+        ),
+        pytest.param(
+            gpu_state(memory_free_mib=299_999),
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-free-mib",),
+            id="memory",
+        ),
+        pytest.param(
+            gpu_state(memory_fragmentation=0.21),
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-fragmentation",),
+            id="fragmentation",
+        ),
+    ],
+)
+def test_zero_deadband_means_any_change_not_every_tick(
+    state: NodeGpuState, expected: Reason, changed: tuple[str, ...]
+) -> None:
+    decision = decide(
+        AFTER_WRITE, state, now_s=130.0, memory_total_mib=TOTAL_MIB, policy=ZERO_DEADBANDS
+    )
+    assert decision.reason is expected
+    assert decision.changed == changed
+
+
 def test_failure_keeps_last_written_so_deadband_compares_with_the_server() -> None:
     failed = record_failure(AFTER_WRITE, now_s=120.0, policy=POLICY)
     assert failed.last_written == WRITTEN

@@ -7,6 +7,7 @@ aggregate then publishes.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pynvml  # type: ignore[import-untyped]
@@ -27,6 +28,7 @@ from tests.agent.fake_nvml import (
     UNINITIALIZED,
     UNKNOWN,
     FakeMigDevice,
+    FakeMigProfile,
     FakeNvml,
     a100,
     fake_nvml_fixture,  # noqa: F401  (the fixture, by name)
@@ -398,6 +400,9 @@ def test_mig_gpu_counts_free_instance_capacity(fake_nvml: FakeNvml, source: Nvml
     # Unpartitioned: best of 4 x 9856 (1g), 2 x 20096 (2g), 1 x 40192 (3g) = 40192 MiB;
     # plus the free memory inside the existing instance: 40192 - 1024.
     assert gpu.memory_free_mib == 40192 + (40192 - 1024)
+    # One pod gets one MIG device: at most a new 3g.40gb instance, not the 79 GiB sum.
+    assert gpu.memory_largest_allocation_mib == 40192
+    assert reading.gpus[0].memory_largest_allocation_mib == reading.gpus[0].memory_free_mib
     assert gpu.problems == ()
     assert reading.error_kinds == ()
     # Profiles are read once while MIG stays on; remaining capacity every tick.
@@ -405,6 +410,88 @@ def test_mig_gpu_counts_free_instance_capacity(fake_nvml: FakeNvml, source: Nvml
     profile_count = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
     assert fake_nvml.calls["nvmlDeviceGetGpuInstanceProfileInfoV"] == profile_count
     assert fake_nvml.calls["nvmlDeviceGetGpuInstanceRemainingCapacity"] == 2 * 5
+
+
+@pytest.mark.parametrize(
+    ("profiles", "devices", "free_mib", "largest_mib"),
+    [
+        pytest.param(
+            h100_mig_profiles(),
+            {},
+            80384,
+            80384,
+            id="no-instance-yet-whole-gpu-creatable",
+        ),
+        pytest.param(
+            h100_mig_profiles(one=0, two=0, three=0, four=0, seven=0),
+            {slot: FakeMigDevice(memory_total_mib=9856, memory_used_mib=0) for slot in range(7)},
+            7 * 9856,
+            9856,
+            id="seven-idle-1g-devices-largest-is-one-device",
+        ),
+        pytest.param(
+            h100_mig_profiles(one=3, two=1, three=1, four=0, seven=0),
+            {0: FakeMigDevice(memory_total_mib=40192, memory_used_mib=30000)},
+            40192 + (40192 - 30000),
+            40192,
+            id="busy-instance-smaller-than-a-creatable-one",
+        ),
+        pytest.param(
+            h100_mig_profiles(one=2, two=1, three=0, four=0, seven=0),
+            {
+                0: FakeMigDevice(memory_total_mib=40192, memory_used_mib=2048),
+                1: FakeMigDevice(memory_total_mib=9856, memory_used_mib=0),
+            },
+            20096 + (40192 - 2048) + 9856,
+            40192 - 2048,
+            id="existing-instance-beats-creatable-profiles",
+        ),
+        pytest.param(
+            h100_mig_profiles(one=0, two=0, three=0, four=0, seven=0),
+            {0: FakeMigDevice(memory_total_mib=80384, memory_used_mib=80384)},
+            0,
+            0,
+            id="full-7g-instance-nothing-fits",
+        ),
+    ],
+)
+def test_mig_largest_allocation_is_one_device_not_the_sum(
+    fake_nvml: FakeNvml,
+    source: NvmlSource,
+    profiles: list[FakeMigProfile],
+    devices: dict[int, FakeMigDevice],
+    free_mib: int,
+    largest_mib: int,
+) -> None:
+    for gpu in fake_nvml.gpus:
+        gpu.name = "NVIDIA H100 80GB HBM3"
+        gpu.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+        gpu.mig_profiles = [replace(p) for p in profiles]
+        gpu.mig_devices = dict(devices)
+    reading = source.read(NOW)
+    assert [(g.memory_free_mib, g.memory_largest_allocation_mib) for g in reading.gpus] == [
+        (free_mib, largest_mib)
+    ] * 2
+    state = aggregate(reading)
+    assert state.memory_free_mib == 2 * free_mib
+    # The node's biggest single request is one GPU's largest allocation, never a sum.
+    assert state.memory_largest_free_mib == largest_mib
+    expected = 0.0 if free_mib == 0 else 1 - largest_mib / (2 * free_mib)
+    assert state.memory_fragmentation == pytest.approx(expected)
+
+
+def test_mig_and_plain_gpus_on_one_node(fake_nvml: FakeNvml, source: NvmlSource) -> None:
+    plain, mig = fake_nvml.gpus
+    plain.memory_used_mib = 81920 - 512 - 30_000  # 30 000 MiB free in one block
+    mig.name = "NVIDIA H100 80GB HBM3"
+    mig.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+    mig.mig_profiles = h100_mig_profiles(one=0, two=0, three=0, four=0, seven=0)
+    mig.mig_devices = {s: FakeMigDevice(memory_total_mib=9856, memory_used_mib=0) for s in range(7)}
+    state = aggregate(source.read(NOW))
+    assert state.memory_free_mib == 30_000 + 7 * 9856
+    # 69 GiB free on the MIG GPU, but one request fits in 9856 MiB there: the plain GPU wins.
+    assert state.memory_largest_free_mib == 30_000
+    assert state.gpu_model == "mixed"
 
 
 def test_mig_capacity_unreadable_is_degraded_not_raw_memory(
@@ -416,7 +503,10 @@ def test_mig_capacity_unreadable_is_degraded_not_raw_memory(
     mig.faults["nvmlDeviceGetMaxMigDeviceCount"] = NO_PERMISSION
     reading = source.read(NOW)
     assert reading.gpus[0].memory_free_mib is None
+    assert reading.gpus[0].memory_largest_allocation_mib is None
     assert reading.gpus[0].problems == ("mig capacity not permitted on gpu 0",)
+    # The other GPU alone answers for the node's memory.
+    assert aggregate(reading).memory_largest_free_mib == reading.gpus[1].memory_free_mib
 
 
 def test_gpu_without_mig_support_is_not_a_fault(fake_nvml: FakeNvml, source: NvmlSource) -> None:

@@ -63,6 +63,9 @@ def test_readings_stay_in_physical_bounds(seed: int, offset_s: float) -> None:
         assert g.memory_total_mib == 81920
         assert g.memory_free_mib is not None
         assert 0 <= g.memory_free_mib < g.memory_total_mib
+        # No MIG in the simulation: one pod may have all of a GPU's free memory.
+        assert g.mig_enabled is False
+        assert g.memory_largest_allocation_mib == g.memory_free_mib
         assert g.temperature_c is not None
         assert 30 <= g.temperature_c <= 80
         assert g.name == "NVIDIA A100-SXM4-80GB"
@@ -130,6 +133,7 @@ def test_set_load_takes_memory_from_the_gpu_with_most_free_first() -> None:
     for p, q in zip(plain.gpus, pushed.gpus, strict=True):
         expected = (p.memory_free_mib or 0) - (1024 if p.index == most_free.index else 0)
         assert q.memory_free_mib == expected
+        assert q.memory_largest_allocation_mib == expected
 
 
 @pytest.mark.parametrize(

@@ -135,8 +135,13 @@ STALE = "gpu data stale (older than 180s)"
 STATUS_CASES = [
     pytest.param(NodeInput("n", {}), "missing", "gpu data missing", id="no-annotations"),
     pytest.param(
-        node(overrides={Field.SCHEMA_VERSION: None}), "missing", "gpu data missing",
-        id="schema-version-absent",
+        # The original design's format, written before the version key: read as version 1.
+        node(overrides={Field.SCHEMA_VERSION: None}), "fresh", None,
+        id="schema-version-absent-reads-as-1",
+    ),
+    pytest.param(
+        node(overrides={Field.SCHEMA_VERSION: None, Field.UPDATED_AT: None}), "missing",
+        "gpu data missing", id="schema-version-and-updated-at-absent",
     ),
     pytest.param(
         node(overrides={Field.SCHEMA_VERSION: "2"}), "missing", "gpu data missing",
