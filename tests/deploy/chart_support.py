@@ -32,15 +32,8 @@ CHART = ROOT / "charts" / "gpu-live-scheduler"
 RELEASE = "gls"
 NAMESPACE = "gpu-system"
 DEFAULT_KUBE_VERSION = "1.30.0"
-# Real wire captures (kube-apiserver and kube-scheduler v1.36), kept beside the repository.
-FIXTURES = next(
-    (
-        path
-        for path in (ROOT / "shared" / "fixtures", ROOT.parent / "shared" / "fixtures")
-        if path.is_dir()
-    ),
-    Path("/work/shared/fixtures"),
-)
+# Real wire captures (kube-apiserver and kube-scheduler v1.36), kept with the tests.
+FIXTURES = ROOT / "tests" / "fixtures"
 # Every manifest is validated against the oldest supported and a current Kubernetes.
 SCHEMA_VERSIONS = ("1.30.0", "1.36.0")
 

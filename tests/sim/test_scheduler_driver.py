@@ -35,23 +35,16 @@ from gpu_sim.scheduler_driver import (
     failed_scheduling_message,
     percentile,
 )
+from tests.fixture_paths import SCHEDULER_FIXTURES
 
-# The captures of a real kube-scheduler v1.36 (see their README), where this checkout has them.
-CAPTURE_DIRS = (
-    Path(__file__).resolve().parents[1] / "fixtures" / "kube-scheduler-v1.36",
-    Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "kube-scheduler-v1.36",
-)
 NOW = datetime(2026, 11, 30, 15, 0, 0, tzinfo=UTC)
 PREFIX = "gpu-scheduler.example.com/"
 
 
-def _capture(name: str, mode: str = "nodecache-false") -> dict[str, Any] | None:
-    for root in CAPTURE_DIRS:
-        path = root / mode / name
-        if path.exists():
-            loaded: dict[str, Any] = json.loads(path.read_text())
-            return loaded
-    return None
+def _capture(name: str, mode: str = "nodecache-false") -> dict[str, Any]:
+    """A request body a real kube-scheduler v1.36 sent (see the captures' README)."""
+    loaded: dict[str, Any] = json.loads((SCHEDULER_FIXTURES / mode / name).read_text())
+    return loaded
 
 
 def make_node(
@@ -171,16 +164,15 @@ def test_filter_request_has_the_shape_of_the_captured_one(scorer_url: str) -> No
     assert sent_pod["spec"]["schedulerName"] == "gpu-scheduler"
     assert sent_pod["status"]["phase"] == "Pending"
     captured = _capture("0001-filter.request.json")
-    if captured is not None:
-        assert list(captured) == list(sent)
-        assert list(captured["Nodes"]) == list(sent["Nodes"])
-        assert set(captured["Pod"]) == set(sent_pod)
-        captured_spec = captured["Pod"]["spec"]
-        assert captured_spec["schedulerName"] == sent_pod["spec"]["schedulerName"]
-        assert (
-            captured_spec["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
-            == sent_pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
-        )
+    assert list(captured) == list(sent)
+    assert list(captured["Nodes"]) == list(sent["Nodes"])
+    assert set(captured["Pod"]) == set(sent_pod)
+    captured_spec = captured["Pod"]["spec"]
+    assert captured_spec["schedulerName"] == sent_pod["spec"]["schedulerName"]
+    assert (
+        captured_spec["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+        == sent_pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+    )
 
 
 def test_names_only_requests_match_the_captured_shape(tmp_path: Path) -> None:
@@ -232,10 +224,9 @@ def test_names_only_requests_match_the_captured_shape(tmp_path: Path) -> None:
     assert attempt.node == "node-cool"
     assert "0.90" in attempt.rejected["node-hot"]
     captured = _capture("0001-filter.request.json", mode="nodecache-true")
-    if captured is not None:
-        assert list(captured) == list(filter_body)
-        assert captured["Nodes"] is None
-        assert isinstance(captured["NodeNames"], list)
+    assert list(captured) == list(filter_body)
+    assert captured["Nodes"] is None
+    assert isinstance(captured["NodeNames"], list)
 
 
 def test_prioritize_gets_only_the_nodes_that_passed(scorer_url: str) -> None:
