@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 import time
 import types
 import typing
@@ -23,7 +24,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.daemon import Agent, TickLoop, run_until_signalled, start_jitter_s
+from agent.daemon import (
+    Agent,
+    TickLoop,
+    run_until_signalled,
+    start_jitter_s,
+    stop_on_signals,
+)
 from agent.http import HealthServer
 from agent.kube import (
     ApiError,
@@ -216,6 +223,12 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
 def cmd_run(settings: AgentSettings) -> int:
     if not settings.node_name:
         return _fail(_MISSING_NODE)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        return _run(settings, settings.node_name, stop)
+
+
+def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
     try:
         api = api_client_for(settings.kubeconfig)
     except CredentialsMissingError as exc:
@@ -227,14 +240,12 @@ def cmd_run(settings: AgentSettings) -> int:
         return _fail(str(exc))
 
     timeouts = Timeouts(read_s=settings.api_timeout)
-    writer = NodeAnnotator(
-        api, node_name=settings.node_name, keys=settings.keys(), timeouts=timeouts
-    )
+    writer = NodeAnnotator(api, node_name=node_name, keys=settings.keys(), timeouts=timeouts)
     try:
         writer.refresh()
     except ApiError as exc:
         # Not fatal: the first write re-reads the Node, with backoff.
-        log.warning("could not read node %r at start: %s", settings.node_name, exc)
+        log.warning("could not read node %r at start: %s", node_name, exc)
 
     metrics = AgentMetrics()
     jitter_s = start_jitter_s(
@@ -272,7 +283,7 @@ def cmd_run(settings: AgentSettings) -> int:
     log.info(
         "gpu-agent started: node %s, source %s, sample every %gs, write at most every %gs "
         "and at least every %gs, first write after %.1fs jitter, metrics %s",
-        settings.node_name,
+        node_name,
         settings.source,
         settings.sample_interval,
         settings.min_write_interval,
@@ -288,7 +299,9 @@ def cmd_run(settings: AgentSettings) -> int:
         writer.close()
         log.info("gpu-agent stopped")
 
-    run_until_signalled(TickLoop(agent, interval_s=settings.sample_interval), on_stop=on_stop)
+    run_until_signalled(
+        TickLoop(agent, interval_s=settings.sample_interval), on_stop=on_stop, stop_event=stop
+    )
     return EXIT_OK
 
 

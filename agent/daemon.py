@@ -18,7 +18,8 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
@@ -273,11 +274,13 @@ class TickLoop:
         self._scheduler.shutdown(wait=True)
 
 
-def run_until_signalled(
-    loop: TickLoop, *, on_stop: Callable[[], None], stop_event: threading.Event | None = None
-) -> None:
-    """Start `loop`, block until SIGTERM/SIGINT (or `stop_event`), then stop in order."""
-    stop = stop_event if stop_event is not None else threading.Event()
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT set `stop` instead of killing the process.
+
+    Entered before the slow parts of start-up (reading the Node through a possibly hung API), so
+    a pod stopped while starting still exits 0 rather than dying by the signal.
+    """
 
     def handle(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s; finishing the current tick", signal.Signals(signum).name)
@@ -285,11 +288,28 @@ def run_until_signalled(
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        loop.start()
-        while not stop.wait(timeout=1.0):
-            pass
+        yield
     finally:
-        loop.stop()
-        on_stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def run_until_signalled(
+    loop: TickLoop, *, on_stop: Callable[[], None], stop_event: threading.Event | None = None
+) -> None:
+    """Start `loop`, block until SIGTERM/SIGINT (or `stop_event`), then stop in order: the tick
+    in progress finishes, the scheduler stops, then `on_stop` (which closes the source)."""
+    stop = stop_event if stop_event is not None else threading.Event()
+    with stop_on_signals(stop):
+        started = False
+        try:
+            # A signal that came during start-up: no tick at all, straight to the clean stop.
+            if not stop.is_set():
+                loop.start()
+                started = True
+            while not stop.wait(timeout=1.0):
+                pass
+        finally:
+            if started:
+                loop.stop()
+            on_stop()

@@ -75,7 +75,7 @@ class AgentMetrics:
             registry=self.registry,
         )
         self.backoff = Gauge(
-            "gpu_agent_write_backoff_failures",
+            "gpu_agent_write_consecutive_failures",
             "Consecutive failed writes (0 when the last write succeeded).",
             registry=self.registry,
         )

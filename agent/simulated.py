@@ -48,7 +48,11 @@ _MIB_PER_GIB: Final = 1024
 _KNOWN_MEMORY_MIB: Final = {"H200": 143771, "H100": 81559, "B200": 183359, "T4": 15360}
 _DEFAULT_MEMORY_MIB: Final = 16384
 _MASK64: Final = (1 << 64) - 1
-_CACHE_LIMIT: Final = 100_000
+# Entries per trace cache. A read needs about 41 slots per GPU (26 for the jobs that may still
+# run, 15 for the thermal history): 64 GPUs need 2624, so this holds a working set with room to
+# spare, while keeping all four caches together to a few MB (at 100 000 entries each, a
+# simulated 8-GPU node grew by about 20 MB a day for three days).
+_CACHE_LIMIT: Final = 8192
 
 # Salts for the hash streams, so that each random quantity is independent of the others.
 _BUSY, _START, _LENGTH, _LEVEL, _MEMORY, _BURST, _IDLE, _UUID_HI, _UUID_LO = range(9)

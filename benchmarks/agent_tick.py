@@ -9,7 +9,8 @@ Reading the source is timed separately (for the simulated source it is the trace
 NVML's; the real NVML time per tick comes from `pytest -m gpu` on a GPU machine).
 
 Peak RSS: a real `gpu-agent run --source simulated` process against the local API server stand-in,
-sampling every 0.5 s for a few seconds; `VmHWM` from /proc/<pid>/status.
+sampling every 0.5 s for a few seconds; `VmHWM` from /proc/<pid>/status. Measured twice, side by
+side: as `python` runs it, and as `python -OO` (docstrings dropped; see docs/agent.md, Footprint).
 
     python -m benchmarks.agent_tick            # table
     python -m benchmarks.agent_tick --json     # one JSON object (for benchmarks.figures)
@@ -148,48 +149,78 @@ def _proc_status_kib(pid: int, field: str) -> int | None:
     return None
 
 
-def bench_rss(seconds: float) -> dict[str, Any]:
-    """Peak RSS of a real daemon writing to the API server stand-in for `seconds`."""
+def _daemon_peak(
+    kubeconfig: Path, *, seconds: float, python_flags: list[str], env: dict[str, str]
+) -> tuple[int | None, int | None, bool, int, str]:
+    """Run the daemon for `seconds`; (VmHWM KiB, VmRSS KiB, alive at the end, exit code, stderr)."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            *python_flags,
+            "-m",
+            "agent",
+            "run",
+            "--source=simulated",
+            "--node-name=bench-node",
+            f"--kubeconfig={kubeconfig}",
+            "--metrics-port=0",
+            "--sample-interval=0.5",
+            "--min-write-interval=1",
+            "--heartbeat=2",
+            "--log-level=WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(seconds)
+        hwm_kib = _proc_status_kib(process.pid, "VmHWM")
+        rss_kib = _proc_status_kib(process.pid, "VmRSS")
+        alive = process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return hwm_kib, rss_kib, alive, process.returncode, stderr.decode(errors="replace")
+
+
+def bench_rss(seconds: float, *, optimize: bool = False) -> dict[str, Any]:
+    """Peak RSS of a real daemon writing to the API server stand-in for `seconds`.
+
+    `optimize`: run it as `python -OO` (PYTHONOPTIMIZE=2), which drops docstrings; most of the
+    kubernetes client's code is docstrings. Measured with the `.opt-2.pyc` files compiled first
+    (an unmeasured import writes them under a private cache prefix), as an image that ships them
+    runs: without them every start compiles ~1400 modules and peaks far higher.
+    """
     with ApiServerStandIn(token="bench-token") as server, tempfile.TemporaryDirectory() as tmp:
         server.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-node"}})
         kubeconfig = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_AGENT_")}
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agent",
-                "run",
-                "--source=simulated",
-                "--node-name=bench-node",
-                f"--kubeconfig={kubeconfig}",
-                "--metrics-port=0",
-                "--sample-interval=0.5",
-                "--min-write-interval=1",
-                "--heartbeat=2",
-                "--log-level=WARNING",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+        flags: list[str] = []
+        if optimize:
+            flags = ["-OO"]
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+            # Compile everything the daemon imports, to the end (a timed run could be cut short
+            # by a slow compile and leave the rest to the measured run).
+            subprocess.run(
+                [sys.executable, *flags, "-c", "import agent.cli, agent.simulated"],
+                env=env,
+                check=True,
+                timeout=300,
+            )
+        hwm_kib, rss_kib, alive, code, stderr = _daemon_peak(
+            kubeconfig, seconds=seconds, python_flags=flags, env=env
         )
-        try:
-            time.sleep(seconds)
-            hwm_kib = _proc_status_kib(process.pid, "VmHWM")
-            rss_kib = _proc_status_kib(process.pid, "VmRSS")
-            alive = process.poll() is None
-            process.send_signal(signal.SIGTERM)
-            code = process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
         writes = server.node_writes("bench-node")
     if not alive:
-        error = process.stderr.read().decode() if process.stderr is not None else ""
-        raise RuntimeError("the daemon exited early: " + error[-500:])
+        raise RuntimeError("the daemon exited early: " + stderr[-500:])
     return {
         "seconds": seconds,
+        "python_flags": flags,
         "peak_rss_mb": None if hwm_kib is None else hwm_kib / 1024,
         "rss_mb": None if rss_kib is None else rss_kib / 1024,
         "writes": writes,
@@ -219,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ticks = [bench_tick(gpus, args.ticks) for gpus in (1, 8)]
     rss = None if args.no_rss else bench_rss(args.rss_seconds)
+    rss_optimized = None if args.no_rss else bench_rss(args.rss_seconds, optimize=True)
     result = {
         "machine": machine(),
         "targets": {"tick_ms_8_gpus": TICK_TARGET_MS, "peak_rss_mb": RSS_TARGET_MB},
         "ticks": ticks,
         "rss": rss,
+        "rss_optimized": rss_optimized,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -247,10 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         f"tick cpu median, 8 gpus: {eight:.3f} ms (target <= {TICK_TARGET_MS} ms); "
         f"8/1 gpu ratio {eight / max(ticks[0]['cpu']['median_ms'], 1e-9):.2f}"
     )
-    if rss is not None:
+    for label, measured in (("python", rss), ("python -OO", rss_optimized)):
+        if measured is None:
+            continue
         print(
-            f"daemon peak RSS (VmHWM) after {rss['seconds']:g}s: {rss['peak_rss_mb']:.1f} MB "
-            f"(target <= {RSS_TARGET_MB:g} MB), {rss['writes']} writes, exit {rss['exit_code']}"
+            f"daemon peak RSS (VmHWM), {label}, after {measured['seconds']:g}s: "
+            f"{measured['peak_rss_mb']:.1f} MB (target <= {RSS_TARGET_MB:g} MB), "
+            f"{measured['writes']} writes, exit {measured['exit_code']}"
         )
     return 0
 

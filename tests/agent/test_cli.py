@@ -13,8 +13,8 @@ import pytest
 
 from agent import cli
 from agent.settings import AgentSettings, env_names
-from agent.sources import SourceUnavailable
 from gpu_contract.schema import DEFAULT_KEYS, SCHEMA_VERSION, Field, decode
+from tests.agent.fake_nvml import DRIVER_NOT_LOADED, FakeNvml, a100
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +65,7 @@ def test_once_dry_run_json_is_a_complete_version_1_set(capsys: pytest.CaptureFix
     assert document["written"] is False
 
 
-def test_once_dry_run_with_custom_prefix_and_lost_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_once_dry_run_with_custom_prefix_and_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_once(
         capsys,
         "--dry-run",
@@ -76,9 +76,15 @@ def test_once_dry_run_with_custom_prefix_and_lost_gpu(capsys: pytest.CaptureFixt
         "--simulated-model=NVIDIA H100 80GB HBM3",
     )
     assert code == 0
-    annotations = json.loads(out)["annotations"]
+    document = json.loads(out)
+    annotations = document["annotations"]
     assert annotations["gpu.corp.example/gpu-model"] == "NVIDIA-H100-80GB-HBM3"
+    assert annotations["gpu.corp.example/gpu-count"] == "2"
+    # Every key, in the annotations and in the patch (nulls included), is under the given prefix.
     assert all(key.startswith("gpu.corp.example/") for key in annotations)
+    patch = document["patch"]["metadata"]["annotations"]
+    assert all(key.startswith("gpu.corp.example/") for key in patch)
+    assert patch["gpu.corp.example/health-detail"] is None
 
 
 def test_once_text_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -106,18 +112,33 @@ def test_no_api_configuration_exits_2(
     assert "--kubeconfig" in err
 
 
-@pytest.mark.parametrize("command", ["once", "run"])
+@pytest.mark.parametrize(
+    ("command", "fault", "message"),
+    [
+        pytest.param(
+            "once", "library", "NVML library (libnvidia-ml.so.1) not found", id="once-no-library"
+        ),
+        pytest.param(
+            "run", "library", "NVML library (libnvidia-ml.so.1) not found", id="run-no-library"
+        ),
+        pytest.param("run", "driver", "NVIDIA driver not loaded", id="run-driver-not-loaded"),
+    ],
+)
 def test_nvml_unavailable_exits_2_with_one_line(
+    *,
     command: str,
+    fault: str,
+    message: str,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Any,
 ) -> None:
-    def unavailable(kind: str, **_: object) -> object:
-        assert kind == "nvml"
-        raise SourceUnavailable("NVML library not found (libnvidia-ml.so.1)")
-
-    monkeypatch.setattr(cli, "open_source", unavailable)
+    # The real pynvml over a fake library: nvmlInit fails as on a node without the driver.
+    fake = FakeNvml([a100(0)]).install(monkeypatch)
+    if fault == "library":
+        fake.make_library_missing()
+    else:
+        fake.init_error = DRIVER_NOT_LOADED
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -125,10 +146,23 @@ def test_nvml_unavailable_exits_2_with_one_line(
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
     )
-    args = [command, "--node-name", "n", "--kubeconfig", str(kubeconfig), "--metrics-port", "0"]
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gpu-agent: NVML library not found (libnvidia-ml.so.1)"]
+    args = [command, "--source", "nvml", "--node-name", "n", "--kubeconfig", str(kubeconfig)]
+    assert cli.main([*args, "--metrics-port", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"gpu-agent: {message}")
+    assert "--source simulated" in lines[0]
+
+
+def test_simulated_source_needs_no_nvml(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    FakeNvml([]).install(monkeypatch).make_library_missing()
+    code, out, _ = run_once(capsys, "--dry-run", "--source", "simulated", "--output", "json")
+    assert code == 0
+    assert json.loads(out)["health"] == "ok"
 
 
 @pytest.mark.skipif(

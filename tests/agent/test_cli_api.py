@@ -162,3 +162,43 @@ def test_metrics_port_in_use_exits_2_with_one_line(
     assert code == 2
     err = capsys.readouterr().err
     assert f"gpu-agent: cannot serve metrics on 127.0.0.1:{port}" in err
+
+
+def test_sigterm_while_starting_exits_0_without_a_tick(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM while the start-up read of the Node hangs: a clean stop and exit 0, not death by
+    the signal (which would also take this test process down)."""
+    with socket.socket() as hung:  # accepts connections, never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        port = hung.getsockname()[1]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        )
+        accepted: list[socket.socket] = []
+
+        def terminate_once_the_read_is_in_flight() -> None:
+            connection, _ = hung.accept()
+            accepted.append(connection)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        previous = signal.getsignal(signal.SIGTERM)
+        killer = threading.Thread(target=terminate_once_the_read_is_in_flight, daemon=True)
+        killer.start()
+        args = ["run", "--source=simulated", f"--node-name={NODE}", f"--kubeconfig={kubeconfig}"]
+        with caplog.at_level(logging.INFO, logger="agent"):
+            code = cli.main([*args, "--metrics-port=0", "--api-timeout=0.5"])
+        killer.join(timeout=10)
+        for connection in accepted:
+            connection.close()
+    assert code == 0
+    assert len(accepted) == 1  # only the start-up read: no tick, so no write was tried
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert "received SIGTERM" in caplog.text
+    assert "could not read node" in caplog.text
+    assert "gpu-agent stopped" in caplog.text

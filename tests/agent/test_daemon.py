@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import urllib.error
 import urllib.request
@@ -9,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from typing import Any
 
 import pytest
 
@@ -25,9 +28,11 @@ from agent.kube import (
 )
 from agent.limiter import Reason, WritePolicy
 from agent.metrics import AgentMetrics
+from agent.nvml import NvmlSource
 from agent.records import GpuReading, NodeReading
 from agent.sources import open_source
 from gpu_contract.schema import DEFAULT_KEYS, Field, merge_patch
+from tests.agent.fake_nvml import FakeNvml, a100
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -143,6 +148,37 @@ def test_tick_writes_first_then_suppresses_and_counts() -> None:
     assert metrics.value("gpu_agent_tick_duration_seconds_count") == 5
 
 
+def test_metric_names_follow_prometheus_conventions() -> None:
+    families = {family.name: family for family in AgentMetrics().registry.collect()}
+    assert set(families) == {
+        "gpu_agent_samples",
+        "gpu_agent_writes",
+        "gpu_agent_writes_suppressed",
+        "gpu_agent_api_errors",
+        "gpu_agent_nvml_errors",
+        "gpu_agent_last_write_age_seconds",
+        "gpu_agent_tick_duration_seconds",
+        "gpu_agent_source_read_duration_seconds",
+        "gpu_agent_write_consecutive_failures",
+    }
+    for name, family in families.items():
+        samples = {sample.name for sample in family.samples}
+        if family.type == "counter":
+            # Exposed as `_total` (plus `_created`), never a bare counter name.
+            assert samples <= {f"{name}_total", f"{name}_created"}, name
+        measured = name.removeprefix("gpu_agent_")
+        if family.type == "histogram" or "age" in measured or "duration" in measured:
+            assert name.endswith("_seconds"), name
+    assert "gpu_agent_samples_total" in {s.name for s in families["gpu_agent_samples"].samples}
+    assert families["gpu_agent_writes"].samples[0].labels.keys() == {"reason"}
+    assert {s.labels["reason"] for s in families["gpu_agent_writes_suppressed"].samples} >= {
+        "within-min-interval",
+        "below-deadband",
+        "backing-off",
+        "jitter-pending",
+    }
+
+
 def test_write_age_is_infinite_before_the_first_write() -> None:
     _, metrics, _ = make_agent(FakeSource(), FakeWriter())
     assert metrics.value("gpu_agent_last_write_age_seconds") == float("inf")
@@ -191,7 +227,7 @@ def test_api_error_backs_off_and_is_counted(error: ApiError, code: str, retry_at
     assert failed.write_error is error
     assert not failed.written
     assert metrics.value("gpu_agent_api_errors_total", {"code": code}) == 1
-    assert metrics.value("gpu_agent_write_backoff_failures") == 1
+    assert metrics.value("gpu_agent_write_consecutive_failures") == 1
     assert tick_at(agent, clock, retry_at_s - 0.1).decision.reason is Reason.BACKING_OFF
     retried = tick_at(agent, clock, retry_at_s)
     assert retried.written
@@ -331,6 +367,39 @@ def test_loop_finishes_the_tick_then_closes_the_source() -> None:
     assert events.count("close") == 1
     assert len(source.reads) >= 2
     assert agent.last_result is not None
+
+
+def test_sigterm_finishes_the_tick_then_shuts_nvml_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGTERM to this process, while a tick reads NVML (real pynvml, fake library)."""
+    order: list[str] = []
+
+    class OrderedNvml(FakeNvml):
+        def nvmlDeviceGetCount_v2(self, count_ref: Any) -> int:  # noqa: N802
+            order.append("count")
+            if order.count("count") == 2:
+                # The kubelet stops the pod in the middle of the second tick.
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().nvmlDeviceGetCount_v2(count_ref)
+
+        def nvmlDeviceGetTemperatureV(self, handle: Any, temp_ref: Any) -> int:  # noqa: N802
+            order.append("temperature")  # read after the count: the tick went on to the end
+            return super().nvmlDeviceGetTemperatureV(handle, temp_ref)
+
+        def nvmlShutdown(self) -> int:  # noqa: N802
+            order.append("shutdown")
+            return super().nvmlShutdown()
+
+    fake = OrderedNvml([a100(0)]).install(monkeypatch)
+    source = NvmlSource.open()
+    writer = FakeWriter()
+    agent, _, _ = make_agent(source, writer)
+    previous = signal.getsignal(signal.SIGTERM)
+    run_until_signalled(TickLoop(agent, interval_s=0.5), on_stop=source.close)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert order == ["count", "temperature", "count", "temperature", "shutdown"]
+    assert fake.initialized == 0
+    assert agent.last_result is not None
+    assert agent.last_result.reading.gpus[0].temperature_c == 40
 
 
 def test_health_server_serves_metrics_and_probes() -> None:

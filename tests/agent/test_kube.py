@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -255,6 +256,26 @@ def test_auth_and_missing_node_errors_say_what_to_check(
     assert len(lines) == 1
     assert hint in lines[0]
     assert "next attempt in 10 s" in lines[0]
+
+
+def test_connection_refused_is_a_transport_error(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a loopback port with nothing listening on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    writer = NodeAnnotator(api_client_for(str(path)), node_name=NODE)
+    with pytest.raises(TransportError) as caught:
+        writer.patch(ANNOTATIONS)
+    writer.close()
+    assert caught.value.code == "transport"
+    assert str(caught.value).startswith("API server unreachable:")
+    assert writer.needs_refresh  # the Node was never read
 
 
 def test_unauthorized_token_from_the_server_itself(

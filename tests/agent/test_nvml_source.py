@@ -456,6 +456,7 @@ def test_mig_gpu_counts_free_instance_capacity(fake_nvml: FakeNvml, source: Nvml
     ],
 )
 def test_mig_largest_allocation_is_one_device_not_the_sum(
+    *,
     fake_nvml: FakeNvml,
     source: NvmlSource,
     profiles: list[FakeMigProfile],

@@ -213,3 +213,22 @@ def test_open_source_builds_the_simulation() -> None:
 def test_open_source_refuses_an_unknown_kind() -> None:
     with pytest.raises(ValueError, match="unknown gpu source 'rocm'"):
         open_source("rocm")  # type: ignore[arg-type]
+
+
+def test_a_long_run_keeps_the_trace_caches_bounded_and_the_readings_exact() -> None:
+    """Twelve simulated hours of 8 GPUs touch 17 280 slot entries per cache, twice the limit: the
+    caches stay within it (a daemon's memory stays flat), and clearing them changes no reading."""
+    long_run = sim(gpus=8, seed=9)
+    last = None
+    for minute in range(0, 12 * 60, 5):
+        last = long_run.read(at(minute * 60.0))
+    caches = (
+        long_run._job_cache,
+        long_run._running_cache,
+        long_run._load_cache,
+        long_run._temperature_cache,
+    )
+    # A few thousand entries each (about a MB), not the whole history.
+    assert all(len(cache) <= 8192 for cache in caches)
+    assert last is not None
+    assert last.gpus == sim(gpus=8, seed=9).read(at((12 * 60 - 5) * 60.0)).gpus

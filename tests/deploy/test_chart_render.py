@@ -191,8 +191,8 @@ def test_agent_sees_gpus_through_the_runtime_without_taking_one() -> None:
     resources = agent["resources"]
     for section in ("requests", "limits"):
         assert not any("nvidia.com" in name for name in resources.get(section, {}))
-    assert resources["requests"] == {"cpu": "20m", "memory": "96Mi"}
-    assert resources["limits"] == {"memory": "160Mi"}
+    assert resources["requests"] == {"cpu": "20m", "memory": "112Mi"}
+    assert resources["limits"] == {"memory": "192Mi"}
 
 
 def test_agent_runs_with_least_privilege() -> None:

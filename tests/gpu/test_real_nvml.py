@@ -50,6 +50,12 @@ def test_every_gpu_is_read_with_plausible_values(source: GpuSource) -> None:
         assert gpu.memory_total_mib > 1024
         if gpu.memory_free_mib is not None:
             assert 0 <= gpu.memory_free_mib <= gpu.memory_total_mib
+            # The biggest single request: all the free memory unless MIG splits it.
+            assert gpu.memory_largest_allocation_mib is not None
+            if gpu.mig_enabled:
+                assert gpu.memory_largest_allocation_mib <= gpu.memory_free_mib
+            else:
+                assert gpu.memory_largest_allocation_mib == gpu.memory_free_mib
         if gpu.utilization is not None:
             assert 0.0 <= gpu.utilization <= 1.0
         if gpu.temperature_c is not None:
@@ -87,6 +93,10 @@ def test_close_is_idempotent() -> None:
         pytest.skip(f"no usable NVML here: {unavailable}")
     opened.close()
     opened.close()
+    # A closed source reads nothing, and says so, instead of calling NVML after nvmlShutdown.
+    after = opened.read(datetime.now(UTC))
+    assert after.fatal == "source closed"
+    assert after.gpus == ()
 
 
 def test_gpu_agent_once_dry_run_on_nvml(source: GpuSource) -> None:
