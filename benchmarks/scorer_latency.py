@@ -4,7 +4,10 @@ For 100, 500, 1000 and 5000 realistic Nodes (`gpu_sim.nodes`, ~6-7 KB of JSON ea
 agent's annotations and managedFields entry), in both modes:
 
 - server time: the whole handler in-process (`ScorerApp.handle`: decode, evaluate, encode), for
-  `filter` and `prioritize`;
+  `filter` and `prioritize`. Names-only rows give two figures side by side: a repeat request
+  (the same pod inputs and node list while the node data is unchanged: the reply cache answers,
+  "hit") and a first request ("miss": the reply cache is emptied before each sample, as after a
+  node data change, so every node is evaluated);
 - round trip: the same request over loopback HTTP to a real uvicorn server, on one keep-alive
   `http.client` connection, until the last reply byte is read;
 - floor: `msgspec.json.decode(body)` of the same body, untyped (every value becomes a Python
@@ -18,9 +21,12 @@ hits both; medians and p99 are reported with their ratios.
     python -m benchmarks.scorer_latency            # table
     python -m benchmarks.scorer_latency --quick    # smoke run: small sizes, few samples
     python -m benchmarks.scorer_latency --json     # one JSON object (for benchmarks.figures)
+    python -m benchmarks.scorer_latency --sizes 5000 --modes names   # one row
 
 Targets: full-node server time <= 1.5 x floor at 500 and 5000 nodes; names-only server time
-<= 0.3 ms at 5000 nodes; round trip at 500 full nodes <= 3.3 ms (300 pods/s).
+<= 0.3 ms at 5000 nodes (a repeat request; the first request's time is reported beside it);
+round trip at 500 full nodes <= 3.3 ms (300 pods/s). The round trip repeats one request, so in
+names-only mode it is a reply-cache hit.
 """
 
 from __future__ import annotations
@@ -179,6 +185,15 @@ def measure(count: int, nodes: list[dict[str, Any]], mode: Mode, plan: Plan) -> 
     floor_no_gc_ns: list[int] = []
     filter_ns: list[int] = []
     prioritize_ns: list[int] = []
+    filter_miss_ns: list[int] = []
+    prioritize_miss_ns: list[int] = []
+    reply_cache = app.reply_cache if mode == "names" else None
+
+    def miss(verb: Literal["filter", "prioritize"]) -> int:
+        assert reply_cache is not None
+        reply_cache.clear()  # what a change of node data does to every entry
+        return _timed(lambda: app.handle(verb, body))
+
     for _ in range(plan.samples):
         floor_ns.append(_timed(lambda: msgspec.json.decode(body)))
         # The untyped decode allocates enough containers to trigger the cyclic GC, which is
@@ -188,9 +203,17 @@ def measure(count: int, nodes: list[dict[str, Any]], mode: Mode, plan: Plan) -> 
             floor_no_gc_ns.append(_timed(lambda: msgspec.json.decode(body)))
         finally:
             gc.enable()
+        if reply_cache is not None:
+            filter_miss_ns.append(miss("filter"))
+            prioritize_miss_ns.append(miss("prioritize"))
+            app.handle("filter", body)  # refill: the timed calls below are repeat requests
+            app.handle("prioritize", body)
         filter_ns.append(_timed(lambda: app.handle("filter", body)))
         prioritize_ns.append(_timed(lambda: app.handle("prioritize", body)))
     row["floor"] = _ms(floor_ns)
+    if reply_cache is not None:
+        row["filter_miss"] = _ms(filter_miss_ns)
+        row["prioritize_miss"] = _ms(prioritize_miss_ns)
     row["floor_gc_off"] = _ms(floor_no_gc_ns)
     row["filter"] = _ms(filter_ns)
     row["prioritize"] = _ms(prioritize_ns)
@@ -286,10 +309,18 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if r is not None:
         checks.append(
             {
-                "target": "names-only server time <= 0.3 ms at 5000 nodes",
+                "target": "names-only server time <= 0.3 ms at 5000 nodes (repeat request)",
                 "value": round(r["filter"]["median_ms"], 3),
                 "limit": 0.3,
                 "met": r["filter"]["median_ms"] <= 0.3,
+            }
+        )
+        checks.append(
+            {
+                "target": "names-only server time <= 0.3 ms at 5000 nodes (first request)",
+                "value": round(r["filter_miss"]["median_ms"], 3),
+                "limit": 0.3,
+                "met": r["filter_miss"]["median_ms"] <= 0.3,
             }
         )
     r = row("full", 500)
@@ -310,25 +341,32 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"samples: {result['samples_note']}")
     header = (
         f"{'mode':<6}{'nodes':>6}{'body MB':>9}{'floor':>9}{'no-gc':>9}{'filter':>9}{'p99':>9}"
-        f"{'x floor':>9}{'prio':>9}{'naive':>10}{'naive x':>9}{'HTTP rt':>9}{'p99':>9}"
+        f"{'x floor':>9}{'prio':>9}{'miss':>9}{'p99':>9}{'prio ms':>9}"
+        f"{'naive':>10}{'naive x':>9}{'HTTP rt':>9}{'p99':>9}"
     )
     print(header)
     print("-" * len(header))
+    nan = float("nan")
     for r in result["rows"]:
         naive = r.get("naive")
+        miss = r.get("filter_miss", {})
+        prio_miss = r.get("prioritize_miss", {})
         print(
             f"{r['mode']:<6}{r['nodes']:>6}{r['body_bytes'] / 1e6:>9.2f}"
             f"{r['floor']['median_ms']:>9.2f}{r['floor_gc_off']['median_ms']:>9.2f}"
             f"{r['filter']['median_ms']:>9.2f}"
             f"{r['filter']['p99_ms']:>9.2f}{r['filter_over_floor']:>9.2f}"
             f"{r['prioritize']['median_ms']:>9.2f}"
+            f"{miss.get('median_ms', nan):>9.2f}{miss.get('p99_ms', nan):>9.2f}"
+            f"{prio_miss.get('median_ms', nan):>9.2f}"
             f"{(naive['median_ms'] if naive else float('nan')):>10.1f}"
             f"{r.get('naive_over_filter', float('nan')):>9.1f}"
             f"{r['round_trip']['median_ms']:>9.2f}{r['round_trip']['p99_ms']:>9.2f}"
         )
     print(
         "(ms, medians unless p99; floor = untyped msgspec decode, no-gc = the same with the "
-        "cyclic GC off; 'x floor' = filter / floor; 'naive x' = naive / filter)"
+        "cyclic GC off; 'x floor' = filter / floor; 'naive x' = naive / filter; names rows: "
+        "filter/prio = repeat request (reply cache hit), miss/prio miss = first request)"
     )
     for check in result["targets"]:
         verdict = "met" if check["met"] else "MISSED"
@@ -342,7 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", help="comma-separated node counts (default 100,500,1000,5000; quick 100,500)"
     )
+    parser.add_argument(
+        "--modes", default="full,names", help="comma-separated modes (default full,names)"
+    )
     args = parser.parse_args(argv)
+    all_modes: tuple[Mode, ...] = ("full", "names")
+    modes = tuple(m for m in all_modes if m in args.modes.split(","))
     if args.sizes:
         sizes = tuple(int(s) for s in args.sizes.split(","))
     else:
@@ -351,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     gc.collect()
     for count in sizes:
-        modes: tuple[Mode, ...] = ("full", "names")
         for mode in modes:
             plan = plan_for(count, quick=args.quick)
             rows.append(measure(count, all_nodes[:count], mode, plan))

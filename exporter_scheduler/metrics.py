@@ -3,13 +3,16 @@
 A fresh `CollectorRegistry` per `ScorerMetrics` keeps tests (and two apps in one process)
 independent. Per-node outcomes are counted in plain Python first and added to the counters once
 per distinct label set, because a labelled `inc()` per node would cost more than the scoring
-itself at 5000 nodes.
+itself at 5000 nodes. The counts of one request are kept as a `VerdictTally` (label children
+already bound), so that a reply served from the reply cache adds the same counts for a few
+microseconds.
 """
 
 from __future__ import annotations
 
 from collections import Counter as _Tally
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from prometheus_client import (
@@ -59,6 +62,19 @@ LATENCY_BUCKETS_S: Final = (
 NODE_COUNT_BUCKETS: Final = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 
+@dataclass(frozen=True, slots=True)
+class VerdictTally:
+    """One request's verdict counts, as increments of bound counter children."""
+
+    increments: tuple[tuple[Counter, int], ...]
+    nodes: int
+    rejected: int = 0  # failed or unresolvable
+    unresolvable: int = 0
+
+
+VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "explain")
+
+
 class ScorerMetrics:
     """Every metric the scorer exports; `render()` gives the exposition body and its type."""
 
@@ -103,6 +119,20 @@ class ScorerMetrics:
             ["verb"],
             registry=r,
         )
+        self.unready_requests = Counter(
+            "gpu_scorer_unready_requests",
+            "Names-only requests answered before the node cache's first LIST (filter with "
+            "Error, prioritize with neutral scores), by verb.",
+            ["verb"],
+            registry=r,
+        )
+        self.reply_cache_requests = Counter(
+            "gpu_scorer_reply_cache_requests",
+            "Names-only filter/prioritize requests by whether a cached reply was reused "
+            "(hit) or the nodes were evaluated (miss).",
+            ["verb", "result"],
+            registry=r,
+        )
         self.node_cache_size = Gauge(
             "gpu_scorer_node_cache_nodes",
             "Nodes held by the names-only node cache.",
@@ -125,16 +155,52 @@ class ScorerMetrics:
             registry=r,
         )
 
-    def observe_verdicts(self, verdicts: Iterable[VerdictLike]) -> None:
-        """Count one request's verdicts: one pass over the nodes, one `inc` per label set."""
+        # Bound children for the request path: `labels()` takes a lock and builds a key per call.
+        self.request_seconds_by_verb = {v: self.request_seconds.labels(v) for v in VERBS}
+        self.nodes_per_request_by_verb = {v: self.nodes_per_request.labels(v) for v in VERBS}
+        self.reply_cache_hits = {v: self.reply_cache_requests.labels(v, "hit") for v in VERBS}
+        self.reply_cache_misses = {v: self.reply_cache_requests.labels(v, "miss") for v in VERBS}
+        self._verdict_children: dict[tuple[str, str], Counter] = {}
+        self._status_children: dict[str, Counter] = {}
+
+    def tally_verdicts(self, verdicts: Iterable[VerdictLike]) -> VerdictTally:
+        """Count one request's verdicts (one pass over the nodes) without adding them yet."""
         tally = _Tally((v.passed, v.unresolvable, v.reason, v.data_status) for v in verdicts)
+        by_label: dict[tuple[str, str], int] = {}
         by_status: dict[str, int] = {}
+        nodes = rejected = unresolvable_count = 0
         for (passed, unresolvable, reason, status), count in tally.items():
             outcome = "passed" if passed else "unresolvable" if unresolvable else "failed"
-            self.verdicts.labels(outcome, reason or "").inc(count)
+            if not passed:
+                rejected += count
+                unresolvable_count += count if unresolvable else 0
+            label = (outcome, reason or "")
+            by_label[label] = by_label.get(label, 0) + count
             by_status[status] = by_status.get(status, 0) + count
-        for status, count in by_status.items():
-            self.node_data.labels(status).inc(count)
+            nodes += count
+        increments = [(self._verdict_child(label), n) for label, n in sorted(by_label.items())]
+        increments += [(self._status_child(s), n) for s, n in sorted(by_status.items())]
+        return VerdictTally(tuple(increments), nodes, rejected, unresolvable_count)
+
+    def add_tally(self, tally: VerdictTally) -> None:
+        for child, count in tally.increments:
+            child.inc(count)
+
+    def observe_verdicts(self, verdicts: Iterable[VerdictLike]) -> None:
+        """Count one request's verdicts: one pass over the nodes, one `inc` per label set."""
+        self.add_tally(self.tally_verdicts(verdicts))
+
+    def _verdict_child(self, label: tuple[str, str]) -> Counter:
+        child = self._verdict_children.get(label)
+        if child is None:
+            child = self._verdict_children[label] = self.verdicts.labels(*label)
+        return child
+
+    def _status_child(self, status: str) -> Counter:
+        child = self._status_children.get(status)
+        if child is None:
+            child = self._status_children[status] = self.node_data.labels(status)
+        return child
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -33,7 +33,7 @@ from typing import Any, Final
 import msgspec
 
 from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.scoring import NodeInput, predecode
 from exporter_scheduler.wire import agent_write_time
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
@@ -103,9 +103,14 @@ class WatchExpiredError(Exception):
 class NodeCache:
     """Name -> `NodeInput` for every Node, kept current by a background list + watch.
 
-    `lookup()` and `ready()` are what the request path calls; neither blocks or does I/O.
-    The map is replaced whole after a LIST and changed one key at a time by watch events, both
-    single reference/dict operations that are atomic for readers in other threads.
+    `lookup()`, `ready()` and `generation` are what the request path reads; none blocks or does
+    I/O. The map is replaced whole after a LIST and changed one key at a time by watch events,
+    both single reference/dict operations that are atomic for readers in other threads. Each
+    node's annotations are decoded when its event arrives (`NodeInput.predecoded`), so requests
+    never decode. `generation` grows after every change of what the scorer reads (a relist, a
+    node added or deleted, a change of a node's agent annotations or agent write time; not the
+    kubelet's status updates, which the scorer does not read): replies cached under one
+    generation are never reused under another.
     """
 
     def __init__(
@@ -123,6 +128,7 @@ class NodeCache:
         self.tuning = tuning if tuning is not None else CacheTuning()
         self._rng = rng if rng is not None else random.Random()
         self._nodes: dict[str, NodeInput] = {}
+        self._generation = 0
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -138,6 +144,11 @@ class NodeCache:
     def lookup(self, names: Sequence[str]) -> list[NodeInput]:
         nodes = self._nodes  # one snapshot for the whole request
         return [nodes.get(name) or NodeInput(name, _NO_ANNOTATIONS, None) for name in names]
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the data `lookup()` returns may have changed (see the class doc)."""
+        return self._generation
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -246,6 +257,10 @@ class NodeCache:
             if not continue_token:
                 break
         self._nodes = fresh
+        # Bumped after the map changed: a reader that saw the old generation may have read the
+        # new map, never the reverse, so a reply is never filed under a newer generation than
+        # its data.
+        self._generation += 1
         self._resource_version = resource_version
         self.metrics.node_cache_relists.inc()
         self.metrics.node_cache_size.set(len(fresh))
@@ -291,12 +306,22 @@ class NodeCache:
         if meta.resourceVersion:
             self._resource_version = meta.resourceVersion
         if event.type == "DELETED" and meta.name:
-            self._nodes.pop(meta.name, None)
+            if self._nodes.pop(meta.name, None) is not None:
+                self._generation += 1
         elif event.type in ("ADDED", "MODIFIED"):
             node = self._node_input(obj)
             if node is None:
                 return
-            self._nodes[node.name] = node
+            old = self._nodes.get(node.name)
+            # A change the scorer does not read (kubelet status, labels, ...) keeps the entry
+            # and the generation, so cached replies stay usable.
+            if (
+                old is None
+                or old.agent_write_time != node.agent_write_time
+                or old.annotations != node.annotations
+            ):
+                self._nodes[node.name] = node
+                self._generation += 1
         else:
             # BOOKMARK (a skeleton Node with no name) or a type this client does not know.
             return
@@ -315,6 +340,7 @@ class NodeCache:
             name=meta.name,
             annotations=annotations,
             agent_write_time=agent_write_time(meta.managedFields),
+            predecoded=(prefix, predecode(annotations, self.keys)),
         )
 
     def _interrupt(self) -> None:

@@ -14,9 +14,10 @@ counts each distinct text: the node's own values live in the verdict, never in i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 import msgspec
@@ -65,6 +66,10 @@ class NodeInput:
     # `metadata.managedFields[manager=gpu-scheduler-agent].time`: the API server's clock at the
     # agent's last change of this Node. `None` when unknown (names-only mode, or no such entry).
     agent_write_time: datetime | None = None
+    # `(prefix, predecode(annotations, keys))`, computed ahead of the request by whoever holds the
+    # node (the names-only node cache does it when a watch event arrives). Used only when the
+    # prefix is the policy's; otherwise, and when `None`, the annotations are decoded here.
+    predecoded: tuple[str, DecodedAnnotations] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +149,12 @@ class Evaluation:
     # The utilization limit applied: the policy's, or the pod's tighter `max-utilization`.
     utilization_limit: float = 0.90
     now: datetime | None = field(default=None)
+    # Until when (exclusive) the passage of time alone cannot change any verdict: the earliest
+    # moment at which a node's data turns stale or stops counting as clock skew, less a
+    # millisecond. `None` when no verdict depends on time (e.g. every node's data is missing).
+    # Verdicts are a pure function of (pod, nodes, now, policy); for the same pod, nodes and
+    # policy, every `now` in [this evaluation's `now`, `valid_until`) gives the same verdicts.
+    valid_until: datetime | None = None
 
     def passed_names(self) -> list[str]:
         return [v.name for v in self.verdicts if v.passed]
@@ -175,11 +186,16 @@ _VERSION_INDEX: Final = _KEY_ORDER.index(Field.SCHEMA_VERSION)
 
 
 def clear_decode_cache() -> None:
-    """Forget memoised decodes (benchmarks measuring the cold path; tests)."""
+    """Forget memoised decodes and scores (benchmarks measuring the cold path; tests)."""
     _decode_caches.clear()
+    _score_memos.clear()
 
 
-def _safe_decode(annotations: Mapping[str, str], keys: Keys) -> DecodedAnnotations:
+def predecode(annotations: Mapping[str, str], keys: Keys) -> DecodedAnnotations:
+    """What `evaluate` reads from a node's annotations; never raises (bad data is a result).
+
+    For a `NodeInput.predecoded` computed off the request path.
+    """
     try:
         return decode(annotations, keys)
     except Exception:  # a value the contract's parser trips on is bad data, not a crash
@@ -203,10 +219,10 @@ class _Decoder:
             values = tuple(map(annotations.get, self.key_tuple))
             hit = self.cache.get(values)
         except TypeError:  # an unhashable value: not what the contract writes
-            return _safe_decode(annotations, self.keys)
+            return predecode(annotations, self.keys)
         if hit is not None:
             return hit
-        decoded = _safe_decode(annotations, self.keys)
+        decoded = predecode(annotations, self.keys)
         if values[_VERSION_INDEX] is not None:
             self.cache[values] = decoded
         return decoded
@@ -236,6 +252,8 @@ class _Compiled:
         "model_unlisted",
         "not_checked",
         "patterns",
+        "prefix",
+        "score_memo",
         "skew_tolerance_s",
         "stale_after_s",
         "status_reason",
@@ -256,6 +274,7 @@ class _Compiled:
     def __init__(self, policy: Policy, hints: PodHints) -> None:
         lenient = policy.missing_data == "lenient"
         self.lenient = lenient
+        self.prefix = policy.keys.prefix
         limit = policy.utilization_limit
         if hints.max_utilization is not None and hints.max_utilization < limit:
             limit = hints.max_utilization
@@ -271,6 +290,7 @@ class _Compiled:
         self.min_memory_mib = hints.min_gpu_memory_mib
         self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
         self.w_total = self.w_util + self.w_frag + self.w_temp
+        self.score_memo = _score_memo((self.temp_limit_c, self.w_util, self.w_frag, self.w_temp))
         self.status_reason: dict[DataStatus, str] = {
             "missing": "gpu data missing",
             "invalid": "gpu data invalid",
@@ -336,6 +356,26 @@ class _Compiled:
         )
 
 
+# The score is a pure function of three node values and four policy numbers, and the values
+# repeat across nodes and requests (two-decimal fractions, whole degrees), so breakdowns are
+# memoised per policy. Bounded: a memo that outgrows its limit is started afresh.
+_SCORE_MEMO_MAX: Final = 65_536
+_score_memos: dict[
+    tuple[int, int, int, int], dict[tuple[int, float | None, int | None], ScoreBreakdown]
+] = {}
+
+
+def _score_memo(
+    policy_key: tuple[int, int, int, int],
+) -> dict[tuple[int, float | None, int | None], ScoreBreakdown]:
+    memo = _score_memos.get(policy_key)
+    if memo is None or len(memo) > _SCORE_MEMO_MAX:
+        if len(_score_memos) > 64:
+            _score_memos.clear()
+        memo = _score_memos[policy_key] = {}
+    return memo
+
+
 def _as_utc(moment: datetime) -> datetime:
     # Kubernetes times are UTC; a naive datetime from a caller is read as UTC rather than
     # failing the whole request on a subtraction of naive and aware times.
@@ -367,6 +407,7 @@ def evaluate(
         available_rank.append(available)
 
     limit = compiled.limit_bp / BASIS_POINTS
+    valid_until = _valid_until(verdicts, now, compiled)
     if hint_problem is not None:
         reason = hint_problem.reason
         rejected = tuple(
@@ -375,12 +416,49 @@ def evaluate(
             )
             for v in verdicts
         )
-        return Evaluation(rejected, reason, hint_problem, NO_HINTS, None, limit, now)
+        return Evaluation(rejected, reason, hint_problem, NO_HINTS, None, limit, now, valid_until)
 
     chain: ChainOutcome | None = None
     if compiled.chain_active:
         chain = _resolve_chain(verdicts, available_rank, hints, compiled)
-    return Evaluation(tuple(verdicts), None, None, hints, chain, limit, now)
+    return Evaluation(tuple(verdicts), None, None, hints, chain, limit, now, valid_until)
+
+
+# Verdict boundaries are compared in float seconds; stopping a millisecond short of the exact
+# boundary keeps rounding from ever placing a changed verdict inside the validity window.
+_VALIDITY_MARGIN: Final = timedelta(milliseconds=1)
+
+
+def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: _Compiled) -> datetime | None:
+    """The earliest time-driven change of any verdict (see `Evaluation.valid_until`).
+
+    Only freshness depends on `now`: a node turns stale once `age_s` or `server_age_s` exceeds
+    `stale_after_s`, and stops being clock skew once `-age_s` no longer exceeds the skew
+    tolerance (the managedFields lag check compares two stored times and does not move). Each
+    remaining time is `threshold - current`; a negative one is a boundary already passed, which
+    time cannot cross again. Boundaries that do not apply to a node (a stale node's skew one,
+    say) only make the answer earlier, which is safe.
+    """
+    stale_s = c.stale_after_s
+    skew_s = c.skew_tolerance_s
+    left_s = math.inf
+    for verdict in verdicts:
+        age_s = verdict.age_s
+        if age_s is not None:
+            remaining = stale_s - age_s
+            if 0 <= remaining < left_s:
+                left_s = remaining
+            remaining = -age_s - skew_s
+            if 0 <= remaining < left_s:
+                left_s = remaining
+        server_age_s = verdict.server_age_s
+        if server_age_s is not None:
+            remaining = stale_s - server_age_s
+            if 0 <= remaining < left_s:
+                left_s = remaining
+    if left_s == math.inf:
+        return None
+    return now + timedelta(seconds=left_s) - _VALIDITY_MARGIN
 
 
 def _judge(
@@ -390,7 +468,8 @@ def _judge(
     c: _Compiled,
 ) -> tuple[NodeVerdict, int | None]:
     chain_active = c.chain_active
-    decoded = decode_node(node.annotations)
+    pre = node.predecoded
+    decoded = pre[1] if pre is not None and pre[0] == c.prefix else decode_node(node.annotations)
     state = decoded.state
     written = node.agent_write_time
     server_age_s: float | None = None
@@ -526,7 +605,12 @@ def _judge(
             rank,
         ), None
 
-    breakdown = _score(utilization_bp, state.memory_fragmentation, temperature_c, c)
+    score_key = (utilization_bp, state.memory_fragmentation, temperature_c)
+    breakdown = c.score_memo.get(score_key)
+    if breakdown is None:
+        breakdown = c.score_memo[score_key] = _score(
+            utilization_bp, state.memory_fragmentation, temperature_c, c
+        )
     available = rank if chain_active and utilization_bp <= c.threshold_bp else None
     return NodeVerdict(
         node.name,

@@ -15,7 +15,13 @@ Answers, by design:
   `Error` set and no node passing (the scheduler shows the text in the pod's events and retries
   with back-off), `prioritize` answers 200 with a neutral score 0 for every node (scores only
   rank, so a neutral answer cannot place a pod where the filter refused it), and both are
-  counted in `gpu_scorer_internal_errors` and logged with the traceback.
+  counted in `gpu_scorer_internal_errors` and logged with the traceback; an exception anywhere
+  else in the handler gets the same kind of answer (prioritize: no scores at all);
+- a names-only request before the node cache's first LIST is not judged blind: `filter`
+  answers `Error` (the scheduler retries the pod with back-off), `prioritize` neutral scores.
+
+Names-only replies are reused while nothing they depend on has changed (see `replycache`): the
+scheduler asks about pod after pod with the same node list.
 
 kube-scheduler's HTTP client keeps idle connections for 90 s, so the keep-alive timeout defaults
 to 120 s: a server that closes first races the client's next request on that connection. asyncio
@@ -38,8 +44,15 @@ import uvicorn
 
 from exporter_scheduler import wire
 from exporter_scheduler.explain import explain, render_text
-from exporter_scheduler.metrics import ScorerMetrics, Verb
+from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
 from exporter_scheduler.policy import Policy
+from exporter_scheduler.replycache import (
+    DEFAULT_REPLY_CACHE_ENTRIES,
+    CachedReply,
+    ReplyCache,
+    ReplyKey,
+    pod_hint_items,
+)
 from exporter_scheduler.scoring import Evaluation, NodeInput, NodeVerdict, evaluate
 from gpu_contract.schema import format_timestamp
 
@@ -56,6 +69,7 @@ Send = Callable[[Message], Awaitable[None]]
 Clock = Callable[[], datetime]
 
 JSON: Final = b"application/json"
+NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST pending)"
 TEXT: Final = b"text/plain; charset=utf-8"
 
 log = logging.getLogger("exporter_scheduler.server")
@@ -66,7 +80,12 @@ def utc_now() -> datetime:
 
 
 class NodeSource(Protocol):
-    """Where names-only requests find node data: an in-memory snapshot, never a remote call."""
+    """Where names-only requests find node data: an in-memory snapshot, never a remote call.
+
+    A source that also has an integer `generation` attribute, changed whenever the data it
+    returns may have changed (as `NodeCache` does), lets the app reuse replies; without one
+    every request is evaluated.
+    """
 
     def ready(self) -> bool: ...
 
@@ -108,12 +127,16 @@ class ScorerApp:
         path_prefix: str = "/",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         metrics: ScorerMetrics | None = None,
+        reply_cache_entries: int = DEFAULT_REPLY_CACHE_ENTRIES,
     ) -> None:
         self.policy = policy
         self.clock = clock
         self.node_source = node_source
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics if metrics is not None else ScorerMetrics()
+        # Names-only replies are reused while nothing they depend on changed (replycache.py);
+        # only with a node source that says when its data changed (`generation`).
+        self.reply_cache = ReplyCache(reply_cache_entries) if reply_cache_entries > 0 else None
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -148,6 +171,8 @@ class ScorerApp:
             )
         except _DisconnectedError:
             return
+        except Exception as exc:  # a bug outside evaluate(): still a defined answer, never a 500
+            response = self._unexpected(self._verbs.get(path), exc)
         await _respond(send, response)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -203,32 +228,128 @@ class ScorerApp:
         """Answer one extender call (`filter`, `prioritize` or `explain`) for a request body."""
         started = time.perf_counter()
         try:
-            request = wire.decode_args(body, gpu_resource_name=self.policy.gpu_resource_name)
+            request = wire.decode_args(
+                body, gpu_resource_name=self.policy.gpu_resource_name, decode_names=False
+            )
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
             return _bad_request(verb, str(exc))
         if request.form == "names" and self.node_source is None:
+            try:
+                wire.with_node_names(request)  # a malformed list is reported as such first
+            except wire.WireError as exc:
+                self.metrics.bad_requests.labels(exc.cause).inc()
+                return _bad_request(verb, str(exc))
             self.metrics.bad_requests.labels("names_without_node_cache").inc()
             return _bad_request(
                 verb,
                 "the request carries NodeNames (nodeCacheCapable: true) but the scorer runs "
                 "without --node-cache",
             )
-        nodes = self._nodes_of(request)
+        if request.form == "names" and verb != "explain" and not self._source_ready():
+            return self._not_ready(verb, request, started)
         now = self.clock()
+        key: ReplyKey | None = None
+        if request.form == "names" and verb != "explain" and self.reply_cache is not None:
+            # Read before the node lookup: a reply is never filed under a newer generation than
+            # the data it was computed from (see NodeCache.generation).
+            generation = getattr(self.node_source, "generation", None)
+            if isinstance(generation, int):
+                pod = request.pod
+                hints = pod_hint_items(pod.annotations, self.policy.keys.prefix)
+                key = (verb, generation, hints, pod.gpu_request, request.node_names_json)
+                cached = self.reply_cache.get(key, now, self.policy)
+                if cached is not None:
+                    return self._reuse(verb, request, cached, started)
+        try:
+            request = wire.with_node_names(request)
+        except wire.WireError as exc:
+            self.metrics.bad_requests.labels(exc.cause).inc()
+            return _bad_request(verb, str(exc))
+        nodes = self._nodes_of(request)
         try:
             evaluation = evaluate(request.pod, nodes, now, self.policy)
+            tally: VerdictTally | None = None
             if verb == "filter":
-                response = Response(200, self._filter_reply(request, evaluation, now))
+                tally = self.metrics.tally_verdicts(evaluation.verdicts)
+                response = Response(200, self._filter_reply(request, evaluation, now, tally))
             elif verb == "prioritize":
                 response = Response(200, wire.encode_prioritize_reply(evaluation.scores()))
             else:
                 response = self._explain_reply(request, evaluation, now, query)
+            if key is not None and self.reply_cache is not None:
+                self.metrics.reply_cache_misses[verb].inc()
+                self.reply_cache.put(key, self._entry(request, evaluation, response, tally))
         except Exception as exc:
             response = self._internal_error(verb, request, nodes, exc)
-        self.metrics.request_seconds.labels(verb).observe(time.perf_counter() - started)
-        self.metrics.nodes_per_request.labels(verb).observe(len(nodes))
+        self.metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
+        self.metrics.nodes_per_request_by_verb[verb].observe(len(nodes))
         return response
+
+    def _source_ready(self) -> bool:
+        return self.node_source is not None and self.node_source.ready()
+
+    def _not_ready(self, verb: Verb, request: wire.ExtenderRequest, started: float) -> Response:
+        """Names only, before the node cache's first LIST: no answer rather than a blind one.
+
+        Evaluated now, every node would be "missing data": passed blind (lenient) or rejected
+        as unresolvable (strict, leaving the pod unschedulable until a cluster change). A
+        filter `Error` instead makes the scheduler retry the pod with back-off, by when the
+        LIST is in; prioritize (called only after a filter) gives the neutral 0.
+        """
+        try:
+            request = wire.with_node_names(request)
+        except wire.WireError as exc:
+            self.metrics.bad_requests.labels(exc.cause).inc()
+            return _bad_request(verb, str(exc))
+        self.metrics.unready_requests.labels(verb).inc()
+        if verb == "filter":
+            response = Response(200, wire.encode_filter_error(request, NOT_READY_ERROR))
+        else:
+            response = Response(
+                200, wire.encode_prioritize_reply((name, 0) for name in request.node_names)
+            )
+        self.metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
+        self.metrics.nodes_per_request_by_verb[verb].observe(len(request.node_names))
+        return response
+
+    def _entry(
+        self,
+        request: wire.ExtenderRequest,
+        evaluation: Evaluation,
+        response: Response,
+        tally: VerdictTally | None,
+    ) -> CachedReply:
+        assert evaluation.now is not None  # set by evaluate()
+        # Only a reused filter reply logs its rejections; prioritize needs no counts.
+        rejected = 0 if tally is None else tally.rejected
+        unresolvable = 0 if tally is None else tally.unresolvable
+        return CachedReply(
+            body=response.body,
+            computed_at=evaluation.now,
+            valid_until=evaluation.valid_until,
+            policy=self.policy,
+            nodes=len(evaluation.verdicts),
+            tally=tally,
+            rejected=rejected,
+            unresolvable=unresolvable,
+            hint_error=evaluation.hint_error,
+            computed_for=_pod_ref(request),
+        )
+
+    def _reuse(
+        self, verb: Verb, request: wire.ExtenderRequest, cached: CachedReply, started: float
+    ) -> Response:
+        """A cache hit: the same bytes, the same verdict counts, one log line for the pod."""
+        metrics = self.metrics
+        if cached.tally is not None:
+            metrics.add_tally(cached.tally)
+        metrics.reply_cache_hits[verb].inc()
+        if verb == "filter" and cached.rejected and log.isEnabledFor(logging.INFO):
+            _log_reused_rejections(request, cached)
+        metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
+        metrics.nodes_per_request_by_verb[verb].observe(cached.nodes)
+        return Response(200, cached.body)
 
     def _nodes_of(self, request: wire.ExtenderRequest) -> Sequence[NodeInput]:
         if request.form == "nodes":
@@ -238,7 +359,11 @@ class ScorerApp:
         return ()
 
     def _filter_reply(
-        self, request: wire.ExtenderRequest, evaluation: Evaluation, now: datetime
+        self,
+        request: wire.ExtenderRequest,
+        evaluation: Evaluation,
+        now: datetime,
+        tally: VerdictTally,
     ) -> bytes:
         failed = evaluation.failed()
         unresolvable = evaluation.unresolvable()
@@ -248,7 +373,7 @@ class ScorerApp:
             failed=failed,
             unresolvable=unresolvable,
         )
-        self.metrics.observe_verdicts(evaluation.verdicts)
+        self.metrics.add_tally(tally)
         if (failed or unresolvable) and log.isEnabledFor(logging.INFO):
             _log_rejections(request, evaluation, now)
         return reply
@@ -265,6 +390,20 @@ class ScorerApp:
         if output == "text":
             return Response(200, render_text(document).encode(), TEXT)
         return Response(200, wire.encode_json(document))
+
+    def _unexpected(self, verb: Verb | None, exc: Exception) -> Response:
+        """The answer when `handle` itself raised (nothing known of the request)."""
+        self.metrics.internal_errors.labels(verb or "other").inc()
+        log.error("request failed", exc_info=exc, extra={"fields": {"verb": verb or "other"}})
+        message = f"gpu scorer internal error: {type(exc).__name__}"
+        if verb == "filter":
+            return Response(200, wire.encode_filter_error(None, message))
+        if verb == "prioritize":
+            # No node named, no score added: the scheduler ranks as without the extender.
+            return Response(200, wire.encode_prioritize_reply(()))
+        if verb == "explain":
+            return Response(200, wire.encode_json({"Error": message}))
+        return Response(503, wire.encode_json({"Error": message}))
 
     def _internal_error(
         self,
@@ -315,6 +454,24 @@ def _log_rejections(request: wire.ExtenderRequest, evaluation: Evaluation, now: 
         }
         fields.update(_verdict_values(verdict))
         log.info("node rejected", extra={"fields": fields})
+
+
+def _log_reused_rejections(request: wire.ExtenderRequest, cached: CachedReply) -> None:
+    """A reused filter reply logs one line: the per-node lines were written when it was computed.
+
+    `verdicts_from` names the pod whose request computed the verdicts; its `node rejected` lines
+    carry the per-node values, which are the same for this pod.
+    """
+    fields: dict[str, object] = {
+        "pod": _pod_ref(request),
+        "rejected": cached.rejected,
+        "unresolvable": cached.unresolvable,
+        "verdicts_from": cached.computed_for,
+        "verdicts_computed_at": format_timestamp(cached.computed_at),
+    }
+    if cached.hint_error:
+        fields["reason"] = cached.hint_error
+    log.info("nodes rejected (verdicts reused)", extra={"fields": fields})
 
 
 def _verdict_values(verdict: NodeVerdict) -> dict[str, object]:

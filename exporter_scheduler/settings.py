@@ -64,6 +64,11 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+def _source(field: str) -> str:
+    """`field (--flag / ENV)`: where an operator sets it, for messages about two settings."""
+    return f"{field} ({flag_name(field)} / {env_name(field)})"
+
+
 def _finite(value: float) -> float:
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
@@ -87,9 +92,11 @@ class ScorerSettings(BaseSettings):
     )
     keep_alive_s: int = Field(
         DEFAULT_KEEP_ALIVE_S,
-        ge=1,
+        # kube-scheduler's client keeps idle connections 90 s; closing at or before that races
+        # its next request on the connection, which then fails as an extender error.
+        ge=91,
         le=3600,
-        description="Idle keep-alive timeout; keep it above kube-scheduler's 90 s.",
+        description="Idle keep-alive timeout; must outlast kube-scheduler's 90 s.",
     )
     tls_cert_file: Path | None = Field(None, description="Serve HTTPS with this certificate.")
     tls_key_file: Path | None = Field(None, description="Private key of --tls-cert-file.")
@@ -171,15 +178,18 @@ class ScorerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> ScorerSettings:
+        cert, key, ca = (_source("tls_cert_file"), _source("tls_key_file"),
+                         _source("tls_client_ca_file"))  # fmt: skip
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file must be given together")
+            raise ValueError(f"{cert} and {key} must be given together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
-        for path in (self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file):
+            raise ValueError(f"{ca} needs {cert} and {key}")
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            path = getattr(self, name)
             if path is not None and not path.is_file():
-                raise ValueError(f"file not found: {path}")
+                raise ValueError(f"{_source(name)}: file not found: {path}")
         if self.kubeconfig is not None and not self.kubeconfig.is_file():
-            raise ValueError(f"kubeconfig not found: {self.kubeconfig}")
+            raise ValueError(f"{_source('kubeconfig')}: kubeconfig not found: {self.kubeconfig}")
         self.policy()  # raises ValueError naming the field and its bound
         return self
 

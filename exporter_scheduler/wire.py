@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import starmap
 from typing import Final, Literal, Protocol
 
 import msgspec
@@ -79,7 +80,9 @@ class _Args(msgspec.Struct):
 
     Pod: _Pod | msgspec.UnsetType | None = msgspec.UNSET
     Nodes: _NodeList | msgspec.UnsetType | None = msgspec.UNSET
-    NodeNames: list[str] | msgspec.UnsetType | None = msgspec.UNSET
+    # Kept raw (only delimited, not decoded): a names-only reply served from the reply cache is
+    # found by these bytes and never needs the names as Python strings. `null` stays b"null".
+    NodeNames: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _ARGS_DECODER: Final = msgspec.json.Decoder(_Args)
@@ -112,6 +115,9 @@ class ExtenderRequest:
     `form` says which list the scheduler sent: `nodes` (full Node objects, `nodeCacheCapable:
     false`; `nodes` and `raw_nodes` are parallel), `names` (`nodeCacheCapable: true`; only
     `node_names`), or `none` (neither list, answered with an empty reply in both forms).
+    `node_names_json` is the `NodeNames` value exactly as sent (names form only): the reply
+    cache's key. With `decode_args(..., decode_names=False)` the names are left undecoded
+    (`node_names` empty) until `with_node_names` is called.
     """
 
     pod: PodInput
@@ -119,6 +125,7 @@ class ExtenderRequest:
     nodes: tuple[NodeInput, ...] = ()
     raw_nodes: tuple[msgspec.Raw, ...] = ()
     node_names: tuple[str, ...] = ()
+    node_names_json: bytes = b""
 
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
@@ -253,18 +260,39 @@ def _case_folded_args(body: bytes) -> _Args:
                 None if bytes(nodes_raw) == b"null" else _NODE_LIST_DECODER.decode(nodes_raw)
             )
         if "nodenames" in folded:
-            args.NodeNames = _names_or_none(folded["nodenames"])
+            args.NodeNames = folded["nodenames"]
     except msgspec.DecodeError as exc:
         raise WireError("wrong_type", _msg(exc)) from None
     return args
 
 
-def _names_or_none(raw: msgspec.Raw) -> list[str] | None:
-    return None if bytes(raw) == b"null" else _NAMES_DECODER.decode(raw)
+def decode_node_names(raw: bytes | msgspec.Raw) -> tuple[str, ...]:
+    """The `NodeNames` list; `WireError` (a 400 answer) when it is not a list of strings."""
+    try:
+        return tuple(_NAMES_DECODER.decode(raw))
+    except msgspec.DecodeError as exc:
+        raise WireError("wrong_type", _msg(exc, "$.NodeNames")) from None
 
 
-def decode_args(body: bytes, *, gpu_resource_name: str) -> ExtenderRequest:
-    """Decode an `ExtenderArgs` body; raise `WireError` (a 400 answer) when it is unusable."""
+def with_node_names(request: ExtenderRequest) -> ExtenderRequest:
+    """`request` with its names decoded (see `decode_args(..., decode_names=False)`)."""
+    if request.form != "names" or request.node_names:
+        return request
+    names = decode_node_names(request.node_names_json)
+    return ExtenderRequest(
+        pod=request.pod, form="names", node_names=names, node_names_json=request.node_names_json
+    )
+
+
+def decode_args(
+    body: bytes, *, gpu_resource_name: str, decode_names: bool = True
+) -> ExtenderRequest:
+    """Decode an `ExtenderArgs` body; raise `WireError` (a 400 answer) when it is unusable.
+
+    `decode_names=False` leaves a names-only request's `NodeNames` undecoded and unchecked
+    (`with_node_names` decodes it, raising `WireError` then): a reply found in the reply cache
+    by those bytes never needs them.
+    """
     try:
         args = _ARGS_DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -279,26 +307,35 @@ def decode_args(body: bytes, *, gpu_resource_name: str) -> ExtenderRequest:
         raise WireError("missing_pod", "request has no Pod")
     pod = _pod_input(args.Pod, gpu_resource_name)
 
+    names_json = b"" if args.NodeNames is msgspec.UNSET else bytes(args.NodeNames)
+    if names_json == b"null":
+        names_json = b""
     if isinstance(args.Nodes, _NodeList):
+        if names_json:
+            decode_node_names(names_json)  # still a 400 when it is not a list of strings
         raws = tuple(args.Nodes.items or ())
         nodes = tuple(
             node_input_from_json(raw, where=f"$.Nodes.items[{i}]") for i, raw in enumerate(raws)
         )
         return ExtenderRequest(pod=pod, form="nodes", nodes=nodes, raw_nodes=raws)
-    if isinstance(args.NodeNames, list):
-        return ExtenderRequest(pod=pod, form="names", node_names=tuple(args.NodeNames))
+    if names_json:
+        request = ExtenderRequest(pod=pod, form="names", node_names_json=names_json)
+        return with_node_names(request) if decode_names else request
     return ExtenderRequest(pod=pod, form="none")
 
 
 # --------------------------------------------------------------------------- replies
 
 
-class HostPriority(msgspec.Struct):
+class HostPriority(msgspec.Struct, gc=False):
+    # Fields in sorted order, so the plain encoder writes them as `order="sorted"` would.
     Host: str
     Score: int
 
 
 _ENCODER: Final = msgspec.json.Encoder(order="sorted")
+# For structs whose fields are declared sorted: the same bytes, without sorting per object.
+_STRUCT_ENCODER: Final = msgspec.json.Encoder()
 
 
 def encode_filter_reply(
@@ -356,7 +393,7 @@ def encode_filter_error(request: ExtenderRequest | None, error: str) -> bytes:
 
 def encode_prioritize_reply(scores: Iterable[tuple[str, int]]) -> bytes:
     """`HostPriorityList`: one entry per node given, in request order."""
-    return _ENCODER.encode([HostPriority(Host=name, Score=score) for name, score in scores])
+    return _STRUCT_ENCODER.encode(list(starmap(HostPriority, scores)))
 
 
 def encode_json(value: object) -> bytes:

@@ -8,7 +8,6 @@ import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from exporter_scheduler.policy import Policy
@@ -20,10 +19,9 @@ from exporter_scheduler.server import (
     uvicorn_config,
 )
 from gpu_contract.schema import FIELD_MANAGER, Health, NodeGpuState, encode, format_timestamp
+from tests.fixture_paths import SCHEDULER_FIXTURES
 
-FIXTURES = Path("/work/shared/fixtures/kube-scheduler-v1.36")
-if not FIXTURES.is_dir():  # a checkout outside the shared workspace carries its own copy
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kube-scheduler-v1.36"
+FIXTURES = SCHEDULER_FIXTURES
 
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)
 

@@ -16,11 +16,10 @@ from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
 from gpu_contract.schema import FIELD_MANAGER, Health, parse_timestamp
+from tests.fixture_paths import SCHEDULER_FIXTURES
 from tests.scorer.scoring_builders import A100, NOW, PREFIX, V100, node, pod, run
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared/fixtures/kube-scheduler-v1.36"
-if not FIXTURES.is_dir():  # the captures next to the checkout rather than inside it
-    FIXTURES = Path("/work/shared/fixtures/kube-scheduler-v1.36")
+FIXTURES = SCHEDULER_FIXTURES
 
 
 def _dump(evaluation_pod: PodInput, nodes: list[NodeInput], policy: Policy | None = None) -> str:

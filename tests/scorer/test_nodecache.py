@@ -1,12 +1,14 @@
 """The names-only node cache: the real kubernetes client over HTTP to the API server stand-in.
 
-Waits here block on the cache's own change notifications (`wait_until`), never on a sleep.
+Waits here block on the cache's own change notifications (`wait_until`); the one thing the
+cache does not signal (a watch being opened) is polled for with a deadline.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,18 +18,22 @@ from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodecache import CacheTuning, NodeCache, WatchExpiredError
 from gpu_sim.apiserver import ApiServerStandIn, Fault
 from gpu_sim.nodes import gpu_node, with_agent_write
+from tests.fixture_paths import APISERVER_FIXTURES
 from tests.scorer._http_helpers import gpu_annotations, node
-
-APISERVER_FIXTURES = Path("/work/shared/fixtures/kube-apiserver-v1.36")
-if not APISERVER_FIXTURES.is_dir():
-    APISERVER_FIXTURES = (
-        Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kube-apiserver-v1.36"
-    )
 
 UTIL = "gpu-scheduler.example.com/utilization"
 AGENT_TIME = datetime(2026, 11, 30, 13, 59, 50, tzinfo=UTC)
 FAST = CacheTuning(watch_timeout_s=30, backoff_initial_s=0.01, backoff_max_s=0.05)
 WAIT_S = 10.0
+
+
+def _poll(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _free_port() -> int:
@@ -181,7 +187,8 @@ def test_stop_is_prompt_with_a_watch_open(standin: ApiServerStandIn, tmp_path: P
     kubeconfig = standin.write_kubeconfig(tmp_path / "kubeconfig")
     cache = NodeCache(kubeconfig=str(kubeconfig), tuning=CacheTuning(watch_timeout_s=600)).start()
     assert cache.wait_until(lambda c: c.ready(), WAIT_S)
-    assert cache.wait_until(lambda c: standin.watch_count == 1, WAIT_S)
+    # Opening a watch changes nothing the cache signals, so this one wait polls.
+    assert _poll(lambda: standin.watch_count == 1, WAIT_S)
     cache.stop(timeout_s=5)
     assert cache._thread is not None
     assert not cache._thread.is_alive()

@@ -116,12 +116,23 @@ def test_empty_policy_file_is_no_settings(tmp_path: Path) -> None:
             ["weight"],
             id="weights-all-zero",
         ),
-        pytest.param({"tls_cert_file": "/etc/hostname"}, ["together"], id="cert-without-key"),
-        pytest.param({"tls_client_ca_file": "/etc/hostname"}, ["needs"], id="ca-without-cert"),
+        pytest.param(
+            {"tls_cert_file": "/etc/hostname"},
+            ["together", "--tls-cert-file", "GPU_SCORER_TLS_KEY_FILE"],
+            id="cert-without-key",
+        ),
+        pytest.param(
+            {"tls_client_ca_file": "/etc/hostname"},
+            ["needs", "--tls-client-ca-file", "--tls-key-file"],
+            id="ca-without-cert",
+        ),
         pytest.param(
             {"tls_cert_file": "/nope.pem", "tls_key_file": "/nope.key"},
-            ["file not found"],
+            ["file not found", "--tls-cert-file", "/nope.pem"],
             id="cert-missing",
+        ),
+        pytest.param(
+            {"keep_alive_s": 90}, ["--keep-alive-s", "greater than or equal to 91"], id="keep-alive"
         ),
         pytest.param({"kubeconfig": "/nope"}, ["kubeconfig not found"], id="kubeconfig"),
         pytest.param({"surprise": 1}, ["surprise"], id="unknown"),

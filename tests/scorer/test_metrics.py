@@ -1,0 +1,36 @@
+"""Metric names follow Prometheus conventions and match the table in docs/scorer.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporter_scheduler.metrics import ScorerMetrics
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "scorer.md"
+
+
+def _exposed() -> dict[str, str]:
+    """Exposed family name -> type, as a scraper sees them."""
+    families = {}
+    for family in ScorerMetrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        families[name] = family.type
+    return families
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    for name, kind in _exposed().items():
+        assert name.startswith("gpu_scorer_"), name
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
+        if kind == "counter":
+            assert name.endswith("_total"), name
+        else:
+            assert not name.endswith("_total"), name
+        if "duration" in name or "latency" in name:
+            assert name.endswith("_seconds"), name
+
+
+def test_every_metric_is_documented_and_nothing_else() -> None:
+    documented = set(re.findall(r"^\| `(gpu_scorer_[a-z0-9_]+)` \|", DOC.read_text(), re.M))
+    assert documented == set(_exposed())
