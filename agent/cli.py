@@ -27,6 +27,7 @@ from typing import Any
 from agent.daemon import (
     Agent,
     TickLoop,
+    random_fraction,
     run_until_signalled,
     start_jitter_s,
     stop_on_signals,
@@ -39,6 +40,7 @@ from agent.kube import (
     Timeouts,
     api_client_for,
 )
+from agent.limiter import heartbeat_lead_s
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
 from agent.sources import GpuSource, SourceUnavailable, open_source
@@ -248,19 +250,19 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         log.warning("could not read node %r at start: %s", node_name, exc)
 
     metrics = AgentMetrics()
-    jitter_s = start_jitter_s(
-        seed=settings.seed if settings.source == "simulated" else None,
-        max_s=settings.min_write_interval,
-    )
+    seed = settings.seed if settings.source == "simulated" else None
+    jitter_s = start_jitter_s(seed=seed, max_s=settings.min_write_interval)
+    policy = settings.write_policy()
     agent = Agent(
         source=source,
         writer=writer,
-        policy=settings.write_policy(),
+        policy=policy,
         keys=settings.keys(),
         metrics=metrics,
         sample_interval_s=settings.sample_interval,
         start_s=time.monotonic(),
         jitter_s=jitter_s,
+        heartbeat_lead_s=heartbeat_lead_s(policy=policy, fraction=random_fraction(seed=seed)),
         request_budget_s=timeouts.connect_s + timeouts.read_s,
     )
     server = None

@@ -102,6 +102,7 @@ class Agent:
         sample_interval_s: float = 5.0,
         start_s: float,
         jitter_s: float = 0.0,
+        heartbeat_lead_s: float = 0.0,
         request_budget_s: float = 0.0,
     ) -> None:
         self.source = source
@@ -113,7 +114,9 @@ class Agent:
         # The longest one API request may take (connect + read timeout): a tick waiting on a slow
         # API server is alive, so liveness allows for it on top of the sample intervals.
         self.request_budget_s = request_budget_s
-        self.limiter = LimiterState.initial(now_s=start_s, jitter_s=jitter_s)
+        self.limiter = LimiterState.initial(
+            now_s=start_s, jitter_s=jitter_s, heartbeat_lead_s=heartbeat_lead_s
+        )
         self.started_s = start_s
         self.last_tick_s: float | None = None
         self.last_result: TickResult | None = None
@@ -230,6 +233,13 @@ def start_jitter_s(*, seed: int | None, max_s: float) -> float:
     """A random start delay in [0, max_s); seeded runs are reproducible."""
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
     return rng.uniform(0.0, max_s)
+
+
+def random_fraction(*, seed: int | None) -> float:
+    """A uniform draw in [0, 1), e.g. for the heartbeat lead; seeded runs are reproducible."""
+    # Offset the seed so the draw is independent of the start jitter's.
+    rng = random.Random(seed + 1) if seed is not None else random.SystemRandom()
+    return rng.random()
 
 
 class TickLoop:

@@ -17,7 +17,11 @@ The rules (docs/agent.md has the operator's version):
 * After a failed attempt the next one waits an exponential backoff (`backoff_base_s` doubling up to
   `backoff_max_s`), or the server's `Retry-After` when that is longer (capped at `backoff_max_s`).
 * Start-up waits a jitter chosen by the caller (up to one interval), so a fleet does not write in
-  lockstep.
+  lockstep. The caller also picks a heartbeat lead: the first heartbeat after start comes that
+  much early, once. Without it, agents started together by a DaemonSet rollout keep writing the
+  heartbeats of their quiet nodes in the same few seconds of every minute; with a lead drawn
+  uniformly from [0, heartbeat - min interval) their phases spread over the whole heartbeat,
+  for the price of one early write per agent.
 * There is no queue: each decision looks at the newest state only, compared with what was last
   written, so a state that was never sent because of a backoff is simply superseded.
 """
@@ -63,6 +67,10 @@ class WritePolicy:
     min_write_interval_s: float = 10.0
     heartbeat_s: float = 60.0
     utilization_deadband: float = 0.05
+    # The busiest single GPU swings far more than the node mean (one bursty inference server is
+    # enough), and no scoring rule reads it: it is for operators, and every write and heartbeat
+    # refreshes it anyway. Its own, wider deadband keeps it from driving most of the writes.
+    utilization_max_deadband: float = 0.10
     fragmentation_deadband: float = 0.05
     temperature_deadband_c: float = 3.0
     # A fraction of the node's total GPU memory, applied to memory-free-mib and
@@ -85,6 +93,7 @@ class WritePolicy:
                 raise PolicyError(f"{name} must be a finite number > 0, got {value!r}")
         for name in (
             "utilization_deadband",
+            "utilization_max_deadband",
             "fragmentation_deadband",
             "temperature_deadband_c",
             "memory_deadband_fraction",
@@ -118,11 +127,19 @@ class LimiterState:
     consecutive_failures: int = 0
     # After a failure: no attempt before this time.
     retry_at_s: float | None = None
+    # How much earlier than the heartbeat the gap after the first write ends; cleared by the
+    # second successful write, so it shifts the node's heartbeat phase once and never shortens
+    # the heartbeat itself.
+    heartbeat_lead_s: float = 0.0
 
     @classmethod
-    def initial(cls, *, now_s: float, jitter_s: float = 0.0) -> LimiterState:
+    def initial(
+        cls, *, now_s: float, jitter_s: float = 0.0, heartbeat_lead_s: float = 0.0
+    ) -> LimiterState:
         """A limiter that has never written and may first write `jitter_s` after `now_s`."""
-        return cls(not_before_s=now_s + max(0.0, jitter_s))
+        return cls(
+            not_before_s=now_s + max(0.0, jitter_s), heartbeat_lead_s=max(0.0, heartbeat_lead_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +191,9 @@ def _deadband_changes(
     if _moved(_fraction(old.utilization), _fraction(new.utilization), policy.utilization_deadband):
         changed.append("utilization")
     if _moved(
-        _fraction(old.utilization_max), _fraction(new.utilization_max), policy.utilization_deadband
+        _fraction(old.utilization_max),
+        _fraction(new.utilization_max),
+        policy.utilization_max_deadband,
     ):
         changed.append("utilization-max")
     if _moved(
@@ -231,7 +250,10 @@ def decide(
         wanted = Decision(True, Reason.DISCRETE_CHANGE, discrete)
     elif numeric := _deadband_changes(last, state, policy, memory_total_mib):
         wanted = Decision(True, Reason.DEADBAND_EXCEEDED, numeric)
-    elif limiter.last_success_s is None or now_s - limiter.last_success_s >= policy.heartbeat_s:
+    elif (
+        limiter.last_success_s is None
+        or now_s - limiter.last_success_s >= policy.heartbeat_s - limiter.heartbeat_lead_s
+    ):
         wanted = Decision(True, Reason.HEARTBEAT_DUE)
     else:
         return Decision(False, Reason.BELOW_DEADBAND)
@@ -253,7 +275,15 @@ def record_success(limiter: LimiterState, *, written: NodeGpuState, now_s: float
         last_attempt_s=now_s,
         consecutive_failures=0,
         retry_at_s=None,
+        # The lead applies to the gap after the first write only.
+        heartbeat_lead_s=limiter.heartbeat_lead_s if limiter.last_written is None else 0.0,
     )
+
+
+def heartbeat_lead_s(*, policy: WritePolicy, fraction: float) -> float:
+    """The heartbeat lead for a uniform `fraction` in [0, 1): spread over what the rules allow."""
+    span_s = max(0.0, policy.heartbeat_s - policy.min_write_interval_s)
+    return min(max(fraction, 0.0), 1.0) * span_s
 
 
 def backoff_delay_s(

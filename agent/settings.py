@@ -60,6 +60,12 @@ class AgentSettings(BaseSettings):
     utilization_deadband: float = Field(
         default=0.05, ge=0, le=1, description="Utilization change that is worth a write."
     )
+    utilization_max_deadband: float = Field(
+        default=0.10,
+        ge=0,
+        le=1,
+        description="Change of the busiest GPU's utilization (utilization-max) worth a write.",
+    )
     fragmentation_deadband: float = Field(
         default=0.05, ge=0, le=1, description="Memory fragmentation change worth a write."
     )
@@ -142,6 +148,7 @@ class AgentSettings(BaseSettings):
             min_write_interval_s=self.min_write_interval,
             heartbeat_s=self.heartbeat,
             utilization_deadband=self.utilization_deadband,
+            utilization_max_deadband=self.utilization_max_deadband,
             fragmentation_deadband=self.fragmentation_deadband,
             temperature_deadband_c=self.temperature_deadband,
             memory_deadband_fraction=self.memory_deadband,

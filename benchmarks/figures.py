@@ -100,11 +100,16 @@ QUICK = Sizes(
 )
 
 VARIANTS: tuple[tuple[str, WritePolicy], ...] = (
-    ("defaults (deadband 0.05 / 3 C / 5 %, min 10 s, heartbeat 60 s)", WritePolicy()),
     (
-        "wider deadbands (0.10 / 5 C / 10 %)",
+        "defaults (deadbands 0.05, max 0.10 / 3 C / 5 %, min 10 s, heartbeat 60 s)",
+        WritePolicy(),
+    ),
+    ("utilization-max deadband 0.05, like the node mean", WritePolicy(utilization_max_deadband=0.05)),
+    (
+        "wider deadbands (0.10, max 0.20 / 5 C / 10 %)",
         WritePolicy(
             utilization_deadband=0.10,
+            utilization_max_deadband=0.20,
             fragmentation_deadband=0.10,
             temperature_deadband_c=5.0,
             memory_deadband_fraction=0.10,
@@ -116,6 +121,7 @@ VARIANTS: tuple[tuple[str, WritePolicy], ...] = (
         "wider deadbands + min write interval 30 s",
         WritePolicy(
             utilization_deadband=0.10,
+            utilization_max_deadband=0.20,
             fragmentation_deadband=0.10,
             temperature_deadband_c=5.0,
             memory_deadband_fraction=0.10,

@@ -31,7 +31,14 @@ from typing import Final
 import numpy as np
 
 from agent.aggregate import aggregate
-from agent.limiter import LimiterState, WritePolicy, decide, record_failure, record_success
+from agent.limiter import (
+    LimiterState,
+    WritePolicy,
+    decide,
+    heartbeat_lead_s,
+    record_failure,
+    record_success,
+)
 from gpu_contract import DEFAULT_KEYS, encode, merge_patch
 from gpu_sim.traces import DEFAULT_MIX, NodeSpec, Profile, generate, make_fleet, node_reading
 
@@ -215,6 +222,12 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
     # The scorer reads at arbitrary moments: offset each node's age sample by a uniform fraction
     # of an interval after its tick.
     read_offsets = rng.uniform(0.0, interval, size=len(fleet)).tolist()
+    # Each agent's one-off heartbeat lead (the agent's own rule), so quiet nodes started together
+    # do not keep writing their heartbeats in the same seconds.
+    leads = [
+        heartbeat_lead_s(policy=config.policy, fraction=f)
+        for f in rng.uniform(0.0, 1.0, size=len(fleet)).tolist()
+    ]
     bins = math.ceil(config.duration_s / config.bin_s) + 1
     bin_attempts = np.zeros(bins, dtype=np.int64)
     bin_successes = np.zeros(bins, dtype=np.int64)
@@ -241,7 +254,7 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
             util_rows = traces.utilization[:, j, :].tolist()
             mem_rows = traces.memory_used_mib[:, j, :].tolist()
             temp_rows = traces.temperature_c[:, j, :].tolist()
-            limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter)
+            limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter, heartbeat_lead_s=leads[n])
             last_written_at: float | None = None
             last_bytes = 0
             for k in range(ticks):

@@ -19,6 +19,7 @@ from agent.limiter import (
     WritePolicy,
     backoff_delay_s,
     decide,
+    heartbeat_lead_s,
     record_failure,
     record_success,
 )
@@ -132,7 +133,16 @@ AFTER_WRITE = record_success(LimiterState.initial(now_s=0.0), written=WRITTEN, n
             TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("utilization-max",),
-            id="utilization-max",
+            id="utilization-max-moved-its-own-deadband",
+        ),
+        pytest.param(
+            AFTER_WRITE,
+            gpu_state(utilization_max=0.79),
+            130.0,
+            TOTAL_MIB,
+            Reason.BELOW_DEADBAND,
+            (),
+            id="utilization-max-below-its-wider-deadband",
         ),
         pytest.param(
             AFTER_WRITE,
@@ -460,8 +470,14 @@ steps = st.lists(
 )
 
 
-def _run(history: list[tuple[float, float, int, int, Health, float | None]], *, jitter_s: float):
-    limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter_s)
+def _run(
+    history: list[tuple[float, float, int, int, Health, float | None]],
+    *,
+    jitter_s: float,
+    lead_fraction: float = 0.0,
+):
+    lead_s = heartbeat_lead_s(policy=POLICY, fraction=lead_fraction)
+    limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter_s, heartbeat_lead_s=lead_s)
     now_s = 0.0
     log = []
     for dt, utilization, temperature, free_mib, health, failure in history:
@@ -486,19 +502,23 @@ def _run(history: list[tuple[float, float, int, int, Health, float | None]], *, 
     return log
 
 
+fractions = st.floats(min_value=0.0, max_value=0.999)
+
+
 @settings(max_examples=300, deadline=None)
-@given(steps, st.floats(min_value=0.0, max_value=10.0))
-def test_attempts_never_closer_than_min_interval(history, jitter_s):  # type: ignore[no-untyped-def]
-    attempts = [now for now, _, _, d, _ in _run(history, jitter_s=jitter_s) if d.write]
+@given(steps, st.floats(min_value=0.0, max_value=10.0), fractions)
+def test_attempts_never_closer_than_min_interval(history, jitter_s, lead):  # type: ignore[no-untyped-def]
+    log = _run(history, jitter_s=jitter_s, lead_fraction=lead)
+    attempts = [now for now, _, _, d, _ in log if d.write]
     assert all(b - a >= POLICY.min_write_interval_s for a, b in pairwise(attempts))
     assert all(t >= jitter_s for t in attempts)
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps, st.floats(min_value=0.0, max_value=10.0))
-def test_never_silent_longer_than_heartbeat_while_api_up(history, jitter_s):  # type: ignore[no-untyped-def]
+@given(steps, st.floats(min_value=0.0, max_value=10.0), fractions)
+def test_never_silent_longer_than_heartbeat_while_api_up(history, jitter_s, lead):  # type: ignore[no-untyped-def]
     up = [(dt, u, t, m, h, None) for dt, u, t, m, h, _ in history]
-    log = _run(up, jitter_s=jitter_s)
+    log = _run(up, jitter_s=jitter_s, lead_fraction=lead)
     last_write_s = jitter_s  # the first write is due as soon as the jitter has passed
     for now_s, _, _, decision, _ in log:
         assert now_s - last_write_s <= POLICY.heartbeat_s + SAMPLE_S
@@ -553,3 +573,39 @@ def test_backoff_honoured_grows_and_caps(history):  # type: ignore[no-untyped-de
                 assert later_s - now_s >= delay
                 assert later_s - now_s >= min(retry_after or 0.0, POLICY.backoff_max_s)
                 break
+
+
+def _quiet_heartbeats(*, lead_fraction: float, minutes: int) -> list[float]:
+    """Write times of a node whose values never move, ticking every 5 s."""
+    lead_s = heartbeat_lead_s(policy=POLICY, fraction=lead_fraction)
+    limiter = LimiterState.initial(now_s=0.0, heartbeat_lead_s=lead_s)
+    state = gpu_state()
+    written: list[float] = []
+    for tick in range(minutes * 12 + 1):
+        now_s = tick * 5.0
+        if decide(limiter, state, now_s=now_s, memory_total_mib=TOTAL_MIB, policy=POLICY).write:
+            limiter = record_success(limiter, written=state, now_s=now_s)
+            written.append(now_s)
+    return written
+
+
+@pytest.mark.parametrize(
+    ("fraction", "expected_s"),
+    [
+        pytest.param(0.0, [0.0, 60.0, 120.0, 180.0], id="no-lead"),
+        pytest.param(0.5, [0.0, 35.0, 95.0, 155.0], id="half-span-lead-once"),
+        pytest.param(0.999, [0.0, 15.0, 75.0, 135.0], id="longest-lead-at-the-next-tick"),
+    ],
+)
+def test_heartbeat_lead_shifts_the_phase_once(fraction: float, expected_s: list[float]) -> None:
+    """Quiet nodes started together spread their heartbeats instead of writing in step."""
+    assert _quiet_heartbeats(lead_fraction=fraction, minutes=3) == expected_s
+
+
+def test_heartbeat_lead_spreads_a_fleet_over_the_heartbeat() -> None:
+    phases = {
+        _quiet_heartbeats(lead_fraction=i / 50, minutes=2)[1] % POLICY.heartbeat_s
+        for i in range(50)
+    }
+    # 5 s ticks: the phases cover every tick slot that the rules allow (10 s .. 60 s).
+    assert len(phases) >= 10
