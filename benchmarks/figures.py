@@ -104,7 +104,10 @@ VARIANTS: tuple[tuple[str, WritePolicy], ...] = (
         "defaults (deadbands 0.05, max 0.10 / 3 C / 5 %, min 10 s, heartbeat 60 s)",
         WritePolicy(),
     ),
-    ("utilization-max deadband 0.05, like the node mean", WritePolicy(utilization_max_deadband=0.05)),
+    (
+        "utilization-max deadband 0.05, like the node mean",
+        WritePolicy(utilization_max_deadband=0.05),
+    ),
     (
         "wider deadbands (0.10, max 0.20 / 5 C / 10 %)",
         WritePolicy(
