@@ -6,9 +6,11 @@ daemon decides retries and metrics on a few named classes and never on client in
 
 Why these details:
 
-* `CoreV1Api.patch_node` in kubernetes 36.x picks the *first* patch content type of its list for a
-  dict body, which is `application/json-patch+json`; the API server would then reject an object body
-  with 400. Every call therefore forces `application/merge-patch+json`.
+* `CoreV1Api.patch_node` in kubernetes 36.x picks the *first* patch content type of its list,
+  `application/json-patch+json`, and its REST layer then sends a dict body as
+  `application/strategic-merge-patch+json`: a choice made by client internals, not by the contract.
+  Every call therefore forces `application/merge-patch+json`, the JSON merge patch the contract
+  defines.
 * `fieldManager=gpu-scheduler-agent` makes the API server stamp the agent's last change time in
   `metadata.managedFields`, which the scorer uses to judge freshness without trusting node clocks.
 * The body comes from `gpu_contract.merge_patch`, given the prefix keys last seen on the Node, so

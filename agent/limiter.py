@@ -62,7 +62,7 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WritePolicy:
-    """The write rules' numbers. Defaults are the contract's (../shared/DESIGN.md)."""
+    """The write rules' numbers; docs/agent.md explains each default."""
 
     min_write_interval_s: float = 10.0
     heartbeat_s: float = 60.0

@@ -150,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain_cmd.add_argument(
         "--now", metavar="RFC3339", help="evaluate at this time (default: the current time)"
     )
-    explain_cmd.add_argument("--output", choices=["text", "json"], default="text")
+    explain_cmd.add_argument(
+        "--output",
+        choices=["text", "json"],
+        default="text",
+        help="text for people, json for programs (default: text)",
+    )
     _add_setting_flags(explain_cmd, [*POLICY_FIELDS, *_EXPLAIN_EXTRA])
     return parser
 

@@ -479,9 +479,10 @@ def _judge(
 
     if state is None:
         problems = decoded.problems
+        # The record-level problem is the last one (a version-less record notes that first).
         status: DataStatus = (
             "invalid"
-            if problems and problems[0] in ("updated-at unparsable", _UNREADABLE)
+            if problems and problems[-1] in ("updated-at unparsable", _UNREADABLE)
             else "missing"
         )
         rank = c.any_rank if chain_active else None

@@ -146,13 +146,22 @@ class ScorerSettings(BaseSettings):
         description="lenient: missing/stale data passes with score 0; strict: it fails.",
     )
     weight_utilization: float = Field(
-        _DEFAULT_POLICY.weight_utilization, ge=0.0, le=MAX_WEIGHT, description="Score weight."
+        _DEFAULT_POLICY.weight_utilization,
+        ge=0.0,
+        le=MAX_WEIGHT,
+        description="Score weight of the utilization headroom (only the weights' ratios matter).",
     )
     weight_fragmentation: float = Field(
-        _DEFAULT_POLICY.weight_fragmentation, ge=0.0, le=MAX_WEIGHT, description="Score weight."
+        _DEFAULT_POLICY.weight_fragmentation,
+        ge=0.0,
+        le=MAX_WEIGHT,
+        description="Score weight of the fragmentation headroom (only the weights' ratios matter).",
     )
     weight_temperature: float = Field(
-        _DEFAULT_POLICY.weight_temperature, ge=0.0, le=MAX_WEIGHT, description="Score weight."
+        _DEFAULT_POLICY.weight_temperature,
+        ge=0.0,
+        le=MAX_WEIGHT,
+        description="Score weight of the temperature headroom (only the weights' ratios matter).",
     )
     gpu_resource_name: str = Field(
         _DEFAULT_POLICY.gpu_resource_name, description="Extended resource a pod's GPUs are in."

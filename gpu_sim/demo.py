@@ -469,13 +469,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         "--nodes",
         type=int,
         default=defaults.nodes,
-        help="simulated GPU nodes, mixed models (default %(default)s)",
+        help="simulated GPU nodes, mixed models, 1..200 (default %(default)s)",
     )
     parser.add_argument(
         "--seed",
         type=int,
         default=defaults.seed,
-        help="seed of the pod stream, the GPU traces and tie breaks",
+        help="seed of the pod stream, the GPU traces and tie breaks (default %(default)s)",
     )
     parser.add_argument(
         "--pods-per-s",

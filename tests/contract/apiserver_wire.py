@@ -10,19 +10,13 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-# The kube-apiserver wire captures the stand-in is checked against, kept beside the repository.
-_CANDIDATES = [
-    Path(__file__).resolve().parents[2] / "shared",
-    Path(__file__).resolve().parents[3] / "shared",
-]
-FIXTURES = next(
-    (c / "fixtures" / "kube-apiserver-v1.36" for c in _CANDIDATES if (c / "fixtures").is_dir()),
-    _CANDIDATES[-1] / "fixtures" / "kube-apiserver-v1.36",
-)
+from tests.fixture_paths import APISERVER_FIXTURES
+
+# The kube-apiserver wire captures the stand-in is checked against.
+FIXTURES = APISERVER_FIXTURES
 
 
 def fixture(name: str) -> dict[str, Any]:

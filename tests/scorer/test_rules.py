@@ -160,6 +160,10 @@ STATUS_CASES = [
         "gpu data invalid", id="updated-at-out-of-range",
     ),
     pytest.param(
+        node(overrides={Field.SCHEMA_VERSION: None, Field.UPDATED_AT: "yesterday"}), "invalid",
+        "gpu data invalid", id="version-less-record-with-unparsable-updated-at",
+    ),
+    pytest.param(
         node(overrides={Field.UTILIZATION: None}), "missing", "gpu data missing",
         id="utilization-absent",
     ),
