@@ -54,8 +54,6 @@ class AnnotationWriter(Protocol):
 
     def patch(self, annotations: Mapping[str, str]) -> None: ...
 
-    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, object]: ...
-
 
 @dataclass(frozen=True, slots=True)
 class TickResult:
@@ -63,12 +61,17 @@ class TickResult:
 
     reading: NodeReading
     state: NodeGpuState
-    annotations: dict[str, str]
     decision: Decision
+    keys: Keys
     # The failed write's error; None when the write succeeded or none was attempted.
     write_error: ApiError | None = None
     # True only when a patch reached the API server and was accepted.
     written: bool = False
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        """`state` as annotations; encoded on demand, as most ticks write nothing."""
+        return encode(self.state, self.keys)
 
 
 def memory_total_mib(reading: NodeReading) -> int | None:
@@ -149,7 +152,6 @@ class Agent:
         self.metrics.nvml_errors_seen(reading.error_kinds)
 
         state = aggregate(reading)
-        annotations = encode(state, self.keys)
         decision = decide(
             self.limiter,
             state,
@@ -159,15 +161,15 @@ class Agent:
         )
         if not decision.write:
             self.metrics.write_suppressed(decision.reason)
-            return TickResult(reading, state, annotations, decision)
+            return TickResult(reading, state, decision, self.keys)
         if self.writer is None:
             # Dry run: behave as if the write succeeded, so the limiter's rhythm is the real one.
             self.limiter = record_success(self.limiter, written=state, now_s=now_s)
-            return TickResult(reading, state, annotations, decision)
+            return TickResult(reading, state, decision, self.keys)
 
         try:
             try:
-                self.writer.patch(annotations)
+                self.writer.patch(encode(state, self.keys))
             except ApiError:
                 raise
             except Exception as unexpected:
@@ -192,7 +194,7 @@ class Agent:
                 wait_s,
                 error,
             )
-            return TickResult(reading, state, annotations, decision, error, False)
+            return TickResult(reading, state, decision, self.keys, error)
         recovered = self.limiter.consecutive_failures > 0
         self.limiter = record_success(self.limiter, written=state, now_s=now_s)
         self._last_write_error = None
@@ -200,7 +202,7 @@ class Agent:
         if recovered:
             log.info("write succeeded again after API errors")
         log.debug("wrote annotations (%s%s)", decision.reason.value, _changed(decision))
-        return TickResult(reading, state, annotations, decision, None, True)
+        return TickResult(reading, state, decision, self.keys, written=True)
 
     def healthz(self, now_s: float) -> tuple[bool, str]:
         """Alive while a tick completed within a few sample intervals (or since start)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from agent.daemon import Agent, memory_total_mib
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
 from agent.records import NodeReading
 from agent.sources import open_source
+from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch
 from gpu_sim.apiserver import ApiServerStandIn
 
@@ -119,10 +119,7 @@ class _AcceptingWriter:
     """Accepts every patch without I/O, but builds the body as the real writer does."""
 
     def patch(self, annotations: Mapping[str, str]) -> None:
-        json.dumps(self.patch_body(annotations)).encode()
-
-    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, Any]:
-        return merge_patch(annotations, DEFAULT_KEYS)
+        json.dumps(merge_patch(annotations, DEFAULT_KEYS)).encode()
 
 
 def _agent_tick_cpu(readings: list[NodeReading]) -> dict[str, float]:
@@ -228,18 +225,6 @@ def bench_rss(seconds: float, *, optimize: bool = False) -> dict[str, Any]:
     }
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} logical cpus, Python {platform.python_version()}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ticks", type=int, default=2000, help="ticks per GPU count")
@@ -252,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     rss = None if args.no_rss else bench_rss(args.rss_seconds)
     rss_optimized = None if args.no_rss else bench_rss(args.rss_seconds, optimize=True)
     result = {
-        "machine": machine(),
+        "machine": machine_description(),
         "targets": {"tick_ms_8_gpus": TICK_TARGET_MS, "peak_rss_mb": RSS_TARGET_MB},
         "ticks": ticks,
         "rss": rss,

@@ -19,7 +19,6 @@ import functools
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from agent.limiter import WRITE_REASONS, WritePolicy
+from benchmarks.machine import machine_description
 from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
 from gpu_sim.placement import (
     POLICIES,
@@ -200,21 +200,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def machine_description() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{os.cpu_count()} logical CPUs ({model}), {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}"
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,41 +434,27 @@ def _fleet_section(
     per_node = main.writes_per_s / cfg.nodes
     naive_per_node = main.naive_writes_per_s / cfg.nodes
     bytes_per_write = main.bytes_written / max(1, main.writes)
-    rows = []
-    for n in sizes_sim:
-        w = main.writes_per_s_first(n)
+
+    def scaled_row(n: int, how: str, w: float, w_digits: int) -> list[str]:
         naive = n * naive_per_node
-        rows.append(
-            [
-                f"{n:,}",
-                "simulated",
-                _num(w, 2),
-                _num(naive, 1),
-                f"{w / naive:.1%}",
-                _num(w * bytes_per_write / 1024, 1),
-                _num(naive * bytes_per_write / 1024, 1),
-                _num(w * PENDING_PODS, 0),
-                _num(naive * PENDING_PODS, 0),
-            ]
-        )
-    for n in EXTRAPOLATED_SIZES:
-        if n <= max(sizes_sim):
-            continue
-        w = n * per_node
-        naive = n * naive_per_node
-        rows.append(
-            [
-                f"{n:,}",
-                "per-node rate x nodes",
-                _num(w, 1),
-                _num(naive, 1),
-                f"{w / naive:.1%}",
-                _num(w * bytes_per_write / 1024, 1),
-                _num(naive * bytes_per_write / 1024, 1),
-                _num(w * PENDING_PODS, 0),
-                _num(naive * PENDING_PODS, 0),
-            ]
-        )
+        return [
+            f"{n:,}",
+            how,
+            _num(w, w_digits),
+            _num(naive, 1),
+            f"{w / naive:.1%}",
+            _num(w * bytes_per_write / 1024, 1),
+            _num(naive * bytes_per_write / 1024, 1),
+            _num(w * PENDING_PODS, 0),
+            _num(naive * PENDING_PODS, 0),
+        ]
+
+    rows = [scaled_row(n, "simulated", main.writes_per_s_first(n), 2) for n in sizes_sim]
+    rows += [
+        scaled_row(n, "per-node rate x nodes", n * per_node, 1)
+        for n in EXTRAPOLATED_SIZES
+        if n > max(sizes_sim)
+    ]
     rows.append(
         [
             f"{exact.config.nodes:,}",

@@ -279,6 +279,13 @@ class _Filter:
     labels: _Selector
     fields: _Selector
 
+    @classmethod
+    def from_query(cls, query: Mapping[str, list[str]]) -> _Filter:
+        return cls(
+            _Selector.parse(_param(query, "labelSelector")),
+            _Selector.parse(_param(query, "fieldSelector")),
+        )
+
     def matches(self, node: Mapping[str, Any]) -> bool:
         meta = node.get("metadata") or {}
         field_values = {"metadata.name": str(meta.get("name", ""))}
@@ -446,26 +453,7 @@ class ApiServerStandIn:
 
     def write_kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig for the real kubernetes client (server = url, bearer token)."""
-        user = f"    token: {self.token}\n" if self.token is not None else "    {}\n"
-        path.write_text(
-            "apiVersion: v1\n"
-            "kind: Config\n"
-            "clusters:\n"
-            "- name: standin\n"
-            "  cluster:\n"
-            f"    server: {self.url}\n"
-            "contexts:\n"
-            "- name: standin\n"
-            "  context:\n"
-            "    cluster: standin\n"
-            "    user: standin\n"
-            "current-context: standin\n"
-            "users:\n"
-            "- name: standin\n"
-            "  user:\n" + user,
-            encoding="utf-8",
-        )
-        return path
+        return write_kubeconfig(path, url=self.url, token=self.token)
 
     # ----------------------------------------------------------------------------- test surface
 
@@ -515,10 +503,6 @@ class ApiServerStandIn:
     def requests(self) -> list[RecordedRequest]:
         with self._lock:
             return list(self._requests)
-
-    def clear_requests(self) -> None:
-        with self._lock:
-            self._requests.clear()
 
     def inject(self, fault: Fault) -> None:
         """Queue a fault; queued faults are consumed in order by the requests they match."""
@@ -643,25 +627,15 @@ class ApiServerStandIn:
         match = _param(query, "resourceVersionMatch")
         limit = _int_param(query, "limit")
         token = _param(query, "continue")
-        filt = _Filter(
-            _Selector.parse(_param(query, "labelSelector")),
-            _Selector.parse(_param(query, "fieldSelector")),
-        )
+        filt = _Filter.from_query(query)
         with self._lock:
             start_after = ""
             if token:
                 list_rv, start_after = self._decode_continue(token)
                 if list_rv < self._floor_rv:
-                    raise ApiError(
-                        410,
-                        ko.status_body(
-                            410,
-                            "Expired",
-                            "The provided continue parameter is too old to display a consistent "
-                            "list result. You can start a new list without the continue "
-                            "parameter.",
-                            with_details=False,
-                        ),
+                    raise _expired(
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter."
                     )
                 state = self._snapshot(list_rv)
             elif rv_param and rv_param != "0":
@@ -670,15 +644,7 @@ class ApiServerStandIn:
                     raise _too_large_rv(list_rv, self._rv)
                 if match == "Exact":
                     if list_rv < self._floor_rv:
-                        raise ApiError(
-                            410,
-                            ko.status_body(
-                                410,
-                                "Expired",
-                                "The resourceVersion for the provided list is too old.",
-                                with_details=False,
-                            ),
-                        )
+                        raise _expired("The resourceVersion for the provided list is too old.")
                     state = self._snapshot(list_rv)
                 else:
                     list_rv, state = self._rv, dict(self._nodes)
@@ -709,36 +675,26 @@ class ApiServerStandIn:
         return rv, start[1:].rstrip("\x00")
 
     def api_create(self, body: bytes, query: Mapping[str, list[str]], user_agent: str) -> JsonObj:
-        try:
-            obj = ko.decode_json(body)
-        except ValueError as exc:
-            raise ko.bad_request(f"error decoding body: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ko.bad_request(
-                f"json: cannot unmarshal {ko.go_json_type(obj)} into Go value of type v1.Node"
-            )
+        obj = _decode_node_body(body)
         raw_meta = obj.get("metadata")
         meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
         name = str(meta.get("name") or "")
         if not name:
-            raise ApiError(
+            raise ko.failure(
                 422,
-                ko.status_body(
-                    422,
-                    "Invalid",
-                    'Node "" is invalid: metadata.name: Required value: name or generateName is '
-                    "required",
-                    {
-                        "kind": "Node",
-                        "causes": [
-                            {
-                                "reason": "FieldValueRequired",
-                                "message": "Required value: name or generateName is required",
-                                "field": "metadata.name",
-                            }
-                        ],
-                    },
-                ),
+                "Invalid",
+                'Node "" is invalid: metadata.name: Required value: name or generateName is '
+                "required",
+                {
+                    "kind": "Node",
+                    "causes": [
+                        {
+                            "reason": "FieldValueRequired",
+                            "message": "Required value: name or generateName is required",
+                            "field": "metadata.name",
+                        }
+                    ],
+                },
             )
         bad = ko.non_string_map_value(obj, obj)
         if bad is not None:
@@ -857,14 +813,7 @@ class ApiServerStandIn:
     def api_update(
         self, name: str, subresource: str, body: bytes, query: Mapping[str, list[str]], ua: str
     ) -> JsonObj:
-        try:
-            obj = ko.decode_json(body)
-        except ValueError as exc:
-            raise ko.bad_request(f"error decoding body: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ko.bad_request(
-                f"json: cannot unmarshal {ko.go_json_type(obj)} into Go value of type v1.Node"
-            )
+        obj = _decode_node_body(body)
         manager = _field_manager(query, ua)
         with self._lock:
             live = self._nodes.get(name)
@@ -905,10 +854,7 @@ class ApiServerStandIn:
         rv_param = _param(query, "resourceVersion")
         bookmarks = _bool_param(query, "allowWatchBookmarks")
         initial_events = _bool_param(query, "sendInitialEvents")
-        filt = _Filter(
-            _Selector.parse(_param(query, "labelSelector")),
-            _Selector.parse(_param(query, "fieldSelector")),
-        )
+        filt = _Filter.from_query(query)
         with self._lock:
             lines: list[JsonObj] = []
             if rv_param and rv_param != "0" and not initial_events:
@@ -1028,20 +974,58 @@ def _decode_yaml(body: bytes) -> Any:
         raise ko.bad_request(f"error decoding YAML: {exc}") from None
 
 
+def write_kubeconfig(path: Path, *, url: str, token: str | None) -> Path:
+    """Write a kubeconfig that points the kubernetes client at `url` (bearer `token`, if any)."""
+    user = f"    token: {token}\n" if token is not None else "    {}\n"
+    path.write_text(
+        "apiVersion: v1\n"
+        "kind: Config\n"
+        "clusters:\n"
+        "- name: standin\n"
+        "  cluster:\n"
+        f"    server: {url}\n"
+        "contexts:\n"
+        "- name: standin\n"
+        "  context:\n"
+        "    cluster: standin\n"
+        "    user: standin\n"
+        "current-context: standin\n"
+        "users:\n"
+        "- name: standin\n"
+        "  user:\n" + user,
+        encoding="utf-8",
+    )
+    return path
+
+
+def _decode_node_body(body: bytes) -> JsonObj:
+    """A create or update body: a JSON object, or the 400 a real server sends."""
+    try:
+        obj = ko.decode_json(body)
+    except ValueError as exc:
+        raise ko.bad_request(f"error decoding body: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ko.bad_request(
+            f"json: cannot unmarshal {ko.go_json_type(obj)} into Go value of type v1.Node"
+        )
+    return obj
+
+
+def _expired(message: str) -> ApiError:
+    return ko.failure(410, "Expired", message, with_details=False)
+
+
 def _too_large_rv(wanted: int, current: int) -> ApiError:
-    return ApiError(
+    return ko.failure(
         504,
-        ko.status_body(
-            504,
-            "Timeout",
-            f"Timeout: Too large resource version: {wanted}, current: {current}",
-            {
-                "causes": [
-                    {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
-                ],
-                "retryAfterSeconds": 1,
-            },
-        ),
+        "Timeout",
+        f"Timeout: Too large resource version: {wanted}, current: {current}",
+        {
+            "causes": [
+                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+            ],
+            "retryAfterSeconds": 1,
+        },
     )
 
 
@@ -1108,11 +1092,8 @@ def _rv_value(text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise ApiError(
-            400,
-            ko.status_body(
-                400, "BadRequest", f'invalid resource version: "{text}"', with_details=False
-            ),
+        raise ko.failure(
+            400, "BadRequest", f'invalid resource version: "{text}"', with_details=False
         )
     return value
 
@@ -1436,12 +1417,14 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 raise _method_not_allowed()
             return 200, dict(_VERSION)
-        if parts[:3] != ["api", "v1", "nodes"] or len(parts) > 5:
-            raise ApiError(
-                404,
-                ko.status_body(
-                    404, "NotFound", "the server could not find the requested resource", {}
-                ),
+        subresource = parts[4] if len(parts) == 5 else ""
+        if (
+            parts[:3] != ["api", "v1", "nodes"]
+            or len(parts) > 5
+            or subresource not in ("", "status")
+        ):
+            raise ko.failure(
+                404, "NotFound", "the server could not find the requested resource", {}
             )
         if len(parts) == 3:
             if method == "GET":
@@ -1450,14 +1433,6 @@ class _Handler(BaseHTTPRequestHandler):
                 return 201, srv.api_create(body, query, ua)
             raise _method_not_allowed()
         name = parts[3]
-        subresource = parts[4] if len(parts) == 5 else ""
-        if subresource not in ("", "status"):
-            raise ApiError(
-                404,
-                ko.status_body(
-                    404, "NotFound", "the server could not find the requested resource", {}
-                ),
-            )
         if method == "GET":
             return 200, srv.api_get(name)
         if method == "PATCH":
@@ -1483,10 +1458,7 @@ class _Handler(BaseHTTPRequestHandler):
         if requested is not None and requested > 0:
             timeout_s = float(requested)
         bookmarks = _bool_param(query, "allowWatchBookmarks")
-        filt = _Filter(
-            _Selector.parse(_param(query, "labelSelector")),
-            _Selector.parse(_param(query, "fieldSelector")),
-        )
+        filt = _Filter.from_query(query)
         try:
             self.wfile.write(self._head(200))
             self.wfile.flush()
@@ -1585,12 +1557,9 @@ def _event_line(event: _Event, filt: _Filter) -> JsonObj | None:
 
 
 def _method_not_allowed() -> ApiError:
-    return ApiError(
+    return ko.failure(
         405,
-        ko.status_body(
-            405,
-            "MethodNotAllowed",
-            "the server does not allow this method on the requested resource",
-            {},
-        ),
+        "MethodNotAllowed",
+        "the server does not allow this method on the requested resource",
+        {},
     )

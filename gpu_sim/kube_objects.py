@@ -56,41 +56,44 @@ def status_body(
     return body
 
 
+def failure(
+    code: int,
+    reason: str,
+    message: str,
+    details: JsonObj | None = None,
+    *,
+    with_details: bool = True,
+) -> ApiError:
+    """The error answer with status `code` and its `Status` body (see `status_body`)."""
+    return ApiError(code, status_body(code, reason, message, details, with_details=with_details))
+
+
 def not_found(name: str) -> ApiError:
-    return ApiError(
-        404,
-        status_body(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"}),
-    )
+    return failure(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
 
 
 def already_exists(name: str) -> ApiError:
-    return ApiError(
+    return failure(
         409,
-        status_body(
-            409,
-            "AlreadyExists",
-            f'nodes "{name}" already exists',
-            {"name": name, "kind": "nodes"},
-        ),
+        "AlreadyExists",
+        f'nodes "{name}" already exists',
+        {"name": name, "kind": "nodes"},
     )
 
 
 def conflict_modified(name: str) -> ApiError:
-    return ApiError(
+    return failure(
         409,
-        status_body(
-            409,
-            "Conflict",
-            f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
-            "please apply your changes to the latest version and try again",
-            {"name": name, "kind": "nodes"},
-        ),
+        "Conflict",
+        f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        {"name": name, "kind": "nodes"},
     )
 
 
 def bad_request(message: str) -> ApiError:
     # The API server's BadRequest Status has no `details` at all (fixtures 34, 35, 37).
-    return ApiError(400, status_body(400, "BadRequest", message, with_details=False))
+    return failure(400, "BadRequest", message, with_details=False)
 
 
 # Every failing JSON Patch operation gives this same body: nothing says which op failed.
@@ -98,33 +101,30 @@ JSON_PATCH_REJECTED: Final = "the server rejected our request due to an error in
 
 
 def json_patch_rejected() -> ApiError:
-    return ApiError(422, status_body(422, "Invalid", JSON_PATCH_REJECTED))
+    return failure(422, "Invalid", JSON_PATCH_REJECTED)
 
 
 def unsupported_media_type() -> ApiError:
-    return ApiError(415, status_body(415, "UnsupportedMediaType", "415: Unsupported Media Type"))
+    return failure(415, "UnsupportedMediaType", "415: Unsupported Media Type")
 
 
 def apply_without_field_manager() -> ApiError:
-    return ApiError(
+    return failure(
         422,
-        status_body(
-            422,
-            "Invalid",
-            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
-            "is required for apply patch",
-            {
-                "group": "meta.k8s.io",
-                "kind": "PatchOptions",
-                "causes": [
-                    {
-                        "reason": "FieldValueRequired",
-                        "message": "Required value: is required for apply patch",
-                        "field": "fieldManager",
-                    }
-                ],
-            },
-        ),
+        "Invalid",
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+        "is required for apply patch",
+        {
+            "group": "meta.k8s.io",
+            "kind": "PatchOptions",
+            "causes": [
+                {
+                    "reason": "FieldValueRequired",
+                    "message": "Required value: is required for apply patch",
+                    "field": "fieldManager",
+                }
+            ],
+        },
     )
 
 
@@ -806,14 +806,11 @@ def invalid_node(name: str, errors: list[FieldError]) -> ApiError:
         for _ in range(_CAUSE_REPEATS)
         for err in errors
     ]
-    return ApiError(
+    return failure(
         422,
-        status_body(
-            422,
-            "Invalid",
-            f'Node "{name}" is invalid: {summary}',
-            {"name": name, "kind": "Node", "causes": causes},
-        ),
+        "Invalid",
+        f'Node "{name}" is invalid: {summary}',
+        {"name": name, "kind": "Node", "causes": causes},
     )
 
 
@@ -842,18 +839,11 @@ def non_string_map_value(patched: Mapping[str, Any], patch: Any) -> ApiError | N
                 f"ObjectMeta.metadata.{field} of type string"
             )
             detail = f"Invalid value: {_go_quote(embedded)}: {reason}"
-            return ApiError(
+            return failure(
                 422,
-                status_body(
-                    422,
-                    "Invalid",
-                    f' "" is invalid: patch: {detail}',
-                    {
-                        "causes": [
-                            {"reason": "FieldValueInvalid", "message": detail, "field": "patch"}
-                        ]
-                    },
-                ),
+                "Invalid",
+                f' "" is invalid: patch: {detail}',
+                {"causes": [{"reason": "FieldValueInvalid", "message": detail, "field": "patch"}]},
             )
     return None
 
@@ -1098,7 +1088,7 @@ def apply_conflicts(conflicts: list[tuple[Manager, FieldPath]]) -> ApiError:
             lines.append(f"conflicts with {_encoded_manager(m)}:")
             lines.extend(f"- {path_string(p)}" for mm, p in ordered if mm == m)
         message = f"Apply failed with {len(ordered)} conflicts: " + "\n".join(lines)
-    return ApiError(409, status_body(409, "Conflict", message, {"causes": causes}))
+    return failure(409, "Conflict", message, {"causes": causes})
 
 
 def _delete_path(obj: JsonObj, path: FieldPath) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
 from agent.records import GpuReading, NodeReading
+from exporter_scheduler.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, evaluate
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
@@ -119,11 +120,11 @@ class PodRequest:
         prefix = DEFAULT_KEYS.prefix
         out: dict[str, str] = {}
         if self.chain:
-            out[prefix + "gpu-model-preference"] = ",".join(self.chain)
+            out[prefix + MODEL_PREFERENCE] = ",".join(self.chain)
         if self.fallback_utilization is not None:
-            out[prefix + "gpu-fallback-utilization"] = f"{self.fallback_utilization:.2f}"
+            out[prefix + FALLBACK_UTILIZATION] = f"{self.fallback_utilization:.2f}"
         if self.declares_memory:
-            out[prefix + "min-gpu-memory-mib"] = str(self.memory_mib)
+            out[prefix + MIN_GPU_MEMORY_MIB] = str(self.memory_mib)
         return out
 
 

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit
 
+from exporter_scheduler.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
 from gpu_contract.schema import DEFAULT_PREFIX
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -71,11 +72,11 @@ class PodSpec:
     def hints_text(self, prefix: str = DEFAULT_PREFIX) -> str:
         """The pod's hints in short form for a log line: `prefer A100,V100 <0.80; mem>=40000`."""
         parts: list[str] = []
-        chain = self.hint("gpu-model-preference", prefix)
+        chain = self.hint(MODEL_PREFERENCE, prefix)
         if chain:
-            fallback = self.hint("gpu-fallback-utilization", prefix)
+            fallback = self.hint(FALLBACK_UTILIZATION, prefix)
             parts.append(f"prefer {chain}" + (f" <{fallback}" if fallback else ""))
-        memory = self.hint("min-gpu-memory-mib", prefix)
+        memory = self.hint(MIN_GPU_MEMORY_MIB, prefix)
         if memory:
             parts.append(f"mem>={memory}MiB")
         return "; ".join(parts)
@@ -144,11 +145,11 @@ class PodFactory:
         gpus = rng.choices(sizes, weights=[mix.gpu_weights[s] for s in sizes])[0]
         annotations: dict[str, str] = {}
         if rng.random() < mix.preference_share:
-            annotations[self._prefix + "gpu-model-preference"] = mix.preference_chain
-            annotations[self._prefix + "gpu-fallback-utilization"] = mix.fallback_utilization
+            annotations[self._prefix + MODEL_PREFERENCE] = mix.preference_chain
+            annotations[self._prefix + FALLBACK_UTILIZATION] = mix.fallback_utilization
         if rng.random() < mix.memory_share:
             memory = rng.choice(mix.memory_mib_choices)
-            annotations[self._prefix + "min-gpu-memory-mib"] = str(memory)
+            annotations[self._prefix + MIN_GPU_MEMORY_MIB] = str(memory)
         return PodSpec(
             name=f"train-{self._count:04d}",
             uid=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
@@ -182,12 +183,6 @@ def short_model_name(product: str) -> str:
         if token and token.upper() != "NVIDIA" and any(c.isdigit() for c in token):
             return token.upper()
     return product
-
-
-def node_model(node: Mapping[str, Any]) -> str:
-    """The short model of a Node's `nvidia.com/gpu.product` label, `?` without one."""
-    labels = node.get("metadata", {}).get("labels", {}) or {}
-    return short_model_name(str(labels.get("nvidia.com/gpu.product", "?")))
 
 
 @dataclass(slots=True)

@@ -6,33 +6,15 @@ import importlib.util
 import json
 import logging
 import shutil
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agent import cli
-from agent.settings import AgentSettings, env_names
+from agent.settings import AgentSettings
 from gpu_contract.schema import DEFAULT_KEYS, SCHEMA_VERSION, Field, decode
+from gpu_sim.apiserver import write_kubeconfig
 from tests.agent.fake_nvml import DRIVER_NOT_LOADED, FakeNvml, a100
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in AgentSettings.model_fields:
-        for env in env_names(name):
-            monkeypatch.delenv(env, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`main()` installs the agent's log handler on the root logger; take it away afterwards."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    for handler in [h for h in root.handlers if h.get_name() == "gpu-agent"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def run_once(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -139,13 +121,7 @@ def test_nvml_unavailable_exits_2_with_one_line(
         fake.make_library_missing()
     else:
         fake.init_error = DRIVER_NOT_LOADED
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", url="http://127.0.0.1:9", token="t")
     args = [command, "--source", "nvml", "--node-name", "n", "--kubeconfig", str(kubeconfig)]
     assert cli.main([*args, "--metrics-port", "0"]) == 2
     out, err = capsys.readouterr()

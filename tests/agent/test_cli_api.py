@@ -12,15 +12,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent import cli
-from agent.settings import AgentSettings, env_names
 from gpu_contract.schema import DEFAULT_KEYS, Field
-from gpu_sim.apiserver import ApiServerStandIn, Fault
+from gpu_sim.apiserver import ApiServerStandIn, Fault, write_kubeconfig
 from gpu_sim.nodes import gpu_node
 
 NODE = "gpu-node-1"
@@ -30,24 +28,6 @@ NODE = "gpu-node-1"
 def server(api_server: ApiServerStandIn) -> ApiServerStandIn:
     api_server.put_node(gpu_node(NODE))
     return api_server
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in AgentSettings.model_fields:
-        for env in env_names(name):
-            monkeypatch.delenv(env, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`main()` installs the agent's log handler on the root logger; take it away afterwards."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    for handler in [h for h in root.handlers if h.get_name() == "gpu-agent"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def test_once_writes_and_prints_what_it_sent(
@@ -173,12 +153,8 @@ def test_sigterm_while_starting_exits_0_without_a_tick(
         hung.bind(("127.0.0.1", 0))
         hung.listen()
         port = hung.getsockname()[1]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-            f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-            "users: [{name: u, user: {token: t}}]\n"
-            "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        kubeconfig = write_kubeconfig(
+            tmp_path / "kubeconfig", url=f"http://127.0.0.1:{port}", token="t"
         )
         accepted: list[socket.socket] = []
 

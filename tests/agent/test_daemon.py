@@ -31,7 +31,7 @@ from agent.metrics import AgentMetrics
 from agent.nvml import NvmlSource
 from agent.records import GpuReading, NodeReading
 from agent.sources import open_source
-from gpu_contract.schema import DEFAULT_KEYS, Field, merge_patch
+from gpu_contract.schema import DEFAULT_KEYS, Field
 from tests.agent.fake_nvml import FakeNvml, a100
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -97,9 +97,6 @@ class FakeWriter:
         if self.errors:
             raise self.errors.pop(0)
         self.patches.append(dict(annotations))
-
-    def patch_body(self, annotations: Mapping[str, str]) -> dict[str, object]:
-        return merge_patch(annotations)
 
 
 def make_agent(

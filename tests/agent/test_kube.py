@@ -39,7 +39,7 @@ from agent.limiter import WritePolicy
 from agent.metrics import AgentMetrics
 from agent.sources import open_source
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, parse_timestamp
-from gpu_sim.apiserver import ApiServerStandIn, Fault
+from gpu_sim.apiserver import ApiServerStandIn, Fault, write_kubeconfig
 from gpu_sim.nodes import gpu_node
 
 NODE = "gpu-node-1"
@@ -262,13 +262,7 @@ def test_connection_refused_is_a_transport_error(tmp_path: Path) -> None:
     with socket.socket() as probe:  # a loopback port with nothing listening on it
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    path = write_kubeconfig(tmp_path / "kubeconfig", url=f"http://127.0.0.1:{port}", token="t")
     writer = NodeAnnotator(api_client_for(str(path)), node_name=NODE)
     with pytest.raises(TransportError) as caught:
         writer.patch(ANNOTATIONS)

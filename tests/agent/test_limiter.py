@@ -51,277 +51,186 @@ WRITTEN = gpu_state()
 AFTER_WRITE = record_success(LimiterState.initial(now_s=0.0), written=WRITTEN, now_s=100.0)
 
 
+def case(
+    state: NodeGpuState,
+    expected: Reason,
+    changed: tuple[str, ...] = (),
+    *,
+    id: str,
+    limiter: LimiterState = AFTER_WRITE,
+    now_s: float = 130.0,
+    total_mib: int | None = TOTAL_MIB,
+) -> object:
+    """A `test_decide` row; by default one tick at t=130 after writing WRITTEN at t=100."""
+    return pytest.param(limiter, state, now_s, total_mib, expected, changed, id=id)
+
+
 @pytest.mark.parametrize(
     ("limiter", "state", "now_s", "total_mib", "expected", "changed"),
     [
-        pytest.param(
-            LimiterState.initial(now_s=0.0),
+        case(
             WRITTEN,
-            0.0,
-            TOTAL_MIB,
             Reason.FIRST_WRITE,
-            (),
+            limiter=LimiterState.initial(now_s=0.0),
+            now_s=0.0,
             id="first-write-without-jitter",
         ),
-        pytest.param(
-            LimiterState.initial(now_s=0.0, jitter_s=7.0),
+        case(
             WRITTEN,
-            6.9,
-            TOTAL_MIB,
             Reason.JITTER_PENDING,
-            (),
+            limiter=LimiterState.initial(now_s=0.0, jitter_s=7.0),
+            now_s=6.9,
             id="jitter-pending",
         ),
-        pytest.param(
-            LimiterState.initial(now_s=0.0, jitter_s=7.0),
+        case(
             WRITTEN,
-            7.0,
-            TOTAL_MIB,
             Reason.FIRST_WRITE,
-            (),
+            limiter=LimiterState.initial(now_s=0.0, jitter_s=7.0),
+            now_s=7.0,
             id="first-write-after-jitter",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(updated_at=datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)),
-            130.0,
-            TOTAL_MIB,
             Reason.BELOW_DEADBAND,
-            (),
             id="only-timestamp-changed",
         ),
-        pytest.param(
-            AFTER_WRITE,
-            gpu_state(utilization=0.54),
-            130.0,
-            TOTAL_MIB,
-            Reason.BELOW_DEADBAND,
-            (),
-            id="utilization-below-deadband",
-        ),
-        pytest.param(
-            AFTER_WRITE,
+        case(gpu_state(utilization=0.54), Reason.BELOW_DEADBAND, id="utilization-below-deadband"),
+        case(
             gpu_state(utilization=0.55),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("utilization",),
             id="utilization-exactly-deadband",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(utilization=0.45),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("utilization",),
             id="utilization-down-by-deadband",
         ),
-        pytest.param(
-            record_success(AFTER_WRITE, written=gpu_state(utilization=0.401), now_s=100.0),
+        case(
             gpu_state(utilization=0.449),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("utilization",),
+            limiter=record_success(AFTER_WRITE, written=gpu_state(utilization=0.401), now_s=100.0),
             id="visible-text-moved-0.40-to-0.45",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(utilization_max=0.80),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("utilization-max",),
             id="utilization-max-moved-its-own-deadband",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(utilization_max=0.79),
-            130.0,
-            TOTAL_MIB,
             Reason.BELOW_DEADBAND,
-            (),
             id="utilization-max-below-its-wider-deadband",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(memory_fragmentation=0.26),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("memory-fragmentation",),
             id="fragmentation",
         ),
-        pytest.param(
-            AFTER_WRITE,
-            gpu_state(temperature_c=62),
-            130.0,
-            TOTAL_MIB,
-            Reason.BELOW_DEADBAND,
-            (),
-            id="temperature-up-2",
-        ),
-        pytest.param(
-            AFTER_WRITE,
+        case(gpu_state(temperature_c=62), Reason.BELOW_DEADBAND, id="temperature-up-2"),
+        case(
             gpu_state(temperature_c=63),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("temperature",),
             id="temperature-up-3",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(temperature_c=57),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("temperature",),
             id="temperature-down-3",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(memory_free_mib=300_000 - 32_000),
-            130.0,
-            TOTAL_MIB,
             Reason.BELOW_DEADBAND,
-            (),
             id="memory-free-below-5-percent-of-total",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(memory_free_mib=300_000 - 32_768),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("memory-free-mib",),
             id="memory-free-5-percent-of-total",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(memory_largest_free_mib=40_000),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("memory-largest-free-mib",),
             id="largest-free",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(memory_free_mib=299_999),
-            130.0,
-            None,
             Reason.DEADBAND_EXCEEDED,
             ("memory-free-mib",),
+            total_mib=None,
             id="memory-total-unknown-any-change",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(temperature_c=None),
-            130.0,
-            TOTAL_MIB,
             Reason.DEADBAND_EXCEEDED,
             ("temperature",),
             id="field-no-longer-measurable",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(health=Health.DEGRADED, health_detail="gpu 3: lost"),
-            130.0,
-            TOTAL_MIB,
             Reason.DISCRETE_CHANGE,
             ("health", "health-detail"),
             id="health-change",
         ),
-        pytest.param(
-            AFTER_WRITE,
-            gpu_state(gpu_count=7),
-            130.0,
-            TOTAL_MIB,
-            Reason.DISCRETE_CHANGE,
-            ("gpu-count",),
-            id="gpu-count-change",
-        ),
-        pytest.param(
-            AFTER_WRITE,
+        case(gpu_state(gpu_count=7), Reason.DISCRETE_CHANGE, ("gpu-count",), id="gpu-count-change"),
+        case(
             gpu_state(gpu_model="mixed"),
-            130.0,
-            TOTAL_MIB,
             Reason.DISCRETE_CHANGE,
             ("gpu-model",),
             id="gpu-model-change",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(health=Health.UNAVAILABLE),
-            105.0,
-            TOTAL_MIB,
             Reason.WITHIN_MIN_INTERVAL,
             ("health",),
+            now_s=105.0,
             id="discrete-change-waits-min-interval",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(
             gpu_state(utilization=0.9),
-            109.9,
-            TOTAL_MIB,
             Reason.WITHIN_MIN_INTERVAL,
             ("utilization",),
+            now_s=109.9,
             id="deadband-waits-min-interval",
         ),
-        pytest.param(
-            AFTER_WRITE,
+        case(WRITTEN, Reason.BELOW_DEADBAND, now_s=159.9, id="heartbeat-not-yet"),
+        case(WRITTEN, Reason.HEARTBEAT_DUE, now_s=160.0, id="heartbeat-due"),
+        case(
             WRITTEN,
-            159.9,
-            TOTAL_MIB,
-            Reason.BELOW_DEADBAND,
-            (),
-            id="heartbeat-not-yet",
-        ),
-        pytest.param(
-            AFTER_WRITE,
-            WRITTEN,
-            160.0,
-            TOTAL_MIB,
-            Reason.HEARTBEAT_DUE,
-            (),
-            id="heartbeat-due",
-        ),
-        pytest.param(
-            record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
-            WRITTEN,
-            179.9,
-            TOTAL_MIB,
             Reason.BACKING_OFF,
-            (),
+            limiter=record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
+            now_s=179.9,
             id="backing-off",
         ),
-        pytest.param(
-            record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
+        case(
             WRITTEN,
-            180.0,
-            TOTAL_MIB,
             Reason.HEARTBEAT_DUE,
-            (),
+            limiter=record_failure(AFTER_WRITE, now_s=170.0, policy=POLICY),
+            now_s=180.0,
             id="retry-after-backoff",
         ),
-        pytest.param(
-            record_failure(LimiterState.initial(now_s=0.0), now_s=0.0, policy=POLICY),
+        case(
             WRITTEN,
-            10.0,
-            TOTAL_MIB,
             Reason.FIRST_WRITE,
-            (),
+            limiter=record_failure(LimiterState.initial(now_s=0.0), now_s=0.0, policy=POLICY),
+            now_s=10.0,
             id="failed-first-write-retried-as-first",
         ),
-        pytest.param(
-            record_failure(AFTER_WRITE, now_s=170.0, policy=replace(POLICY, backoff_base_s=1.0)),
+        case(
             WRITTEN,
-            175.0,
-            TOTAL_MIB,
             Reason.WITHIN_MIN_INTERVAL,
-            (),
+            limiter=record_failure(
+                AFTER_WRITE, now_s=170.0, policy=replace(POLICY, backoff_base_s=1.0)
+            ),
+            now_s=175.0,
             id="short-backoff-still-waits-min-interval",
         ),
     ],

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.cli import build_parser, main
 from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in AgentSettings.model_fields:
-        for env in env_names(name):
-            monkeypatch.delenv(env, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`main()` installs the agent's log handler on the root logger; take it away afterwards."""
-    root = logging.getLogger()
-    level = root.level
-    yield
-    for handler in [h for h in root.handlers if h.get_name() == "gpu-agent"]:
-        root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def test_defaults_match_the_contract() -> None:

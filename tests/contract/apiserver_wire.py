@@ -30,6 +30,11 @@ def fixture_lines(name: str) -> list[bytes]:
         return f.read().splitlines(keepends=True)
 
 
+def _header(headers: list[tuple[str, str]], name: str) -> str | None:
+    """The first value of header `name` (names compare case-insensitively), None if absent."""
+    return next((v for k, v in headers if k.lower() == name.lower()), None)
+
+
 @dataclass
 class RawResponse:
     status: int
@@ -39,10 +44,7 @@ class RawResponse:
     chunk_sizes: list[int] | None  # None: the body came with Content-Length
 
     def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name.lower():
-                return value
-        return None
+        return _header(self.headers, name)
 
     @property
     def header_names(self) -> list[str]:
@@ -139,10 +141,7 @@ class WatchStream:
     closed_after_s: float | None = None
 
     def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name.lower():
-                return value
-        return None
+        return _header(self.headers, name)
 
     def next_event(self) -> dict[str, Any] | None:
         """The next event, or None when the server ended the stream."""

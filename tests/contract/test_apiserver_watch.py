@@ -28,12 +28,8 @@ MERGE = "application/merge-patch+json"
 @pytest.fixture
 def fast_server() -> Iterator[ApiServerStandIn]:
     """Bookmarks every 0.3 s so that bookmark behaviour shows within a 1 s watch."""
-    server = ApiServerStandIn(bookmark_interval_s=0.3)
-    server.start()
-    try:
+    with ApiServerStandIn(bookmark_interval_s=0.3) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def with_rv(line: bytes, rv: int) -> dict[str, Any]:
