@@ -101,6 +101,29 @@ finally:
     source.close()
 PYEOF
 
+echo "== where one tick's NVML time goes (cProfile over 20 ticks, top calls by own time)"
+timeout 120 "$PY" - <<'PYEOF' || echo "profile failed (exit $?)"
+import cProfile
+import pstats
+import time
+from datetime import UTC, datetime
+
+from agent.nvml import NvmlSource
+
+source = NvmlSource.open()
+try:
+    source.read(datetime.now(UTC))
+    profile = cProfile.Profile()
+    for _ in range(20):
+        time.sleep(0.1)
+        profile.enable()
+        source.read(datetime.now(UTC))
+        profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(8)
+finally:
+    source.close()
+PYEOF
+
 echo "== pytest -m gpu"
 timeout 300 "$PY" -m pytest -m gpu tests/gpu -q -s -p no:cacheprovider
 status=$?
