@@ -11,7 +11,7 @@ microseconds.
 from __future__ import annotations
 
 from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
@@ -165,7 +165,12 @@ class ScorerMetrics:
 
     def tally_verdicts(self, verdicts: Iterable[VerdictLike]) -> VerdictTally:
         """Count one request's verdicts (one pass over the nodes) without adding them yet."""
-        tally = _Tally((v.passed, v.unresolvable, v.reason, v.data_status) for v in verdicts)
+        return self.tally_counts(
+            _Tally((v.passed, v.unresolvable, v.reason, v.data_status) for v in verdicts)
+        )
+
+    def tally_counts(self, tally: Mapping[tuple[bool, bool, str | None, str], int]) -> VerdictTally:
+        """`tally_verdicts` from node counts per `(passed, unresolvable, reason, data_status)`."""
         by_label: dict[tuple[str, str], int] = {}
         by_status: dict[str, int] = {}
         nodes = rejected = unresolvable_count = 0

@@ -27,6 +27,8 @@ import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -143,7 +145,15 @@ class NodeCache:
 
     def lookup(self, names: Sequence[str]) -> list[NodeInput]:
         nodes = self._nodes  # one snapshot for the whole request
-        return [nodes.get(name) or NodeInput(name, _NO_ANNOTATIONS, None) for name in names]
+        # `map` over the dict's `get` runs in C; the rare unknown names are filled in after.
+        found: list[NodeInput | None] = list(map(nodes.get, names))
+        # (`None in found` would call each NodeInput's __eq__; `is_` compares identities in C.)
+        if any(map(is_, found, repeat(None))):
+            return [
+                node or NodeInput(name, _NO_ANNOTATIONS, None)
+                for node, name in zip(found, names, strict=True)
+            ]
+        return found  # type: ignore[return-value]  # no None left
 
     @property
     def generation(self) -> int:

@@ -54,6 +54,7 @@ from exporter_scheduler.replycache import (
     pod_hint_items,
 )
 from exporter_scheduler.scoring import Evaluation, NodeInput, NodeVerdict, evaluate
+from exporter_scheduler.verdictmemo import DEFAULT_MEMO_POD_KEYS, NamesJudgement, VerdictMemo
 from gpu_contract.schema import format_timestamp
 
 # 5000 full Nodes of ~6 KB are ~30 MB; twice that leaves room for bigger Node objects
@@ -128,6 +129,7 @@ class ScorerApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         metrics: ScorerMetrics | None = None,
         reply_cache_entries: int = DEFAULT_REPLY_CACHE_ENTRIES,
+        verdict_memo_pod_keys: int = DEFAULT_MEMO_POD_KEYS,
     ) -> None:
         self.policy = policy
         self.clock = clock
@@ -137,6 +139,10 @@ class ScorerApp:
         # Names-only replies are reused while nothing they depend on changed (replycache.py);
         # only with a node source that says when its data changed (`generation`).
         self.reply_cache = ReplyCache(reply_cache_entries) if reply_cache_entries > 0 else None
+        # Names-only misses judge only the nodes that changed (verdictmemo.py).
+        self.verdict_memo = (
+            VerdictMemo(verdict_memo_pod_keys) if verdict_memo_pod_keys > 0 else None
+        )
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -268,8 +274,23 @@ class ScorerApp:
             return _bad_request(verb, str(exc))
         nodes = self._nodes_of(request)
         try:
+            judgement = None
+            if request.form == "names" and verb != "explain" and self.verdict_memo is not None:
+                judgement = self.verdict_memo.judge(
+                    request.pod, nodes, now, self.policy, view_key=request.node_names_json
+                )
+            if judgement is not None:
+                response, tally = self._judged_reply(verb, request, judgement)
+                if key is not None and self.reply_cache is not None:
+                    self.metrics.reply_cache_misses[verb].inc()
+                    self.reply_cache.put(
+                        key, self._judged_entry(request, judgement, response, tally)
+                    )
+                self.metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
+                self.metrics.nodes_per_request_by_verb[verb].observe(len(nodes))
+                return response
             evaluation = evaluate(request.pod, nodes, now, self.policy)
-            tally: VerdictTally | None = None
+            tally = None
             if verb == "filter":
                 tally = self.metrics.tally_verdicts(evaluation.verdicts)
                 response = Response(200, self._filter_reply(request, evaluation, now, tally))
@@ -285,6 +306,40 @@ class ScorerApp:
         self.metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
         self.metrics.nodes_per_request_by_verb[verb].observe(len(nodes))
         return response
+
+    def _judged_reply(
+        self, verb: Verb, request: wire.ExtenderRequest, judgement: NamesJudgement
+    ) -> tuple[Response, VerdictTally | None]:
+        """The reply `evaluate` would give, from memoised per-node verdicts (names only)."""
+        if verb == "prioritize":
+            return Response(200, judgement.prioritize_reply()), None
+        passed, failed, unresolvable, counts = judgement.filter_parts()
+        tally = self.metrics.tally_counts(counts)
+        body = wire.encode_names_filter_reply(passed, failed=failed, unresolvable=unresolvable)
+        self.metrics.add_tally(tally)
+        if tally.rejected and log.isEnabledFor(logging.INFO):
+            _log_judged_rejections(request, judgement, tally)
+        return Response(200, body), tally
+
+    def _judged_entry(
+        self,
+        request: wire.ExtenderRequest,
+        judgement: NamesJudgement,
+        response: Response,
+        tally: VerdictTally | None,
+    ) -> CachedReply:
+        return CachedReply(
+            body=response.body,
+            computed_at=judgement.now,
+            valid_until=judgement.valid_until,
+            policy=self.policy,
+            nodes=len(judgement.entries),
+            tally=tally,
+            rejected=0 if tally is None else tally.rejected,
+            unresolvable=0 if tally is None else tally.unresolvable,
+            hint_error=None,
+            computed_for=_pod_ref(request),
+        )
 
     def _source_ready(self) -> bool:
         return self.node_source is not None and self.node_source.ready()
@@ -454,6 +509,36 @@ def _log_rejections(request: wire.ExtenderRequest, evaluation: Evaluation, now: 
         }
         fields.update(_verdict_values(verdict))
         log.info("node rejected", extra={"fields": fields})
+
+
+def _log_judged_rejections(
+    request: wire.ExtenderRequest, judgement: NamesJudgement, tally: VerdictTally
+) -> None:
+    """Names only: one full line per rejected node judged in this request, one summary line for
+    the rejected nodes whose verdicts were reused from the memo (their full lines were written
+    when they were judged, with the values they read, which have not changed since)."""
+    pod = _pod_ref(request)
+    logged = 0
+    for verdict in judgement.computed:
+        if verdict.passed and not judgement.rejected_by_chain(verdict):
+            continue
+        reason, unresolvable = judgement.final_verdict(verdict)
+        logged += 1
+        fields: dict[str, object] = {
+            "pod": pod,
+            "node": verdict.name,
+            "reason": reason or "",
+            "unresolvable": unresolvable,
+            "data_status": str(verdict.data_status),
+        }
+        fields.update(_verdict_values(verdict))
+        log.info("node rejected", extra={"fields": fields})
+    reused = tally.rejected - logged
+    if reused > 0:
+        log.info(
+            "nodes rejected (verdicts memoised)",
+            extra={"fields": {"pod": pod, "rejected": reused, "judged_rejected": logged}},
+        )
 
 
 def _log_reused_rejections(request: wire.ExtenderRequest, cached: CachedReply) -> None:

@@ -382,6 +382,23 @@ def encode_filter_reply(
     return b'{"Nodes":{"items":[]},"NodeNames":[]' + tail
 
 
+def encode_names_filter_reply(
+    passed: list[str], *, failed: Mapping[str, str], unresolvable: Mapping[str, str]
+) -> bytes:
+    """A names-only `encode_filter_reply` from the passing names already in request order."""
+    return b"".join(
+        (
+            b'{"Nodes":null,"NodeNames":',
+            _ENCODER.encode(passed),
+            b',"FailedNodes":',
+            _ENCODER.encode(failed),
+            b',"FailedAndUnresolvableNodes":',
+            _ENCODER.encode(unresolvable),
+            b',"Error":""}',
+        )
+    )
+
+
 def encode_filter_error(request: ExtenderRequest | None, error: str) -> bytes:
     """A filter reply that passes nothing and carries `Error` (the scheduler shows the text)."""
     if request is None:
@@ -394,6 +411,11 @@ def encode_filter_error(request: ExtenderRequest | None, error: str) -> bytes:
 def encode_prioritize_reply(scores: Iterable[tuple[str, int]]) -> bytes:
     """`HostPriorityList`: one entry per node given, in request order."""
     return _STRUCT_ENCODER.encode(list(starmap(HostPriority, scores)))
+
+
+def encode_host_priority(host: str, score: int) -> bytes:
+    """One `HostPriorityList` entry: `encode_prioritize_reply` is `[` these joined by `,` `]`."""
+    return _STRUCT_ENCODER.encode(HostPriority(host, score))
 
 
 def encode_json(value: object) -> bytes:
