@@ -1001,6 +1001,35 @@ def _scorer_section(bench: Mapping[str, Any], plotted: bool) -> str:
          "prioritize", "naive", "naive / filter", "round trip", "round trip p99"],
         table_rows,
     )  # fmt: skip
+    names_rows = [r for r in rows if r.get("mode") == "names" and "filter_churn" in r]
+    if names_rows:
+        body += (
+            "\n\nNames-only mode in more detail: `repeat` is the same request again (the reply "
+            "is reused), `first` a request with nothing memoised, `after churn` a new request "
+            "after `rewritten` nodes were written through the watch (the common case at fleet "
+            "scale, where every agent write changes the cache), with and without the per-node "
+            "verdict memo, side by side in the same run. Filter server time, ms, median (p99).\n\n"
+        )
+
+        def both(row: Mapping[str, Any], key: str) -> str:
+            return f"{cell(row, key + '.median_ms')} ({cell(row, key + '.p99_ms')})"
+
+        body += _table(
+            ["nodes", "repeat", "first", "rewritten", "after churn", "after churn, no memo",
+             "memo speed-up"],
+            [
+                [
+                    f"{r.get('nodes'):,}",
+                    both(r, "filter"),
+                    both(r, "filter_miss"),
+                    str(r.get("churn_nodes")),
+                    both(r, "filter_churn"),
+                    both(r, "filter_churn_no_memo"),
+                    cell(r, "churn_memo_speedup", 1) + " x",
+                ]
+                for r in names_rows
+            ],
+        )  # fmt: skip
     checks = data.get("targets", []) if isinstance(data, dict) else []
     if checks:
         body += "\n\n" + "\n".join(
