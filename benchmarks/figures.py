@@ -553,12 +553,12 @@ def _fleet_section(
     )
     bin_rates = main.bin_successes[steady_bins] / cfg.bin_s
     burst = (
-        f"Writes are not spread evenly: the busiest {cfg.bin_s:g} s carried "
+        f"How evenly the writes spread: the busiest {cfg.bin_s:g} s carried "
         f"{float(bin_rates.max()) / max(1e-9, float(bin_rates.mean())):.1f} x the mean rate. "
         "Every agent here started within one sample interval of the others (as after a "
-        "DaemonSet rollout), and the heartbeat keeps nodes whose load does not move in step, "
-        "once a minute (visible before the storm in the storm figure); spreading each "
-        "node's heartbeat by a random fraction would flatten these peaks."
+        "DaemonSet rollout); the one-off random heartbeat lead (`docs/agent.md`) moves each "
+        "quiet node's heartbeat to its own phase, so the heartbeats do not stay in step "
+        "(without it the peak was 2.4 x the mean)."
         if bin_rates.size
         else ""
     )
@@ -632,7 +632,7 @@ whole {exact.config.nodes:,}-node fleet over a shorter span (`{exact_cmd}`, the 
 max {_num(exact_ages["max"])} s.
 
 **Second cost.** kube-scheduler retries every unschedulable pod within ~50 ms of any node
-annotation change (captured on a real v1.36 scheduler, see the fixtures' README), so the model
+annotation change (captured on a real v1.36 scheduler: tests/fixtures/kube-scheduler-v1.36/README.md), so the model
 charges one extender filter call per pending pod per write: extender calls/s = writes/s x
 pending pods, here {PENDING_PODS} pending pods. That is an upper bound: a pod already in the
 scheduler's back-off queue is not retried twice, so at very high write rates the real cost
