@@ -632,7 +632,8 @@ whole {exact.config.nodes:,}-node fleet over a shorter span (`{exact_cmd}`, the 
 max {_num(exact_ages["max"])} s.
 
 **Second cost.** kube-scheduler retries every unschedulable pod within ~50 ms of any node
-annotation change (captured on a real v1.36 scheduler: tests/fixtures/kube-scheduler-v1.36/README.md), so the model
+annotation change (captured on a real v1.36 scheduler:
+tests/fixtures/kube-scheduler-v1.36/README.md), so the model
 charges one extender filter call per pending pod per write: extender calls/s = writes/s x
 pending pods, here {PENDING_PODS} pending pods. That is an upper bound: a pod already in the
 scheduler's back-off queue is not retried twice, so at very high write rates the real cost
