@@ -39,8 +39,6 @@ import gc
 import http.client
 import json
 import multiprocessing
-import os
-import platform
 import random
 import socket
 import statistics
@@ -49,11 +47,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from benchmarks.machine import machine_description
 from exporter_scheduler.nodecache import NodeCache
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.server import RunningServer, ScorerApp, uvicorn_config
@@ -329,18 +327,6 @@ def _connect_when_up(port: int) -> http.client.HTTPConnection:
             time.sleep(0.05)
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} logical cpus, Python {platform.python_version()}"
-
-
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def row(mode: str, count: int) -> dict[str, Any] | None:
         return next((r for r in rows if r["mode"] == mode and r["nodes"] == count), None)
@@ -494,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(count, all_nodes[:count], mode, plan, churn=args.churn))
     result = {
         "benchmark": "scorer_latency",
-        "machine": machine(),
+        "machine": machine_description(),
         "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "samples_note": "per size: "
         + ", ".join(f"{c}: {plan_for(c, quick=args.quick).samples}" for c in sizes),

@@ -429,33 +429,41 @@ def evaluate(
 _VALIDITY_MARGIN: Final = timedelta(milliseconds=1)
 
 
-def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: _Compiled) -> datetime | None:
-    """The earliest time-driven change of any verdict (see `Evaluation.valid_until`).
+def time_left_s(
+    age_s: float | None, server_age_s: float | None, stale_s: float, skew_s: float
+) -> float:
+    """Seconds until time alone changes one node's verdict; `inf` when no boundary lies ahead.
 
     Only freshness depends on `now`: a node turns stale once `age_s` or `server_age_s` exceeds
-    `stale_after_s`, and stops being clock skew once `-age_s` no longer exceeds the skew
-    tolerance (the managedFields lag check compares two stored times and does not move). Each
-    remaining time is `threshold - current`; a negative one is a boundary already passed, which
-    time cannot cross again. Boundaries that do not apply to a node (a stale node's skew one,
-    say) only make the answer earlier, which is safe.
+    `stale_s`, and stops being clock skew once `-age_s` no longer exceeds `skew_s` (the
+    managedFields lag check compares two stored times and does not move). Each remaining time is
+    `threshold - current`; a negative one is a boundary already passed, which time cannot cross
+    again. Boundaries that do not apply to a node (a stale node's skew one, say) only make the
+    answer earlier, which is safe.
     """
+    left_s = math.inf
+    if age_s is not None:
+        remaining = stale_s - age_s
+        if 0 <= remaining < left_s:
+            left_s = remaining
+        remaining = -age_s - skew_s
+        if 0 <= remaining < left_s:
+            left_s = remaining
+    if server_age_s is not None:
+        remaining = stale_s - server_age_s
+        if 0 <= remaining < left_s:
+            left_s = remaining
+    return left_s
+
+
+def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: _Compiled) -> datetime | None:
+    """The earliest time-driven change of any verdict (see `Evaluation.valid_until`)."""
     stale_s = c.stale_after_s
     skew_s = c.skew_tolerance_s
-    left_s = math.inf
-    for verdict in verdicts:
-        age_s = verdict.age_s
-        if age_s is not None:
-            remaining = stale_s - age_s
-            if 0 <= remaining < left_s:
-                left_s = remaining
-            remaining = -age_s - skew_s
-            if 0 <= remaining < left_s:
-                left_s = remaining
-        server_age_s = verdict.server_age_s
-        if server_age_s is not None:
-            remaining = stale_s - server_age_s
-            if 0 <= remaining < left_s:
-                left_s = remaining
+    left_s = min(
+        (time_left_s(v.age_s, v.server_age_s, stale_s, skew_s) for v in verdicts),
+        default=math.inf,
+    )
     if left_s == math.inf:
         return None
     return now + timedelta(seconds=left_s) - _VALIDITY_MARGIN

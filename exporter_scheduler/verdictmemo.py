@@ -56,6 +56,7 @@ from exporter_scheduler.scoring import (
     _Compiled,
     _Decoder,
     _judge,
+    time_left_s,
 )
 from exporter_scheduler.wire import encode_host_priority
 
@@ -309,7 +310,7 @@ class VerdictMemo:
         else:
             get = memo.get
             judge_node = _judge
-            time_left_s = _time_left_s
+            left_of = time_left_s
             encode_priority = _encode_priority
             stale_s = c.stale_after_s
             skew_s = c.skew_tolerance_s
@@ -328,7 +329,7 @@ class VerdictMemo:
                 ):
                     # `_result` inlined: a first request makes thousands of these.
                     verdict, available = judge_node(node, decoder, now, c)
-                    left_s = time_left_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
+                    left_s = left_of(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
                     tally = (
                         verdict.passed,
                         verdict.unresolvable,
@@ -394,29 +395,6 @@ class _View:
     until_ts: float
 
 
-def _time_left_s(
-    age_s: float | None, server_age_s: float | None, stale_s: float, skew_s: float
-) -> float:
-    """Seconds until time alone changes one node's verdict (`scoring._valid_until` per node).
-
-    `inf` when no boundary lies ahead. The entry's window ends `_MARGIN_S` before it, as
-    `Evaluation.valid_until` does, so float rounding never puts a change inside the window.
-    """
-    left_s = math.inf
-    if age_s is not None:
-        remaining = stale_s - age_s
-        if 0 <= remaining < left_s:
-            left_s = remaining
-        remaining = -age_s - skew_s
-        if 0 <= remaining < left_s:
-            left_s = remaining
-    if server_age_s is not None:
-        remaining = stale_s - server_age_s
-        if 0 <= remaining < left_s:
-            left_s = remaining
-    return left_s
-
-
 def _entry(
     node: NodeInput,
     verdict: NodeVerdict,
@@ -427,7 +405,7 @@ def _entry(
 ) -> _Entry:
     """A node's new result (see the inlined copy in `VerdictMemo.judge`)."""
     c = slot.compiled
-    left_s = _time_left_s(verdict.age_s, verdict.server_age_s, c.stale_after_s, c.skew_tolerance_s)
+    left_s = time_left_s(verdict.age_s, verdict.server_age_s, c.stale_after_s, c.skew_tolerance_s)
     return _Entry(
         node,
         now_ts,
