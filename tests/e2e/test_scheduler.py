@@ -1,0 +1,211 @@
+"""The real kube-scheduler v1.36 with the real scorer as its extender, in both modes.
+
+Each mode runs as its own pair: a `gpu-scorer` process and a kube-scheduler whose only profile
+(`gpu-names` or `gpu-full`) calls it, `nodeCacheCapable: true` (names only; the scorer
+list+watches the real API server) or `false` (full Node objects in every request). GPU state
+is written onto the Nodes exactly as the agent writes it (its merge patch, its field manager).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from gpu_contract.schema import DEFAULT_PREFIX
+from gpu_sim.cluster import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
+from gpu_sim.cluster_workload import (
+    ScorerProcess,
+    gpu_pod,
+    gpu_state,
+    pod_events,
+    pod_node,
+    publish,
+    running_pod,
+    scorer_process,
+    wait_for,
+)
+from tests.e2e.support import Scope
+
+pytestmark = pytest.mark.e2e
+
+MODES = ("names", "full")
+
+
+@dataclass
+class Stack:
+    mode: str
+    scheduler_name: str
+    scorer: ScorerProcess
+
+
+@pytest.fixture(scope="module", params=MODES)
+def stack(
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    mode: str = request.param
+    names_only = mode == "names"
+    logs = tmp_path_factory.mktemp(f"stack-{mode}")
+    scorer = scorer_process(
+        logs,
+        kubeconfig=control_plane.admin_kubeconfig if names_only else None,
+        name=f"gpu-scorer-{mode}",
+    )
+    scorer.start().wait_ready()
+    scheduler_name = f"gpu-{mode}"
+    extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
+    control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
+    try:
+        yield Stack(mode, scheduler_name, scorer)
+    finally:
+        control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
+        scorer.kill()
+
+
+def bound_nodes(api: KubeApi, pods: list[str], *, timeout_s: float = 30.0) -> dict[str, str]:
+    """pod -> node once every pod is bound."""
+
+    def all_bound() -> dict[str, str] | None:
+        placed = {pod: pod_node(api, pod) for pod in pods}
+        if all(placed.values()):
+            return {pod: node for pod, node in placed.items() if node}
+        return None
+
+    return wait_for(f"{len(pods)} pods to be bound", all_bound, timeout_s=timeout_s)
+
+
+def failed_scheduling(api: KubeApi, pod: str, *, timeout_s: float = 20.0) -> str:
+    def message() -> str | None:
+        for reason, text in pod_events(api, pod):
+            if reason == "FailedScheduling":
+                return text
+        return None
+
+    return wait_for(f"a FailedScheduling event for {pod}", message, timeout_s=timeout_s)
+
+
+def hint(name: str) -> str:
+    return DEFAULT_PREFIX + name
+
+
+def test_pods_land_where_the_rules_allow(stack: Stack, scope: Scope) -> None:
+    api = scope.api
+    now = datetime.now(UTC)
+    layout = {
+        "cool": gpu_state(utilization=0.10, at=now),
+        "warm": gpu_state(utilization=0.60, at=now),
+        "hot": gpu_state(utilization=0.95, at=now),
+        "scorching": gpu_state(utilization=0.10, temperature_c=88, at=now),
+    }
+    for short, state in layout.items():
+        publish(api, scope.node(short), state)
+    scope.settle()
+    pods = [
+        scope.pod(gpu_pod(scope.name(f"p{i}"), scheduler_name=stack.scheduler_name))
+        for i in range(4)
+    ]
+    placed = bound_nodes(api, pods)
+    # cool scores 9 of 10 and warm 5: weight 5 puts 200 points between them, far more than
+    # the default plugins move for four small pods on a 96-CPU node.
+    assert set(placed.values()) == {scope.name("cool")}, placed
+
+
+def test_memory_hint_skips_nodes_without_a_big_enough_gpu(stack: Stack, scope: Scope) -> None:
+    api = scope.api
+    publish(
+        api, scope.node("fragmented"), gpu_state(utilization=0.05, memory_largest_free_mib=20_000)
+    )
+    publish(api, scope.node("roomy"), gpu_state(utilization=0.50, memory_largest_free_mib=81_000))
+    scope.settle()
+    pod = scope.pod(
+        gpu_pod(
+            scope.name("big"),
+            scheduler_name=stack.scheduler_name,
+            annotations={hint("min-gpu-memory-mib"): "60000"},
+        )
+    )
+    assert bound_nodes(api, [pod]) == {pod: scope.name("roomy")}
+
+
+def test_model_chain_falls_back_when_every_preferred_node_is_busy(
+    stack: Stack, scope: Scope
+) -> None:
+    api = scope.api
+    a100 = scope.node("a100", product="NVIDIA-A100-SXM4-80GB")
+    v100 = scope.node("v100", product="Tesla-V100-SXM2-32GB")
+    publish(api, a100, gpu_state(utilization=0.85, gpu_model="NVIDIA-A100-SXM4-80GB"))
+    publish(api, v100, gpu_state(utilization=0.20, gpu_model="Tesla-V100-SXM2-32GB"))
+    scope.settle()
+    chain = {hint("gpu-model-preference"): "A100,V100", hint("gpu-fallback-utilization"): "0.80"}
+    first = scope.pod(
+        gpu_pod(scope.name("chain-1"), scheduler_name=stack.scheduler_name, annotations=chain)
+    )
+    assert bound_nodes(api, [first]) == {first: v100}
+
+    # Once an A100 node is below the threshold again, the chain keeps its first choice.
+    publish(api, a100, gpu_state(utilization=0.40, gpu_model="NVIDIA-A100-SXM4-80GB"))
+    scope.settle()
+    second = scope.pod(
+        gpu_pod(scope.name("chain-2"), scheduler_name=stack.scheduler_name, annotations=chain)
+    )
+    assert bound_nodes(api, [second]) == {second: a100}
+
+
+def test_rejections_aggregate_into_one_reason_and_the_pod_binds_once_a_node_cools(
+    stack: Stack, scope: Scope
+) -> None:
+    api = scope.api
+    nodes = [scope.node(f"busy-{i}") for i in range(3)]
+    for node, utilization in zip(nodes, (0.93, 0.96, 0.99), strict=True):
+        publish(api, node, gpu_state(utilization=utilization))
+    scope.settle()
+    pod = scope.pod(gpu_pod(scope.name("waiting"), scheduler_name=stack.scheduler_name))
+
+    message = failed_scheduling(api, pod)
+    # One uniform text per rule and limit: kube-scheduler counts the three nodes under it.
+    assert message.startswith("0/3 nodes are available: 3 gpu utilization above 0.90."), message
+    assert pod_node(api, pod) is None
+
+    cooled = datetime.now(UTC)
+    publish(api, nodes[1], gpu_state(utilization=0.30))
+    # A node annotation change requeues the unschedulable pod at once (not after the 5-minute
+    # flush), so it binds within a few seconds.
+    assert bound_nodes(api, [pod], timeout_s=10) == {pod: nodes[1]}
+    waited_s = (datetime.now(UTC) - cooled).total_seconds()
+    assert waited_s < 10
+
+
+def test_full_node_mode_hides_running_pods_from_the_default_scores(
+    stack: Stack, scope: Scope
+) -> None:
+    """kube-scheduler v1.36 rebuilds each feasible node's NodeInfo from the Node object a
+    full-node extender returns (`HTTPExtender.Filter`: `NewNodeInfo()` + `SetNode`), without the
+    node's pods, so NodeResourcesFit no longer sees that one node is three quarters full."""
+    api = scope.api
+    # 16 GPUs each (a DGX-2 shape), so the twelve pods fit on either node alone.
+    busy = scope.node("busy", cpu="31", gpus=16)
+    empty = scope.node("empty", cpu="31", gpus=16)
+    for node in (busy, empty):
+        publish(api, node, gpu_state(utilization=0.20, gpu_count=16))
+    for i in range(4):  # 24 of the busy node's 31 CPUs requested by running pods
+        name = scope.name(f"cpu-{i}")
+        api.create("/api/v1/namespaces/default/pods", running_pod(name, node_name=busy, cpu="6"))
+        scope.pods.append(name)
+    scope.settle()
+
+    pods = [
+        scope.pod(gpu_pod(scope.name(f"gpu-{i}"), scheduler_name=stack.scheduler_name))
+        for i in range(12)
+    ]
+    placed = Counter(bound_nodes(api, pods).values())
+    if stack.mode == "names":
+        assert placed == {empty: 12}
+    else:
+        # Both nodes look empty to the default score plugins; ties go either way (each pod
+        # lands on the busy node with even odds: all 12 avoiding it has odds of 1 in 4096).
+        assert placed[busy] >= 1, placed
