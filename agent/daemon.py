@@ -152,6 +152,7 @@ class Agent:
         self.metrics.nvml_errors_seen(reading.error_kinds)
 
         state = aggregate(reading)
+        self.metrics.health_observed(state.health)
         decision = decide(
             self.limiter,
             state,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
+from gpu_contract.schema import Health
 
 # Ticks are sub-millisecond without I/O; a slow NVML or a timing-out API pushes them to seconds.
 _TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -79,6 +80,15 @@ class AgentMetrics:
             "Consecutive failed writes (0 when the last write succeeded).",
             registry=self.registry,
         )
+        # One series per value, 1 for the current one: alerts select a state without a join,
+        # and the series exist (at 0) before a node ever degrades.
+        self.health = Gauge(
+            "gpu_agent_health",
+            "The node's health as last sampled (1 for the current value, 0 for the others).",
+            ["health"],
+            registry=self.registry,
+        )
+        self._health_children = {h: self.health.labels(health=h.value) for h in Health}
         # Pre-create every label value so dashboards see zeros rather than absent series.
         for reason in WRITE_REASONS:
             self.writes.labels(reason=reason.value)
@@ -105,6 +115,10 @@ class AgentMetrics:
     def nvml_errors_seen(self, kinds: tuple[str, ...]) -> None:
         for kind in kinds:
             self.nvml_errors.labels(kind=kind).inc()
+
+    def health_observed(self, health: Health) -> None:
+        for value, child in self._health_children.items():
+            child.set(1 if value is health else 0)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
         """A sample's current value (0 when absent): for tests and the `once` command."""

@@ -29,6 +29,7 @@ import uvicorn
 from exporter_scheduler import wire
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.nodedata import NodeDataCollector
 from exporter_scheduler.scoring import evaluate
 from exporter_scheduler.server import NodeSource, ScorerApp, uvicorn_config
 from exporter_scheduler.settings import (
@@ -186,6 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
             except Exception as exc:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
+            metrics.registry.register(NodeDataCollector(cache, policy))
         node_source: NodeSource | None = cache
         app = ScorerApp(
             policy=policy,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter as _Tally
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, Protocol, get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +23,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from exporter_scheduler.wire import WireErrorCause
 
 Verb = Literal["filter", "prioritize", "explain"]
 
@@ -45,6 +47,9 @@ class VerdictLike(Protocol):
 
 # The handler takes tens of microseconds for a few nodes and tens of milliseconds for thousands:
 # buckets from 50 us to 250 ms cover both ends with about two buckets per octave of interest.
+# The coarse ones from 0.5 s reach kube-scheduler's extender timeouts (the chart's 2 s, the
+# default 30 s), so that an alert on a p99 near the timeout can see it: `histogram_quantile`
+# never reports more than the largest finite bucket.
 LATENCY_BUCKETS_S: Final = (
     0.00005,
     0.0001,
@@ -58,6 +63,12 @@ LATENCY_BUCKETS_S: Final = (
     0.05,
     0.1,
     0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 NODE_COUNT_BUCKETS: Final = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
@@ -73,6 +84,11 @@ class VerdictTally:
 
 
 VERBS: Final[tuple[Verb, ...]] = ("filter", "prioritize", "explain")
+# Label values created at zero, so that `increase()` sees the first error too (a series born at 1
+# has no earlier sample to increase from) and dashboards show zeros rather than no data.
+ERROR_VERBS: Final = (*VERBS, "other")
+REJECT_CAUSES: Final = (*get_args(WireErrorCause), "names_without_node_cache", "body_too_large")
+WATCH_RESTART_CAUSES: Final = ("timeout", "expired", "error")
 
 
 class ScorerMetrics:
@@ -160,6 +176,14 @@ class ScorerMetrics:
         self.nodes_per_request_by_verb = {v: self.nodes_per_request.labels(v) for v in VERBS}
         self.reply_cache_hits = {v: self.reply_cache_requests.labels(v, "hit") for v in VERBS}
         self.reply_cache_misses = {v: self.reply_cache_requests.labels(v, "miss") for v in VERBS}
+        for verb in ERROR_VERBS:
+            self.internal_errors.labels(verb)
+        for verb in VERBS:
+            self.unready_requests.labels(verb)
+        for cause in REJECT_CAUSES:
+            self.bad_requests.labels(cause)
+        for cause in WATCH_RESTART_CAUSES:
+            self.node_cache_watch_restarts.labels(cause)
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}
 

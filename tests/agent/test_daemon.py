@@ -31,7 +31,7 @@ from agent.metrics import AgentMetrics
 from agent.nvml import NvmlSource
 from agent.records import GpuReading, NodeReading
 from agent.sources import open_source
-from gpu_contract.schema import DEFAULT_KEYS, Field
+from gpu_contract.schema import DEFAULT_KEYS, Field, Health
 from tests.agent.fake_nvml import FakeNvml, a100
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -157,6 +157,7 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "gpu_agent_tick_duration_seconds",
         "gpu_agent_source_read_duration_seconds",
         "gpu_agent_write_consecutive_failures",
+        "gpu_agent_health",
     }
     for name, family in families.items():
         samples = {sample.name for sample in family.samples}
@@ -191,6 +192,25 @@ def test_lost_gpu_degrades_and_counts_nvml_error_kind() -> None:
     assert writer.patches[-1][DEFAULT_KEYS[Field.HEALTH]] == "degraded"
     assert writer.patches[-1][DEFAULT_KEYS[Field.HEALTH_DETAIL]] == "gpu 1: lost"
     assert metrics.value("gpu_agent_nvml_errors_total", {"kind": "GpuIsLost"}) == 1
+
+
+def _health_gauge(metrics: AgentMetrics) -> dict[str, float]:
+    return {h: metrics.value("gpu_agent_health", {"health": h}) for h in Health}
+
+
+def test_health_gauge_follows_every_sample() -> None:
+    source = FakeSource()
+    agent, metrics, clock = make_agent(source, FakeWriter())
+    # Every value is exported before the first sample, so an alert on `degraded` has a series.
+    assert _health_gauge(metrics) == {"ok": 0, "degraded": 0, "unavailable": 0}
+    tick_at(agent, clock, 0.0)
+    assert _health_gauge(metrics) == {"ok": 1, "degraded": 0, "unavailable": 0}
+    source.lost = True
+    tick_at(agent, clock, 5.0)  # within the minimum interval: the gauge moves without a write
+    assert _health_gauge(metrics) == {"ok": 0, "degraded": 1, "unavailable": 0}
+    source.fail = RuntimeError("driver went away")
+    tick_at(agent, clock, 10.0)
+    assert _health_gauge(metrics) == {"ok": 0, "degraded": 0, "unavailable": 1}
 
 
 def test_source_that_raises_is_published_unavailable_not_fatal() -> None:

@@ -81,6 +81,24 @@ VARIANTS: dict[str, Variant] = {
     "service-monitor": Variant(
         {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
     ),
+    "prometheus-rule": Variant(
+        {
+            "prometheusRule": {
+                "enabled": True,
+                "labels": {"release": "prom"},
+                "alertLabels": {"team": "gpu-platform"},
+            }
+        }
+    ),
+    "grafana-dashboard": Variant(
+        {
+            "grafanaDashboard": {
+                "enabled": True,
+                "namespace": "monitoring",
+                "annotations": {"grafana_folder": "GPU"},
+            }
+        }
+    ),
     "tls": Variant({"scorer": {"tls": TLS}}),
     "mtls-service-monitor": Variant(
         {
@@ -223,7 +241,10 @@ def env_of(container: Manifest, rendered: Rendered) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- OpenAPI validation
 # Kinds served by CRDs have no schema in Kubernetes' OpenAPI document.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 class _SchemaStore:

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter_scheduler import server as server_module
+from exporter_scheduler.metrics import ERROR_VERBS
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput
 from tests.scorer._http_helpers import (
@@ -253,6 +254,9 @@ _bodies = (
 )
 
 
+_INTERNAL_ERRORS = "gpu_scorer_internal_errors_total"
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=_bodies, verb=st.sampled_from(["filter", "prioritize", "explain"]))
 def test_fuzzed_requests_always_get_a_defined_valid_reply(body: bytes, verb: Any) -> None:
@@ -260,7 +264,9 @@ def test_fuzzed_requests_always_get_a_defined_valid_reply(body: bytes, verb: Any
     response = app.handle(verb, body)  # no exception may escape
     assert response.status in (200, 400)
     reply = json.loads(response.body)
-    assert app.metrics.render()[0].count(b"gpu_scorer_internal_errors_total{") == 0
+    registry = app.metrics.registry
+    errors = [registry.get_sample_value(_INTERNAL_ERRORS, {"verb": v}) for v in ERROR_VERBS]
+    assert errors == [0.0] * len(ERROR_VERBS)
     if response.status == 400:
         assert reply["Error"]
         return

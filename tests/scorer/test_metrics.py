@@ -6,14 +6,27 @@ import re
 from pathlib import Path
 
 from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.nodedata import NodeDataCollector
+from exporter_scheduler.policy import Policy
+from exporter_scheduler.scoring import NodeInput
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scorer.md"
 
 
+class _NoNodes:
+    def names(self) -> list[str]:
+        return []
+
+    def lookup(self, names: object) -> list[NodeInput]:
+        return []
+
+
 def _exposed() -> dict[str, str]:
-    """Exposed family name -> type, as a scraper sees them."""
+    """Exposed family name -> type, as a scraper sees them (names-only mode: all of them)."""
+    metrics = ScorerMetrics()
+    metrics.registry.register(NodeDataCollector(_NoNodes(), Policy()))
     families = {}
-    for family in ScorerMetrics().registry.collect():
+    for family in metrics.registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         families[name] = family.type
     return families

@@ -171,11 +171,7 @@ GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quo
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
 GPU_SCORER_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
-{{- if kindIs "invalid" .Values.scorer.staleAfterSeconds }}
-GPU_SCORER_STALE_AFTER_S: {{ mulf 3 .Values.agent.heartbeatSeconds | toString | quote }}
-{{- else }}
-GPU_SCORER_STALE_AFTER_S: {{ .Values.scorer.staleAfterSeconds | toString | quote }}
-{{- end }}
+GPU_SCORER_STALE_AFTER_S: {{ include "gls.scorer.staleAfterSeconds" . | quote }}
 {{- if .Values.scorer.policy }}
 GPU_SCORER_POLICY_FILE: {{ printf "%s/policy.json" (include "gls.scorer.policyDir" .) | quote }}
 {{- end }}
