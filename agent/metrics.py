@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agent.allocations import QUERY_FAILURE_REASONS, UNKNOWN_REASONS
 from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
 
 # Ticks are sub-millisecond without I/O; a slow NVML or a timing-out API pushes them to seconds.
@@ -79,7 +80,28 @@ class AgentMetrics:
             "Consecutive failed writes (0 when the last write succeeded).",
             registry=self.registry,
         )
+        self.pod_resources_requests = Counter(
+            "gpu_agent_pod_resources_requests",
+            "Queries of the kubelet's pod-resources API, by result ('ok' or why it failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.allocations_unknown = Counter(
+            "gpu_agent_allocations_unknown",
+            "Ticks that published no per-gpu-allocated although asked to, by why.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.allocations_published = Gauge(
+            "gpu_agent_allocations_published",
+            "1 when the last tick's state carried per-gpu-allocated, else 0.",
+            registry=self.registry,
+        )
         # Pre-create every label value so dashboards see zeros rather than absent series.
+        for result in ("ok", *QUERY_FAILURE_REASONS):
+            self.pod_resources_requests.labels(result=result)
+        for reason_text in UNKNOWN_REASONS:
+            self.allocations_unknown.labels(reason=reason_text)
         for reason in WRITE_REASONS:
             self.writes.labels(reason=reason.value)
         for reason in SUPPRESS_REASONS:

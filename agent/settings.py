@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.allocations import DEFAULT_POD_RESOURCES_SOCKET
 from agent.limiter import WritePolicy
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError, normalize_prefix
 
@@ -86,6 +87,21 @@ class AgentSettings(BaseSettings):
     )
     api_timeout: float = Field(
         default=5.0, gt=0, le=60, description="Read timeout (seconds) of one API request."
+    )
+    pod_resources: bool = Field(
+        default=True,
+        description=(
+            "Read GPU allocations (per-gpu-allocated) from the kubelet's pod-resources API; "
+            "false: never ask the kubelet, leave the key out."
+        ),
+    )
+    pod_resources_socket: str = Field(
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        min_length=1,
+        description="The kubelet's pod-resources unix socket.",
+    )
+    pod_resources_timeout: float = Field(
+        default=1.0, gt=0, le=30, description="Seconds one pod-resources call may take."
     )
     annotation_prefix: str = Field(
         default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
