@@ -254,6 +254,7 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
             util_rows = traces.utilization[:, j, :].tolist()
             mem_rows = traces.memory_used_mib[:, j, :].tolist()
             temp_rows = traces.temperature_c[:, j, :].tolist()
+            alloc_rows = traces.allocated[:, j, :].tolist()
             limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter, heartbeat_lead_s=leads[n])
             last_written_at: float | None = None
             last_bytes = 0
@@ -266,6 +267,7 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
                     utilization=util_rows[k],
                     memory_used_mib=mem_rows[k],
                     temperature_c=temp_rows[k],
+                    allocated=alloc_rows[k],
                 )
                 state = aggregate(reading)
                 decision = decide(

@@ -157,6 +157,9 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "gpu_agent_tick_duration_seconds",
         "gpu_agent_source_read_duration_seconds",
         "gpu_agent_write_consecutive_failures",
+        "gpu_agent_pod_resources_requests",
+        "gpu_agent_allocations_unknown",
+        "gpu_agent_allocations_published",
     }
     for name, family in families.items():
         samples = {sample.name for sample in family.samples}
