@@ -57,7 +57,7 @@ class PodResourcesError(AllocationQueryError):
     """A failed query; `reason` is one of `QUERY_FAILURE_REASONS`, the message what to check."""
 
 
-def _check_socket(path: str) -> None:
+def check_socket(path: str) -> None:
     """Classify the faults a stat can see, before grpc turns them all into UNAVAILABLE."""
     try:
         mode = os.stat(path).st_mode
@@ -123,7 +123,7 @@ class PodResourcesClient:
 
     def query(self) -> DeviceAllocations:
         """Every allocatable and every assigned device ID; raises `PodResourcesError`."""
-        _check_socket(self.socket_path)
+        check_socket(self.socket_path)
         allocatable = self._call(ALLOCATABLE_METHOD)
         listed = self._call(LIST_METHOD)
         try:

@@ -661,16 +661,13 @@ def test_per_gpu_values_written_exactly_when_no_pairing_exists(history):  # type
         state = gpu_state(gpu_count=3, gpus=tuple(gpus))
         decision = decide(limiter, state, now_s=now_s, memory_total_mib=total_mib, policy=POLICY)
         last = limiter.last_written
-        if last is not None and limiter.last_success_s is not None:
-            if now_s - limiter.last_success_s < POLICY.heartbeat_s:
-                pairing = any(
-                    all(
-                        _gpu_close(last.gpus[j], state.gpus[i], per_gpu_mib)
-                        for i, j in enumerate(p)
-                    )
-                    for p in permutations(range(3))
-                )
-                assert decision.write is not pairing
+        quiet_s = None if limiter.last_success_s is None else now_s - limiter.last_success_s
+        if last is not None and quiet_s is not None and quiet_s < POLICY.heartbeat_s:
+            pairing = any(
+                all(_gpu_close(last.gpus[j], state.gpus[i], per_gpu_mib) for i, j in enumerate(p))
+                for p in permutations(range(3))
+            )
+            assert decision.write is not pairing
         if decision.write:
             limiter = record_success(limiter, written=state, now_s=now_s)
 
