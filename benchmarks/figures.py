@@ -1108,6 +1108,7 @@ def render_document(
     quick: bool,
     redone: Sequence[str] | None = None,
     regenerated_at: datetime | None = None,
+    regenerated_on: str | None = None,
 ) -> str:
     total = sum(t.seconds for t in timings)
     timing_table = _table(
@@ -1123,7 +1124,8 @@ def render_document(
         else ""
     )
     partial_note = (
-        f"\n> **Partly regenerated** on {regenerated_at or started:%Y-%m-%d %H:%M} UTC: the "
+        f"\n> **Partly regenerated** on {regenerated_at or started:%Y-%m-%d %H:%M} UTC on "
+        f"{regenerated_on or machine}: the "
         f"{', '.join(redone)} section(s) (`python -m benchmarks.figures --sections "
         f"{','.join(redone)}`); the others and their timings are from the run dated below.\n"
         if redone
@@ -1280,13 +1282,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         texts["scorer"] = _run_scorer(args, timings, img)
 
     dated = started
+    machine = here = machine_description()
     if len(chosen) < len(SECTIONS):
         timings = [*_kept_timings(previous, chosen), *timings]
-        found = re.search(r"These numbers: (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", previous)
+        # The kept sections were measured at the earlier run's time, on its machine.
+        found = re.search(
+            r"These numbers: (\d{4}-\d\d-\d\d \d\d:\d\d) UTC on\n(.+?)(?=: a small| ?\. Ratios)",
+            previous,
+        )
         if found:
             dated = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+            machine = found.group(2)
     document = render_document(
-        machine=machine_description(),
+        machine=machine,
+        regenerated_on=here,
         started=dated,
         regenerated_at=started,
         timings=timings,

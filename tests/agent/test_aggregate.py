@@ -498,9 +498,7 @@ def test_node_aggregates_are_recomputable_from_the_table(
     state = aggregate(reading)
     decoded = decode(encode(state)).state
     assert decoded is not None
-    assert len(decoded.gpus) == len(values) or not any(
-        v is not None for g in state.gpus for v in g
-    )
+    assert len(decoded.gpus) == len(values) or not any(v is not None for g in state.gpus for v in g)
     temperatures = [g.temperature_c for g in state.gpus if g.temperature_c is not None]
     assert state.temperature_c == (max(temperatures) if temperatures else None)
     largest = [g.memory_free_mib for g in state.gpus if g.memory_free_mib is not None]

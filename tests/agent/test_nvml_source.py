@@ -422,9 +422,7 @@ def _mig_gpu(fake_nvml: FakeNvml, devices: dict[int, FakeMigDevice]) -> None:
     mig.mig_devices = devices
 
 
-def test_mig_device_uuids_are_read_once_per_device(
-    fake_nvml: FakeNvml, source: NvmlSource
-) -> None:
+def test_mig_device_uuids_are_read_once_per_device(fake_nvml: FakeNvml, source: NvmlSource) -> None:
     _mig_gpu(
         fake_nvml,
         {

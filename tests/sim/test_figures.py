@@ -123,6 +123,9 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
         assert again[name] == kept[name], name
     assert "Partly regenerated" in after
     assert "--sections storm" in after
+    # The kept sections keep the date and machine they were measured on.
+    dated = before.split("These numbers: ", 1)[1].split(" UTC on", 1)[0]
+    assert f"These numbers: {dated} UTC on" in after
     # The kept sections' steps stay in the timing table beside the storm's new one.
     assert "placement: " in after.split("## Regeneration time", 1)[1]
 
