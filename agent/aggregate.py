@@ -2,7 +2,8 @@
 
 Pure: no NVML, no clock, no I/O. The exact definition of every aggregate, its edge cases and what
 each kind of fault does to `health` are in docs/fragmentation.md; this module is that text as code.
-A value that no GPU could measure stays `None` (the key is then omitted), never 0.
+A value that no GPU could measure stays `None` (the key is then omitted), never 0. The per-GPU
+table (`NodeGpuState.gpus`) comes from the same readings, one entry per GPU in NVML index order.
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+from agent.allocations import allocated_by_gpu
 from agent.records import GpuReading, NodeReading
-from gpu_contract.schema import MIXED_MODELS, Health, NodeGpuState, normalize_model_name
+from gpu_contract.schema import (
+    MIXED_MODELS,
+    GpuState,
+    Health,
+    NodeGpuState,
+    normalize_model_name,
+)
 
 
 def memory_fragmentation(
@@ -37,10 +45,16 @@ def memory_fragmentation(
     return max(0.0, 1.0 - min(largest, total) / total)
 
 
+def _fraction(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return min(1.0, max(0.0, value))
+
+
 def _finite_fractions(values: Iterable[float | None]) -> list[float]:
     # A NaN or infinite value from a source is as good as no value; out-of-range ones are clamped
     # because a fraction is what the contract publishes.
-    return [min(1.0, max(0.0, v)) for v in values if v is not None and math.isfinite(v)]
+    return [f for f in map(_fraction, values) if f is not None]
 
 
 def _counts(values: Iterable[int | None]) -> list[int]:
@@ -57,6 +71,37 @@ def _largest_allocation_mib(gpu: GpuReading) -> int | None:
         return None if gpu.mig_enabled else free
     # One allocation cannot exceed what is free on the GPU, whatever a source claims.
     return largest if free is None else min(largest, free)
+
+
+def _per_gpu(reading: NodeReading, gpu_count: int) -> tuple[GpuState, ...]:
+    """One `GpuState` per GPU in NVML index order; a lost GPU's values are all unknown.
+
+    The values are the same reads as the node aggregates (no other source), so a reader can
+    recompute `utilization`, `temperature` and `memory-largest-free-mib` from them.
+    """
+    by_index = {g.index: g for g in reading.gpus}
+    if len(by_index) != len(reading.gpus) or any(not 0 <= i < gpu_count for i in by_index):
+        # Indexes a source got wrong cannot be put in NVML order: publish no per-GPU data.
+        return ()
+    allocated = (
+        None if reading.allocations is None else allocated_by_gpu(reading.gpus, reading.allocations)
+    )
+    table: list[GpuState] = []
+    for index in range(gpu_count):
+        gpu = by_index.get(index)
+        if gpu is None:
+            table.append(GpuState())
+            continue
+        largest = _largest_allocation_mib(gpu)
+        table.append(
+            GpuState(
+                utilization=_fraction(gpu.utilization),
+                memory_free_mib=None if largest is None else max(0, int(largest)),
+                temperature_c=None if gpu.temperature_c is None else int(gpu.temperature_c),
+                allocated=None if allocated is None else allocated.get(index),
+            )
+        )
+    return tuple(table)
 
 
 def _model(gpus: Sequence[GpuReading]) -> str | None:
@@ -111,6 +156,9 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
     largest_mib = _counts(_largest_allocation_mib(g) for g in gpus if g.memory_free_mib is not None)
     temperatures = [int(g.temperature_c) for g in gpus if g.temperature_c is not None]
     detail = _detail(problems)
+    # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a smaller
+    # node; never below the GPUs actually read.
+    gpu_count = max(device_count, len(gpus))
     return NodeGpuState(
         health=Health.DEGRADED if detail else Health.OK,
         updated_at=updated_at,
@@ -125,8 +173,7 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
         memory_largest_free_mib=max(largest_mib) if largest_mib else None,
         temperature_c=max(temperatures) if temperatures else None,
         gpu_model=_model(gpus),
-        # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a
-        # smaller node; never below the GPUs actually read.
-        gpu_count=max(device_count, len(gpus)),
+        gpu_count=gpu_count,
         health_detail=detail,
+        gpus=_per_gpu(reading, gpu_count),
     )

@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.daemon import (
     Agent,
+    AllocationSource,
     TickLoop,
     random_fraction,
     run_until_signalled,
@@ -149,6 +150,23 @@ def _open(settings: AgentSettings) -> GpuSource:
     )
 
 
+def _allocations(settings: AgentSettings) -> AllocationSource | None:
+    if not settings.pod_resources:
+        return None
+    # Imported here so that an agent with --pod-resources=false never loads grpc (about 15 MB of
+    # resident memory, docs/agent.md "Footprint").
+    from agent.podresources import PodResourcesClient  # noqa: PLC0415
+
+    return PodResourcesClient(
+        settings.pod_resources_socket, timeout_s=settings.pod_resources_timeout
+    )
+
+
+def _allocation_budget_s(settings: AgentSettings) -> float:
+    """The longest the kubelet calls of one tick may take (two calls, each with its timeout)."""
+    return 2 * settings.pod_resources_timeout if settings.pod_resources else 0.0
+
+
 _MISSING_NODE = (
     "no node name: set --node-name, GPU_AGENT_NODE_NAME or NODE_NAME "
     "(the chart sets NODE_NAME from the pod's spec.nodeName)"
@@ -163,6 +181,7 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
     except SourceUnavailable as exc:
         return _fail(str(exc))
     writer = None
+    allocations = _allocations(settings)
     try:
         if not args.dry_run:
             try:
@@ -182,6 +201,7 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
             keys=settings.keys(),
             sample_interval_s=settings.sample_interval,
             start_s=time.monotonic(),
+            allocations=allocations,
         )
         result = agent.tick(now_s=time.monotonic(), wall_now=datetime.now(UTC))
         if writer is not None:
@@ -192,6 +212,8 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
         source.close()
         if writer is not None:
             writer.close()
+        if allocations is not None:
+            allocations.close()
 
     error = None if result.write_error is None else str(result.write_error)
     if args.output == "json":
@@ -250,6 +272,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         log.warning("could not read node %r at start: %s", node_name, exc)
 
     metrics = AgentMetrics()
+    allocations = _allocations(settings)
     seed = settings.seed if settings.source == "simulated" else None
     jitter_s = start_jitter_s(seed=seed, max_s=settings.min_write_interval)
     policy = settings.write_policy()
@@ -263,7 +286,8 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         start_s=time.monotonic(),
         jitter_s=jitter_s,
         heartbeat_lead_s=heartbeat_lead_s(policy=policy, fraction=random_fraction(seed=seed)),
-        request_budget_s=timeouts.connect_s + timeouts.read_s,
+        request_budget_s=timeouts.connect_s + timeouts.read_s + _allocation_budget_s(settings),
+        allocations=allocations,
     )
     server = None
     if settings.metrics_port:
@@ -278,13 +302,15 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         except OSError as exc:
             source.close()
             writer.close()
+            if allocations is not None:
+                allocations.close()
             return _fail(
                 f"cannot serve metrics on {settings.metrics_address}:{settings.metrics_port} "
                 f"(--metrics-port / GPU_AGENT_METRICS_PORT; 0 turns it off): {exc}"
             )
     log.info(
         "gpu-agent started: node %s, source %s, sample every %gs, write at most every %gs "
-        "and at least every %gs, first write after %.1fs jitter, metrics %s",
+        "and at least every %gs, first write after %.1fs jitter, metrics %s, allocations %s",
         node_name,
         settings.source,
         settings.sample_interval,
@@ -292,6 +318,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         settings.heartbeat,
         jitter_s,
         f"on port {server.port}" if server else "off",
+        f"from {settings.pod_resources_socket}" if allocations is not None else "off",
     )
 
     def on_stop() -> None:
@@ -299,6 +326,8 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         if server is not None:
             server.stop()
         writer.close()
+        if allocations is not None:
+            allocations.close()
         log.info("gpu-agent stopped")
 
     run_until_signalled(

@@ -1,8 +1,9 @@
 """The agent's tick and the loop that runs it.
 
-`Agent.tick` is the unit: read the source, aggregate, ask the limiter, maybe patch, then update the
-limiter and the metrics. It takes the monotonic and wall times as arguments, so tests drive it over
-simulated hours with a fake clock and never sleep. `run_daemon` wraps it in an APScheduler interval
+`Agent.tick` is the unit: read the source (and, on its own schedule, the kubelet's device
+allocations), aggregate, ask the limiter, maybe patch, then update the limiter and the metrics.
+It takes the monotonic and wall times as arguments, so tests drive it over simulated hours with a
+fake clock and never sleep. `run_daemon` wraps it in an APScheduler interval
 job (one instance at a time, missed runs coalesced), serves the health endpoints, and stops cleanly
 on SIGTERM/SIGINT: the current tick finishes, the scheduler stops, then the source is closed
 (`nvmlShutdown`), and the process exits 0.
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Protocol
@@ -28,6 +29,12 @@ from typing import Protocol
 from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
 
 from agent.aggregate import aggregate
+from agent.allocations import (
+    NO_GPU_DEVICES,
+    AllocationPolicy,
+    AllocationQueryError,
+    AllocationTracker,
+)
 from agent.kube import ApiError, ForbiddenError, UnauthorizedError
 from agent.limiter import (
     Decision,
@@ -38,7 +45,7 @@ from agent.limiter import (
     record_success,
 )
 from agent.metrics import AgentMetrics
-from agent.records import NodeReading
+from agent.records import DeviceAllocations, NodeReading
 from agent.sources import GpuSource
 from gpu_contract.schema import DEFAULT_KEYS, Keys, NodeGpuState, encode
 
@@ -53,6 +60,16 @@ class AnnotationWriter(Protocol):
     """What the daemon needs from `agent.kube.NodeAnnotator` (tests may pass a fake)."""
 
     def patch(self, annotations: Mapping[str, str]) -> None: ...
+
+
+class AllocationSource(Protocol):
+    """What the daemon needs from `agent.podresources.PodResourcesClient` (tests may fake it)."""
+
+    def query(self) -> DeviceAllocations:
+        """Every allocatable and assigned device ID; raises `AllocationQueryError`."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +124,16 @@ class Agent:
         jitter_s: float = 0.0,
         heartbeat_lead_s: float = 0.0,
         request_budget_s: float = 0.0,
+        allocations: AllocationSource | None = None,
+        allocation_policy: AllocationPolicy | None = None,
     ) -> None:
         self.source = source
+        # None: allocations are not asked for and per-gpu-allocated is never published.
+        self.allocations = allocations
+        self.allocation_policy = (
+            allocation_policy if allocation_policy is not None else AllocationPolicy()
+        )
+        self.allocation_tracker = AllocationTracker()
         self.writer = writer
         self.policy = policy
         self.keys = keys
@@ -151,8 +176,10 @@ class Agent:
         self.metrics.samples.inc()
         self.metrics.nvml_errors_seen(reading.error_kinds)
 
+        reading = self._with_allocations(reading, now_s)
         state = aggregate(reading)
         self.metrics.health_observed(state.health)
+        self._account_allocations(reading, state, now_s)
         decision = decide(
             self.limiter,
             state,
@@ -204,6 +231,63 @@ class Agent:
             log.info("write succeeded again after API errors")
         log.debug("wrote annotations (%s%s)", decision.reason.value, _changed(decision))
         return TickResult(reading, state, decision, self.keys, written=True)
+
+    def _with_allocations(self, reading: NodeReading, now_s: float) -> NodeReading:
+        """The reading with the kubelet's allocations, asked for when the schedule says so."""
+        if self.allocations is None:
+            return reading
+        policy = self.allocation_policy
+        tracker = self.allocation_tracker
+        if tracker.due(now_s):
+            try:
+                found = self.allocations.query()
+            except AllocationQueryError as error:
+                tracker = tracker.failed(error.reason, now_s=now_s, policy=policy)
+                self.metrics.pod_resources_requests.labels(result=error.reason).inc()
+                if tracker.log_due(error.reason, now_s=now_s, policy=policy):
+                    log.warning(
+                        "kubelet pod-resources unreadable (%s), next try in %.0f s: %s",
+                        error.reason,
+                        tracker.next_attempt_s - now_s,
+                        error,
+                    )
+                    tracker = tracker.logged(error.reason, now_s=now_s)
+            except Exception:
+                # A client bug must not stop sampling; it counts as a failed query.
+                log.exception("pod-resources query raised; treating it as a failed query")
+                tracker = tracker.failed("error", now_s=now_s, policy=policy)
+                self.metrics.pod_resources_requests.labels(result="error").inc()
+            else:
+                tracker = tracker.succeeded(found, now_s=now_s)
+                self.metrics.pod_resources_requests.labels(result="ok").inc()
+        self.allocation_tracker = tracker
+        current = tracker.current(now_s, policy)
+        return reading if current is None else replace(reading, allocations=current)
+
+    def _account_allocations(self, reading: NodeReading, state: NodeGpuState, now_s: float) -> None:
+        """The metric and the (rate-limited) log line that say why per-gpu-allocated is absent."""
+        if self.allocations is None:
+            return
+        published = any(g.allocated is not None for g in state.gpus)
+        self.metrics.allocations_published.set(1 if published else 0)
+        tracker = self.allocation_tracker
+        policy = self.allocation_policy
+        if published:
+            if tracker.logged_reason is not None:
+                log.info("per-gpu-allocated published again")
+                self.allocation_tracker = tracker.logged(None, now_s=now_s)
+            return
+        if not reading.gpus:
+            return  # no GPU read this tick: nothing to allocate, nothing to explain
+        reason = tracker.failing_reason or NO_GPU_DEVICES
+        self.metrics.allocations_unknown.labels(reason=reason).inc()
+        if reason == NO_GPU_DEVICES and tracker.log_due(reason, now_s=now_s, policy=policy):
+            log.warning(
+                "per-gpu-allocated left out: no device the kubelet hands out is a GPU of this "
+                "node by UUID (no NVIDIA device plugin, GPUs given out by DRA, or a device plugin "
+                "naming devices by index instead of UUID)"
+            )
+            self.allocation_tracker = tracker.logged(reason, now_s=now_s)
 
     def healthz(self, now_s: float) -> tuple[bool, str]:
         """Alive while a tick completed within a few sample intervals (or since start)."""

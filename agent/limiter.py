@@ -9,8 +9,18 @@ rule is tested by feeding it times.
 The rules (docs/agent.md has the operator's version):
 
 * A write happens when the agent has never written, when a discrete field changed (`health`,
-  `health-detail`, `gpu-model`, `gpu-count`), when a numeric field moved by at least its deadband
-  since the last *written* value, or when the last successful write is older than the heartbeat.
+  `health-detail`, `gpu-model`, `gpu-count`, a GPU's allocation, a per-GPU value appearing or
+  disappearing), when a numeric field moved by at least its deadband since the last *written*
+  value, or when the last successful write is older than the heartbeat.
+* Deadbands are direction-aware: a move towards less headroom (busier, hotter, less free memory,
+  more fragmented) counts at the deadband, a move towards more headroom only at
+  `improving_deadband_factor` times it. Bad news reaches readers at once; good news at the latest
+  with the heartbeat, so a published value errs towards less headroom than the GPU has.
+* Per-GPU values are compared as a multiset: no write while each new GPU can be paired with its
+  own written GPU within every per-GPU deadband (a GPU crossing a deadband is a change unless
+  another GPU took its place). The scheduler chooses a node and the device plugin the GPU, so a
+  permutation of the same GPU states changes no decision; noise that merely reorders GPUs of a
+  node is not worth a write.
 * Any two write attempts, successful or not, are at least `min_write_interval_s` apart. This holds
   for discrete changes too (a GPU going unavailable waits at most one interval) and for the first
   attempt after an error: a flapping GPU or a recovering API server must never cause a burst.
@@ -29,10 +39,12 @@ The rules (docs/agent.md has the operator's version):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Literal
 
-from gpu_contract.schema import NodeGpuState
+from gpu_contract.schema import GpuState, NodeGpuState
 
 
 class Reason(StrEnum):
@@ -72,10 +84,29 @@ class WritePolicy:
     # refreshes it anyway. Its own, wider deadband keeps it from driving most of the writes.
     utilization_max_deadband: float = 0.10
     fragmentation_deadband: float = 0.05
-    temperature_deadband_c: float = 3.0
+    # 5, not DESIGN.md's 3: in the score a degree is worth 0.15/40 of a point in 10, so only the
+    # filter limit (85 C) makes it matter, and a 3 C step made temperature the trigger of most
+    # change-driven writes (docs/performance.md, "Write budget").
+    temperature_deadband_c: float = 5.0
     # A fraction of the node's total GPU memory, applied to memory-free-mib and
     # memory-largest-free-mib alike.
     memory_deadband_fraction: float = 0.05
+    # An improving move (cooler, less busy, more free memory, less fragmented) must be this many
+    # times the deadband: bad news is written at once, good news can wait for the heartbeat, so
+    # what readers see errs towards less headroom, never more.
+    improving_deadband_factor: float = 3.0
+    # Per-GPU values (the per-gpu-* keys). 0.15 is one score step (0.10 of the score at weight
+    # 0.70) and about three standard deviations of one GPU's 5 s utilization noise; a GPU's mean
+    # over the node already moves the node deadband.
+    per_gpu_utilization_deadband: float = 0.15
+    per_gpu_temperature_deadband_c: float = 5.0
+    # A fraction of one GPU's memory (the node's total over its GPU count).
+    per_gpu_memory_deadband_fraction: float = 0.05
+    # "multiset": GPUs are compared as a set (a write when the new GPUs cannot be paired one to one
+    # with the written ones within the deadbands), because the scheduler picks a node and the
+    # device plugin the GPU, so a permutation of the same GPU states changes no decision;
+    # "by-index": each GPU against its own written value.
+    per_gpu_compare: Literal["multiset", "by-index"] = "multiset"
     # The first backoff equals the minimum write interval, so a failure never shortens spacing.
     backoff_base_s: float = 10.0
     # Two heartbeats: after an outage the agent notices recovery within two minutes.
@@ -97,10 +128,18 @@ class WritePolicy:
             "fragmentation_deadband",
             "temperature_deadband_c",
             "memory_deadband_fraction",
+            "per_gpu_utilization_deadband",
+            "per_gpu_temperature_deadband_c",
+            "per_gpu_memory_deadband_fraction",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise PolicyError(f"{name} must be a finite number >= 0, got {value!r}")
+        factor = self.improving_deadband_factor
+        if not math.isfinite(factor) or factor < 1:
+            raise PolicyError(
+                f"improving_deadband_factor must be a finite number >= 1, got {factor!r}"
+            )
         if self.heartbeat_s < self.min_write_interval_s:
             raise PolicyError(
                 f"heartbeat_s ({self.heartbeat_s}) must be >= min_write_interval_s "
@@ -160,15 +199,25 @@ def _fraction(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def _moved(old: float | None, new: float | None, deadband: float) -> bool:
+def _moved(
+    old: float | None,
+    new: float | None,
+    deadband: float,
+    *,
+    worse_when_higher: bool = True,
+    improving_factor: float = 1.0,
+) -> bool:
     if old is None or new is None:
         # A field appearing or disappearing is always worth telling readers.
         return (old is None) != (new is None)
-    if deadband <= 0:
+    delta = new - old
+    worse = delta > 0 if worse_when_higher else delta < 0
+    band = deadband if worse else deadband * improving_factor
+    if band <= 0:
         # A zero deadband means "any change", not "always": an unchanged value must not count
         # (the epsilon below would otherwise make 0 >= -1e-9 true on every tick).
         return new != old
-    return abs(new - old) >= deadband - _EPSILON
+    return abs(delta) >= band - _EPSILON
 
 
 def _discrete_changes(old: NodeGpuState, new: NodeGpuState) -> tuple[str, ...]:
@@ -181,31 +230,141 @@ def _discrete_changes(old: NodeGpuState, new: NodeGpuState) -> tuple[str, ...]:
         changed.append("gpu-model")
     if old.gpu_count != new.gpu_count:
         changed.append("gpu-count")
+    changed.extend(_per_gpu_discrete(old.gpus, new.gpus))
     return tuple(changed)
+
+
+_PER_GPU_FIELDS = (
+    ("per-gpu-utilization", "utilization"),
+    ("per-gpu-memory-free-mib", "memory_free_mib"),
+    ("per-gpu-temperature", "temperature_c"),
+)
+
+
+def _per_gpu_discrete(old: Sequence[GpuState], new: Sequence[GpuState]) -> list[str]:
+    """Allocation flips and per-GPU values appearing or disappearing, GPU by GPU."""
+    if len(old) != len(new):
+        return ["per-gpu"]
+    changed: list[str] = []
+    if any(o.allocated != n.allocated for o, n in zip(old, new, strict=True)):
+        changed.append("per-gpu-allocated")
+    for key, attr in _PER_GPU_FIELDS:
+        if any(
+            (getattr(o, attr) is None) != (getattr(n, attr) is None)
+            for o, n in zip(old, new, strict=True)
+        ):
+            changed.append(key)
+    return changed
+
+
+def _per_gpu_close(
+    policy: WritePolicy, memory_deadband_mib: float
+) -> Callable[[GpuState, GpuState], tuple[str, ...]]:
+    factor = policy.improving_deadband_factor
+
+    def moved_fields(old: GpuState, new: GpuState) -> tuple[str, ...]:
+        out: list[str] = []
+        if _moved(
+            _fraction(old.utilization),
+            _fraction(new.utilization),
+            policy.per_gpu_utilization_deadband,
+            improving_factor=factor,
+        ):
+            out.append("per-gpu-utilization")
+        if _moved(
+            None if old.memory_free_mib is None else float(old.memory_free_mib),
+            None if new.memory_free_mib is None else float(new.memory_free_mib),
+            memory_deadband_mib,
+            worse_when_higher=False,
+            improving_factor=factor,
+        ):
+            out.append("per-gpu-memory-free-mib")
+        if _moved(
+            None if old.temperature_c is None else float(old.temperature_c),
+            None if new.temperature_c is None else float(new.temperature_c),
+            policy.per_gpu_temperature_deadband_c,
+            improving_factor=factor,
+        ):
+            out.append("per-gpu-temperature")
+        if old.allocated != new.allocated:
+            out.append("per-gpu-allocated")
+        return tuple(out)
+
+    return moved_fields
+
+
+def _perfect_matching(n: int, fits: Callable[[int, int], bool]) -> bool:
+    """Whether every new GPU i can be paired with its own old GPU j where `fits(i, j)`."""
+    candidates = [[j for j in range(n) if fits(i, j)] for i in range(n)]
+    owner = [-1] * n
+
+    def place(i: int, seen: list[bool]) -> bool:
+        for j in candidates[i]:
+            if not seen[j]:
+                seen[j] = True
+                if owner[j] < 0 or place(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(place(i, [False] * n) for i in range(n))
+
+
+def _per_gpu_numeric(
+    old: Sequence[GpuState],
+    new: Sequence[GpuState],
+    policy: WritePolicy,
+    memory_total_mib: int | None,
+) -> tuple[str, ...]:
+    if not new or len(old) != len(new):
+        return ()
+    memory_deadband_mib = (
+        policy.per_gpu_memory_deadband_fraction * memory_total_mib / len(new)
+        if memory_total_mib is not None and memory_total_mib > 0
+        else 0.0
+    )
+    moved_fields = _per_gpu_close(policy, memory_deadband_mib)
+    moved = [moved_fields(o, n) for o, n in zip(old, new, strict=True)]
+    if not any(moved):
+        return ()
+    if policy.per_gpu_compare == "multiset" and _perfect_matching(
+        len(new), lambda i, j: not moved_fields(old[j], new[i])
+    ):
+        return ()
+    return tuple(dict.fromkeys(f for fields in moved for f in fields))
 
 
 def _deadband_changes(
     old: NodeGpuState, new: NodeGpuState, policy: WritePolicy, memory_total_mib: int | None
 ) -> tuple[str, ...]:
     changed: list[str] = []
-    if _moved(_fraction(old.utilization), _fraction(new.utilization), policy.utilization_deadband):
+    factor = policy.improving_deadband_factor
+    if _moved(
+        _fraction(old.utilization),
+        _fraction(new.utilization),
+        policy.utilization_deadband,
+        improving_factor=factor,
+    ):
         changed.append("utilization")
     if _moved(
         _fraction(old.utilization_max),
         _fraction(new.utilization_max),
         policy.utilization_max_deadband,
+        improving_factor=factor,
     ):
         changed.append("utilization-max")
     if _moved(
         _fraction(old.memory_fragmentation),
         _fraction(new.memory_fragmentation),
         policy.fragmentation_deadband,
+        improving_factor=factor,
     ):
         changed.append("memory-fragmentation")
     if _moved(
         None if old.temperature_c is None else float(old.temperature_c),
         None if new.temperature_c is None else float(new.temperature_c),
         policy.temperature_deadband_c,
+        improving_factor=factor,
     ):
         changed.append("temperature")
     # Without a known total the memory deadband cannot be sized; any change counts (still bounded
@@ -223,8 +382,11 @@ def _deadband_changes(
             None if old_mib is None else float(old_mib),
             None if new_mib is None else float(new_mib),
             memory_deadband_mib,
+            worse_when_higher=False,
+            improving_factor=factor,
         ):
             changed.append(name)
+    changed.extend(_per_gpu_numeric(old.gpus, new.gpus, policy, memory_total_mib))
     return tuple(changed)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from agent.allocations import QUERY_FAILURE_REASONS, UNKNOWN_REASONS
 from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
 from gpu_contract.schema import Health
 
@@ -89,7 +90,28 @@ class AgentMetrics:
             registry=self.registry,
         )
         self._health_children = {h: self.health.labels(health=h.value) for h in Health}
+        self.pod_resources_requests = Counter(
+            "gpu_agent_pod_resources_requests",
+            "Queries of the kubelet's pod-resources API, by result ('ok' or why it failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.allocations_unknown = Counter(
+            "gpu_agent_allocations_unknown",
+            "Ticks that published no per-gpu-allocated although asked to, by why.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.allocations_published = Gauge(
+            "gpu_agent_allocations_published",
+            "1 when the last tick's state carried per-gpu-allocated, else 0.",
+            registry=self.registry,
+        )
         # Pre-create every label value so dashboards see zeros rather than absent series.
+        for result in ("ok", *QUERY_FAILURE_REASONS):
+            self.pod_resources_requests.labels(result=result)
+        for reason_text in UNKNOWN_REASONS:
+            self.allocations_unknown.labels(reason=reason_text)
         for reason in WRITE_REASONS:
             self.writes.labels(reason=reason.value)
         for reason in SUPPRESS_REASONS:

@@ -14,7 +14,9 @@ Utilization is the mean of the driver's own utilization samples since the previo
 (`nvmlDeviceGetSamples` with the last timestamp seen per GPU UUID), so a 5 s tick reports the
 whole 5 s, not one instant. MIG-enabled GPUs report the memory that can still be handed out as GPU
 instances instead of raw free memory, and the largest single allocation one pod could get
-(one MIG device's worth), because their free memory is never one block (see `_mig_free_mib`).
+(one MIG device's worth), because their free memory is never one block (see `_mig_free_mib`);
+their MIG devices' UUIDs, which the kubelet hands out instead of the GPU's, are read once per
+device and cached.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ _ABSENT: Final = frozenset(
 _NO_SAMPLE_BUFFER: Final = frozenset(
     {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 )
+# About a minute at the default 5 s sample interval.
+_MIG_UUID_REFRESH_READS: Final = 12
 _SAMPLE_VALUE_FIELDS: Final = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -130,6 +134,12 @@ class _GpuMemo:
     samples_unsupported: bool = False
     # GPU instance profiles (id, memory MiB) of a MIG-enabled GPU: fixed while MIG stays on.
     mig_profiles: tuple[tuple[int, int], ...] | None = None
+    # MIG slot -> (the MIG device's total memory in MiB, its UUID). A MIG device's UUID is fixed
+    # for its life, so it is read once, not every tick; an empty slot or a different size means a
+    # new device. Re-read every `_MIG_UUID_REFRESH_READS` reads, for a device destroyed and
+    # re-created with the same profile between two ticks.
+    mig_uuids: dict[int, tuple[int, str]] = field(default_factory=dict)
+    mig_uuid_reads: int = 0
 
 
 @dataclass(slots=True)
@@ -281,10 +291,12 @@ class NvmlSource:
         temperature_c = self._temperature(handle, index, problems)
         mig_enabled = self._mig_mode(handle, index, problems)
         largest_mib = free_mib
+        mig_uuids: tuple[str, ...] = ()
         if mig_enabled:
-            free_mib, largest_mib = self._mig_free_mib(handle, index, memo, problems)
+            free_mib, largest_mib, mig_uuids = self._mig_free_mib(handle, index, memo, problems)
         else:
             memo.mig_profiles = None
+            memo.mig_uuids.clear()
         return GpuReading(
             uuid=key,
             index=index,
@@ -296,6 +308,7 @@ class NvmlSource:
             mig_enabled=mig_enabled,
             memory_largest_allocation_mib=largest_mib,
             problems=tuple(problems),
+            mig_device_uuids=mig_uuids,
         )
 
     def _utilization(
@@ -412,8 +425,8 @@ class NvmlSource:
 
     def _mig_free_mib(
         self, handle: Any, index: int, memo: _GpuMemo, problems: list[str]
-    ) -> tuple[int | None, int | None]:
-        """(free, largest single allocation) of a MIG-enabled GPU, in MiB.
+    ) -> tuple[int | None, int | None, tuple[str, ...]]:
+        """(free, largest single allocation, MIG device UUIDs) of a MIG-enabled GPU, MiB.
 
         free = the most memory that can still be carved out as new GPU instances of one profile
                (max over profiles of remaining capacity x profile memory)
@@ -422,7 +435,13 @@ class NvmlSource:
                   memory of the biggest profile that can still be created. A pod gets one MIG
                   device, so this, not `free`, is the biggest request the GPU can take.
         The raw free memory of the parent GPU would also count memory no instance can reach.
+        The UUIDs (which the kubelet names MIG devices by) come from the same device handles.
         """
+        memo.mig_uuid_reads += 1
+        if memo.mig_uuid_reads >= _MIG_UUID_REFRESH_READS:
+            memo.mig_uuid_reads = 0
+            memo.mig_uuids.clear()
+        uuids: list[str] = []
         try:
             if memo.mig_profiles is None:
                 memo.mig_profiles = self._mig_profiles(handle)
@@ -445,15 +464,42 @@ class NvmlSource:
                     )
                 except pynvml.NVMLError as error:
                     if _code(error) in _ABSENT:
+                        memo.mig_uuids.pop(slot, None)
                         continue  # an empty slot
                     raise
-                device_free = int(self._call(pynvml.nvmlDeviceGetMemoryInfo, mig).free) // _MIB
+                info = self._call(pynvml.nvmlDeviceGetMemoryInfo, mig)
+                device_free = int(info.free) // _MIB
                 in_devices += device_free
                 largest_in_device = max(largest_in_device, device_free)
+                mig_uuid = self._mig_uuid(
+                    mig, slot, int(info.total) // _MIB, memo=memo, index=index, problems=problems
+                )
+                if mig_uuid:
+                    uuids.append(mig_uuid)
         except pynvml.NVMLError as error:
             problems.append(_field_problem("mig capacity", index, error))
-            return None, None
-        return unpartitioned + in_devices, max(largest_creatable, largest_in_device)
+            return None, None, tuple(uuids)
+        return unpartitioned + in_devices, max(largest_creatable, largest_in_device), tuple(uuids)
+
+    def _mig_uuid(
+        self,
+        mig: Any,
+        slot: int,
+        total_mib: int,
+        *,
+        memo: _GpuMemo,
+        index: int,
+        problems: list[str],
+    ) -> str | None:
+        cached = memo.mig_uuids.get(slot)
+        if cached is not None and cached[0] == total_mib:
+            return cached[1]
+        uuid = self._field("mig uuid", index, problems, pynvml.nvmlDeviceGetUUID, mig)
+        if not uuid:
+            memo.mig_uuids.pop(slot, None)
+            return None
+        memo.mig_uuids[slot] = (total_mib, str(uuid))
+        return str(uuid)
 
     def _mig_profiles(self, handle: Any) -> tuple[tuple[int, int], ...]:
         profiles: list[tuple[int, int]] = []

@@ -33,6 +33,21 @@ class GpuReading:
     memory_largest_allocation_mib: int | None = None
     # Per-field faults, e.g. "temperature not supported": reported as `health: degraded`.
     problems: tuple[str, ...] = ()
+    # UUIDs of this GPU's MIG devices (`MIG-...`): the kubelet hands those out instead of the GPU.
+    mig_device_uuids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocations:
+    """What the kubelet's pod-resources API said about devices, every resource name together.
+
+    `allocatable_ids` are the device IDs the kubelet can hand out (healthy ones, assigned or not);
+    `assigned_ids` those assigned to a container. IDs are GPU UUIDs, MIG device UUIDs, or either
+    with a `::n` replica suffix under time-slicing, mixed with other plugins' IDs.
+    """
+
+    allocatable_ids: frozenset[str]
+    assigned_ids: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +65,5 @@ class NodeReading:
     # The NVML error kinds met this tick ("NotSupported", "GpuIsLost", "FunctionNotFound", ...),
     # one entry per failed call, for the agent's `nvml errors by kind` metric.
     error_kinds: tuple[str, ...] = ()
+    # The kubelet's device allocations read this tick; None when not read or not known.
+    allocations: DeviceAllocations | None = None

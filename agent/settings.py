@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.allocations import DEFAULT_POD_RESOURCES_SOCKET
 from agent.limiter import WritePolicy
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError, normalize_prefix
 
@@ -70,13 +71,40 @@ class AgentSettings(BaseSettings):
         default=0.05, ge=0, le=1, description="Memory fragmentation change worth a write."
     )
     temperature_deadband: float = Field(
-        default=3.0, ge=0, le=100, description="Temperature change (degrees C) worth a write."
+        default=5.0,
+        ge=0,
+        le=100,
+        description="Change of the hottest GPU's temperature (degrees C) worth a write.",
     )
     memory_deadband: float = Field(
         default=0.05,
         ge=0,
         le=1,
         description="Free-memory change worth a write, as a fraction of total GPU memory.",
+    )
+    improving_deadband_factor: float = Field(
+        default=3.0,
+        ge=1,
+        le=100,
+        description=(
+            "A move towards more headroom (idler, cooler, more free memory) must be this many "
+            "times its deadband to be written before the heartbeat; 1: symmetric deadbands."
+        ),
+    )
+    per_gpu_utilization_deadband: float = Field(
+        default=0.15, ge=0, le=1, description="Change of one GPU's utilization worth a write."
+    )
+    per_gpu_temperature_deadband: float = Field(
+        default=5.0,
+        ge=0,
+        le=100,
+        description="Change of one GPU's temperature (degrees C) worth a write.",
+    )
+    per_gpu_memory_deadband: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Change of one GPU's free memory worth a write, as a fraction of one GPU's.",
     )
     backoff_base: float = Field(
         default=10.0, gt=0, description="First wait (seconds) after a failed write."
@@ -86,6 +114,21 @@ class AgentSettings(BaseSettings):
     )
     api_timeout: float = Field(
         default=5.0, gt=0, le=60, description="Read timeout (seconds) of one API request."
+    )
+    pod_resources: bool = Field(
+        default=True,
+        description=(
+            "Read GPU allocations (per-gpu-allocated) from the kubelet's pod-resources API; "
+            "false: never ask the kubelet, leave the key out."
+        ),
+    )
+    pod_resources_socket: str = Field(
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        min_length=1,
+        description="The kubelet's pod-resources unix socket.",
+    )
+    pod_resources_timeout: float = Field(
+        default=1.0, gt=0, le=30, description="Seconds one pod-resources call may take."
     )
     annotation_prefix: str = Field(
         default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
@@ -152,6 +195,10 @@ class AgentSettings(BaseSettings):
             fragmentation_deadband=self.fragmentation_deadband,
             temperature_deadband_c=self.temperature_deadband,
             memory_deadband_fraction=self.memory_deadband,
+            improving_deadband_factor=self.improving_deadband_factor,
+            per_gpu_utilization_deadband=self.per_gpu_utilization_deadband,
+            per_gpu_temperature_deadband_c=self.per_gpu_temperature_deadband,
+            per_gpu_memory_deadband_fraction=self.per_gpu_memory_deadband,
             backoff_base_s=self.backoff_base,
             backoff_max_s=self.backoff_max,
         )

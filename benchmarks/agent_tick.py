@@ -8,9 +8,11 @@ what the daemon's own bookkeeping adds.
 Reading the source is timed separately (for the simulated source it is the trace's cost, not
 NVML's; the real NVML time per tick comes from `pytest -m gpu` on a GPU machine).
 
-Peak RSS: a real `gpu-agent run --source simulated` process against the local API server stand-in,
-sampling every 0.5 s for a few seconds; `VmHWM` from /proc/<pid>/status. Measured twice, side by
-side: as `python` runs it, and as `python -OO` (docstrings dropped; see docs/agent.md, Footprint).
+Peak RSS: a real `gpu-agent run --source simulated` process against the local API server stand-in
+and a kubelet pod-resources stand-in (a real gRPC server), sampling every 0.5 s for a few seconds;
+`VmHWM` from /proc/<pid>/status. Measured side by side: as `python` runs it and as `python -OO`
+(docstrings dropped; see docs/agent.md, Footprint), each with and without `--pod-resources`
+(the difference is what loading grpc costs).
 
     python -m benchmarks.agent_tick            # table
     python -m benchmarks.agent_tick --json     # one JSON object (for benchmarks.figures)
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,11 +40,14 @@ from typing import Any
 from agent.aggregate import aggregate
 from agent.daemon import Agent, memory_total_mib
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
-from agent.records import NodeReading
+from agent.podresources_wire import ContainerDevices, DeviceGroup
+from agent.records import DeviceAllocations, NodeReading
+from agent.simulated import SimulatedSource
 from agent.sources import open_source
 from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch
 from gpu_sim.apiserver import ApiServerStandIn
+from gpu_sim.kubelet import PodResourcesStandIn
 
 TICK_TARGET_MS = 5.0
 RSS_TARGET_MB = 80.0
@@ -62,8 +68,16 @@ def bench_tick(gpus: int, ticks: int) -> dict[str, Any]:
     read_wall_ns: list[int] = []
     for step in range(ticks):
         started = time.perf_counter_ns()
-        readings.append(source.read(T0 + timedelta(seconds=5 * step)))
+        reading = source.read(T0 + timedelta(seconds=5 * step))
         read_wall_ns.append(time.perf_counter_ns() - started)
+        # What the kubelet would say: every GPU allocatable, every other one held by a pod.
+        uuids = [g.uuid for g in reading.gpus]
+        readings.append(
+            replace(
+                reading,
+                allocations=DeviceAllocations(frozenset(uuids), frozenset(uuids[::2])),
+            )
+        )
     source.close()
 
     limiter = LimiterState.initial(now_s=0.0)
@@ -147,9 +161,19 @@ def _proc_status_kib(pid: int, field: str) -> int | None:
 
 
 def _daemon_peak(
-    kubeconfig: Path, *, seconds: float, python_flags: list[str], env: dict[str, str]
+    kubeconfig: Path,
+    *,
+    seconds: float,
+    python_flags: list[str],
+    env: dict[str, str],
+    pod_resources_socket: str | None,
 ) -> tuple[int | None, int | None, bool, int, str]:
     """Run the daemon for `seconds`; (VmHWM KiB, VmRSS KiB, alive at the end, exit code, stderr)."""
+    pod_resources = (
+        [f"--pod-resources-socket={pod_resources_socket}"]
+        if pod_resources_socket
+        else ["--pod-resources=false"]
+    )
     process = subprocess.Popen(
         [
             sys.executable,
@@ -165,6 +189,7 @@ def _daemon_peak(
             "--min-write-interval=1",
             "--heartbeat=2",
             "--log-level=WARNING",
+            *pod_resources,
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -184,7 +209,23 @@ def _daemon_peak(
     return hwm_kib, rss_kib, alive, process.returncode, stderr.decode(errors="replace")
 
 
-def bench_rss(seconds: float, *, optimize: bool = False) -> dict[str, Any]:
+def _kubelet_for_the_simulated_node(socket_path: str) -> PodResourcesStandIn:
+    """A kubelet stand-in that offers the daemon's simulated GPUs and has given half to pods."""
+    uuids = [g.uuid for g in SimulatedSource(gpus=8, seed=0).read(T0).gpus]
+    kubelet = PodResourcesStandIn(socket_path)
+    kubelet.serve(
+        allocatable=[DeviceGroup("nvidia.com/gpu", tuple(uuids))],
+        containers=[
+            ContainerDevices("bench", f"pod-{i}", "main", (DeviceGroup("nvidia.com/gpu", (u,)),))
+            for i, u in enumerate(uuids[::2])
+        ],
+    )
+    return kubelet.start()
+
+
+def bench_rss(
+    seconds: float, *, optimize: bool = False, pod_resources: bool = True
+) -> dict[str, Any]:
     """Peak RSS of a real daemon writing to the API server stand-in for `seconds`.
 
     `optimize`: run it as `python -OO` (PYTHONOPTIMIZE=2), which drops docstrings; most of the
@@ -204,15 +245,32 @@ def bench_rss(seconds: float, *, optimize: bool = False) -> dict[str, Any]:
             # Compile everything the daemon imports, to the end (a timed run could be cut short
             # by a slow compile and leave the rest to the measured run).
             subprocess.run(
-                [sys.executable, *flags, "-c", "import agent.cli, agent.simulated"],
+                [
+                    sys.executable,
+                    *flags,
+                    "-c",
+                    "import agent.cli, agent.simulated, agent.podresources",
+                ],
                 env=env,
                 check=True,
                 timeout=300,
             )
-        hwm_kib, rss_kib, alive, code, stderr = _daemon_peak(
-            kubeconfig, seconds=seconds, python_flags=flags, env=env
-        )
+        socket_path = str(Path(tmp) / "kubelet.sock")
+        kubelet = _kubelet_for_the_simulated_node(socket_path) if pod_resources else None
+        try:
+            hwm_kib, rss_kib, alive, code, stderr = _daemon_peak(
+                kubeconfig,
+                seconds=seconds,
+                python_flags=flags,
+                env=env,
+                pod_resources_socket=socket_path if pod_resources else None,
+            )
+        finally:
+            if kubelet is not None:
+                kubelet.stop()
         writes = server.node_writes("bench-node")
+        allocated_key = "gpu-scheduler.example.com/per-gpu-allocated"
+        published = allocated_key in server.node("bench-node")["metadata"].get("annotations", {})
     if not alive:
         raise RuntimeError("the daemon exited early: " + stderr[-500:])
     return {
@@ -222,6 +280,8 @@ def bench_rss(seconds: float, *, optimize: bool = False) -> dict[str, Any]:
         "rss_mb": None if rss_kib is None else rss_kib / 1024,
         "writes": writes,
         "exit_code": code,
+        "pod_resources": pod_resources,
+        "allocations_published": published,
     }
 
 
@@ -236,12 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     ticks = [bench_tick(gpus, args.ticks) for gpus in (1, 8)]
     rss = None if args.no_rss else bench_rss(args.rss_seconds)
     rss_optimized = None if args.no_rss else bench_rss(args.rss_seconds, optimize=True)
+    rss_off = None if args.no_rss else bench_rss(args.rss_seconds, pod_resources=False)
+    rss_optimized_off = (
+        None if args.no_rss else bench_rss(args.rss_seconds, optimize=True, pod_resources=False)
+    )
     result = {
         "machine": machine_description(),
         "targets": {"tick_ms_8_gpus": TICK_TARGET_MS, "peak_rss_mb": RSS_TARGET_MB},
         "ticks": ticks,
         "rss": rss,
         "rss_optimized": rss_optimized,
+        "rss_no_pod_resources": rss_off,
+        "rss_optimized_no_pod_resources": rss_optimized_off,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -265,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         f"tick cpu median, 8 gpus: {eight:.3f} ms (target <= {TICK_TARGET_MS} ms); "
         f"8/1 gpu ratio {eight / max(ticks[0]['cpu']['median_ms'], 1e-9):.2f}"
     )
-    for label, measured in (("python", rss), ("python -OO", rss_optimized)):
+    for label, measured in (
+        ("python", rss),
+        ("python -OO", rss_optimized),
+        ("python, --pod-resources=false", rss_off),
+        ("python -OO, --pod-resources=false", rss_optimized_off),
+    ):
         if measured is None:
             continue
         print(

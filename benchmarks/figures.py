@@ -19,11 +19,12 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,39 +100,47 @@ QUICK = Sizes(
     placement_duration_s=1200.0,
 )
 
-VARIANTS: tuple[tuple[str, WritePolicy], ...] = (
-    (
-        "defaults (deadbands 0.05, max 0.10 / 3 C / 5 %, min 10 s, heartbeat 60 s)",
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One row of the sensitivity table: a write policy, with or without per-GPU data."""
+
+    label: str
+    policy: WritePolicy
+    per_gpu: bool = True
+
+
+# DESIGN.md's numbers, applied to the per-GPU values as well: symmetric deadbands, 0.05 / 3 C /
+# 5 %, each GPU against its own written value.
+DESIGN_RULES = WritePolicy(
+    temperature_deadband_c=3.0,
+    improving_deadband_factor=1.0,
+    per_gpu_utilization_deadband=0.05,
+    per_gpu_temperature_deadband_c=3.0,
+    per_gpu_compare="by-index",
+)
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "defaults (worsening 0.05 / 5 C / 5 %, improving x3; per GPU 0.15 / 5 C / 5 % as a "
+        "multiset; min 10 s, heartbeat 60 s)",
         WritePolicy(),
     ),
-    (
-        "utilization-max deadband 0.05, like the node mean",
-        WritePolicy(utilization_max_deadband=0.05),
-    ),
-    (
-        "wider deadbands (0.10, max 0.20 / 5 C / 10 %)",
-        WritePolicy(
-            utilization_deadband=0.10,
-            utilization_max_deadband=0.20,
-            fragmentation_deadband=0.10,
-            temperature_deadband_c=5.0,
-            memory_deadband_fraction=0.10,
-        ),
-    ),
-    ("min write interval 30 s", WritePolicy(min_write_interval_s=30.0)),
-    ("heartbeat 120 s", WritePolicy(heartbeat_s=120.0, backoff_max_s=240.0)),
-    (
-        "wider deadbands + min write interval 30 s",
-        WritePolicy(
-            utilization_deadband=0.10,
-            utilization_max_deadband=0.20,
-            fragmentation_deadband=0.10,
-            temperature_deadband_c=5.0,
-            memory_deadband_fraction=0.10,
-            min_write_interval_s=30.0,
-        ),
-    ),
-)
+    Variant("no per-GPU keys, DESIGN.md's rules (the write budget before per-GPU data)",
+            replace(DESIGN_RULES), per_gpu=False),
+    Variant("DESIGN.md's rules applied to per-GPU values too (symmetric, 0.05 / 3 C, GPU by GPU)",
+            DESIGN_RULES),
+    Variant("defaults, but symmetric deadbands (improving x1)",
+            WritePolicy(improving_deadband_factor=1.0)),
+    Variant("defaults, but per-GPU values GPU by GPU (no multiset)",
+            WritePolicy(per_gpu_compare="by-index")),
+    Variant("defaults, but per-GPU utilization deadband 0.05",
+            WritePolicy(per_gpu_utilization_deadband=0.05)),
+    Variant("defaults, but temperature deadbands 3 C (DESIGN.md)",
+            WritePolicy(temperature_deadband_c=3.0, per_gpu_temperature_deadband_c=3.0)),
+    Variant("defaults + min write interval 30 s", WritePolicy(min_write_interval_s=30.0)),
+    Variant("defaults + heartbeat 120 s", WritePolicy(heartbeat_s=120.0, backoff_max_s=240.0)),
+)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -597,6 +606,7 @@ def _fleet_section(
             + ". The defaults favour fresh data; an operator who values fewer writes more "
             "sets `--heartbeat`, `--min-write-interval` and the deadbands."
         )
+    per_gpu_text = _per_gpu_paragraph(main, variants)
     fleet_cmd = (
         f"python -m gpu_sim.fleet --nodes {cfg.nodes} --duration-s {cfg.duration_s:g} --seed {seed}"
     )
@@ -662,12 +672,40 @@ Sensitivity ({variants[0][1].config.nodes if variants else 0} nodes,
 
 {verdict}
 
+{per_gpu_text}
+
 {burst}
 
 ![writes per second against fleet size](img/writes_vs_fleet.png)
 
 ![data age distribution](img/data_age.png)
 """
+
+
+def _per_gpu_paragraph(main: FleetResult, variants: Sequence[tuple[str, FleetResult]]) -> str:
+    """How the per-GPU keys fit the write budget, from the sensitivity rows that show it."""
+    ratio = {label: r.write_ratio for label, r in variants}
+
+    def row(index: int) -> str:
+        label = VARIANTS[index].label
+        return f"{ratio[label]:.1%}" if label in ratio else "n/a"
+
+    return f"""**Per-GPU keys in the budget.** Every write here carries the four per-GPU keys (one
+value per GPU, allocations from the trace's pods), and they take part in the write rules. In the
+sensitivity runs: node-level keys alone under DESIGN.md's rules write {row(1)} of naive (the
+budget before per-GPU data); per-GPU keys under the same rules, each GPU against its own written
+value, {row(2)}. One GPU's 5 s utilization wanders far more than the node mean (eight GPUs' noise
+does not average out), so on a serving node some GPU crosses 0.05 on most ticks. The defaults
+write on the per-GPU movements a scorer can act on (docs/agent.md, "Departures from the design's
+defaults"): per-GPU values are compared as a multiset, because the scheduler picks the node and the
+device plugin the GPU, so GPUs trading places changes no decision ({row(4)} without it); deadbands
+are direction-aware, so a move towards less headroom is written at once and one towards more
+headroom waits for three deadbands or the heartbeat, and published values err towards less
+headroom ({row(3)} without it); a GPU's utilization deadband is 0.15, one score step at the default
+weights ({row(5)} at 0.05); temperature deadbands are 5 C, since a degree is worth 0.15/40 of the
+score and matters only at the filter limit ({row(6)} at 3 C). An allocation flip is a discrete
+change. Result: {main.write_ratio:.1%} of naive over {main.config.nodes} nodes, with every GPU's
+values at most one heartbeat old."""
 
 
 def _storm_section(result: FleetResult, storm: ApiStorm, seed: int) -> str:
@@ -937,7 +975,12 @@ def _agent_section(bench: Mapping[str, Any]) -> str:
     targets = data.get("targets", {})
     limit = targets.get("peak_rss_mb", 80)
     rss_lines: list[str] = []
-    for key, how in (("rss", "plain `python`"), ("rss_optimized", "`python -OO`")):
+    for key, how in (
+        ("rss", "plain `python`, allocations from a kubelet stand-in (grpc loaded)"),
+        ("rss_optimized", "`python -OO`, allocations from a kubelet stand-in (grpc loaded)"),
+        ("rss_no_pod_resources", "plain `python`, `--pod-resources=false` (no grpc)"),
+        ("rss_optimized_no_pod_resources", "`python -OO`, `--pod-resources=false` (no grpc)"),
+    ):
         rss = data.get(key)
         if not isinstance(rss, Mapping):
             continue
@@ -948,7 +991,8 @@ def _agent_section(bench: Mapping[str, Any]) -> str:
             f"after {rss.get('seconds')} s ({verdict}: target <= {limit} MB)"
         )
     rss_text = (
-        "A real `gpu-agent run --source simulated` writing to the API stand-in:\n\n"
+        "A real `gpu-agent run --source simulated` writing to the API stand-in and reading "
+        "allocations from a real gRPC kubelet stand-in (`gpu_sim/kubelet.py`):\n\n"
         + "\n".join(rss_lines)
         if rss_lines
         else "Peak RSS was not measured in this run."
@@ -1062,6 +1106,9 @@ def render_document(
     timings: Sequence[Timed],
     sections: Sequence[str],
     quick: bool,
+    redone: Sequence[str] | None = None,
+    regenerated_at: datetime | None = None,
+    regenerated_on: str | None = None,
 ) -> str:
     total = sum(t.seconds for t in timings)
     timing_table = _table(
@@ -1076,8 +1123,16 @@ def render_document(
         if (os.cpu_count() or 1) <= 4
         else ""
     )
+    partial_note = (
+        f"\n> **Partly regenerated** on {regenerated_at or started:%Y-%m-%d %H:%M} UTC on "
+        f"{regenerated_on or machine}: the "
+        f"{', '.join(redone)} section(s) (`python -m benchmarks.figures --sections "
+        f"{','.join(redone)}`); the others and their timings are from the run dated below.\n"
+        if redone
+        else ""
+    )
     return f"""# Performance
-{quick_note}
+{quick_note}{partial_note}
 Every number and figure here was produced by one command, from a fresh clone:
 
     {COMMAND}
@@ -1114,6 +1169,61 @@ the tables are in `img/figures.json`.
 """
 
 
+SECTIONS: tuple[str, ...] = ("fleet", "storm", "placement", "agent", "scorer")
+# Each section's heading in the document, to keep the text of sections a run does not redo.
+_HEADINGS: Mapping[str, str] = {
+    "fleet": "## Write budget at fleet scale",
+    "storm": "## A 429 storm",
+    "placement": "## Scheduling quality",
+    "agent": "## Agent tick and memory",
+    "scorer": "## Scorer latency",
+}
+_TAIL_HEADING = "## What these models leave out"
+
+
+def _kept_sections(document: str) -> dict[str, str]:
+    """The text of each section of an earlier document, by section name."""
+    kept: dict[str, str] = {}
+    names = {heading: name for name, heading in _HEADINGS.items()}
+    current: str | None = None
+    for line in document.splitlines(keepends=True):
+        if line.startswith("## "):
+            current = names.get(line.rstrip("\n"))
+        if current is not None:
+            kept[current] = kept.get(current, "") + line
+    # A section ends with one newline, as rendered; the blank line before the next heading is
+    # the document's.
+    return {name: text.rstrip() + "\n" for name, text in kept.items()}
+
+
+def _kept_timings(document: str, redone: Sequence[str]) -> list[Timed]:
+    """Rows of an earlier document's timing table for the steps of sections not redone."""
+    prefixes = {
+        "fleet": ("fleet: ", "fleet variant: "),
+        "storm": ("fleet: 429 storm",),
+        "placement": ("placement: ",),
+        "agent": ("benchmark: agent tick",),
+        "scorer": ("benchmark: scorer latency",),
+    }
+    owner_of = sorted(
+        ((prefix, name) for name, ps in prefixes.items() for prefix in ps),
+        key=lambda pair: -len(pair[0]),
+    )
+    rows: list[Timed] = []
+    table = document.split("## Regeneration time", 1)[-1]
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or cells[0] in ("step", "---"):
+            continue
+        owner = next((name for prefix, name in owner_of if cells[0].startswith(prefix)), None)
+        if owner is not None and owner not in redone:
+            try:
+                rows.append(Timed(cells[0], float(cells[1])))
+            except ValueError:
+                continue
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.figures", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
@@ -1128,18 +1238,82 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the agent tick and scorer latency benchmarks",
     )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=(
+            "comma-separated sections to regenerate (" + ", ".join(SECTIONS) + "); the others "
+            "keep their text, figures and timings from the existing document"
+        ),
+    )
     parser.add_argument("--fleet-seed", type=int, default=7)
     parser.add_argument("--placement-seed", type=int, default=11)
     args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     sizes = QUICK if args.quick else FULL
     out: Path = args.out_dir
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
+    previous_path = out / "performance.md"
+    previous = previous_path.read_text() if previous_path.exists() else ""
+    kept = _kept_sections(previous)
+    missing = [name for name in SECTIONS if name not in chosen and name not in kept]
+    if missing:
+        parser.error(f"no earlier text to keep for {', '.join(missing)}: regenerate them too")
     started = datetime.now(UTC)
     timings: list[Timed] = []
     seed = args.fleet_seed
+    texts: dict[str, str] = {name: kept[name] for name in SECTIONS if name not in chosen}
+    summary_path = img / "figures.json"
+    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
 
+    if "fleet" in chosen:
+        texts["fleet"] = _run_fleet(sizes, seed, timings, img, summary)
+    if "storm" in chosen:
+        texts["storm"] = _run_storm(sizes, seed, timings, img, summary)
+    if "placement" in chosen:
+        texts["placement"] = _run_placement(sizes, args.placement_seed, timings, img, summary)
+    if "agent" in chosen:
+        texts["agent"] = _agent_section(_run_agent(args, timings))
+    if "scorer" in chosen:
+        texts["scorer"] = _run_scorer(args, timings, img)
+
+    dated = started
+    machine = here = machine_description()
+    if len(chosen) < len(SECTIONS):
+        timings = [*_kept_timings(previous, chosen), *timings]
+        # The kept sections were measured at the earlier run's time, on its machine.
+        found = re.search(
+            r"These numbers: (\d{4}-\d\d-\d\d \d\d:\d\d) UTC on\n(.+?)(?=: a small| ?\. Ratios)",
+            previous,
+        )
+        if found:
+            dated = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
+            machine = found.group(2)
+    document = render_document(
+        machine=machine,
+        regenerated_on=here,
+        started=dated,
+        regenerated_at=started,
+        timings=timings,
+        sections=[texts[name] for name in SECTIONS],
+        quick=args.quick,
+        redone=chosen if len(chosen) < len(SECTIONS) else None,
+    )
+    previous_path.write_text(document)
+    summary_path.write_text(json.dumps(summary, indent=2, default=str))
+    print(f"wrote {previous_path} and {img}/*.png", flush=True)
+    return 0
+
+
+def _run_fleet(
+    sizes: Sizes, seed: int, timings: list[Timed], img: Path, summary: dict[str, Any]
+) -> str:
     main_cfg = FleetConfig(nodes=sizes.fleet_nodes, duration_s=sizes.fleet_duration_s, seed=seed)
+    started = len(timings)
     main_result: FleetResult = _timed(
         f"fleet: {main_cfg.nodes} nodes x {main_cfg.duration_s:g} s",
         timings,
@@ -1152,25 +1326,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda: simulate(exact_cfg),
     )
     variant_results: list[tuple[str, FleetResult]] = []
-    for label, policy in VARIANTS:
+    for variant in VARIANTS:
         cfg = FleetConfig(
             nodes=sizes.variant_nodes,
             duration_s=sizes.variant_duration_s,
             seed=seed,
-            policy=policy,
+            policy=variant.policy,
+            per_gpu=variant.per_gpu,
         )
         variant_results.append(
-            (label, _timed(f"fleet variant: {label}", timings, functools.partial(simulate, cfg)))
+            (
+                variant.label,
+                _timed(
+                    f"fleet variant: {variant.label}", timings, functools.partial(simulate, cfg)
+                ),
+            )
         )
+    sim_sizes = [n for n in (50, 100, 250, 500, 1000) if n <= main_cfg.nodes] or [main_cfg.nodes]
+    if sim_sizes[-1] != main_cfg.nodes:
+        sim_sizes.append(main_cfg.nodes)
+    fig_writes_vs_fleet(
+        sim_sizes,
+        [main_result.writes_per_s_first(n) for n in sim_sizes],
+        per_node=main_result.writes_per_s / main_cfg.nodes,
+        naive_per_node=main_result.naive_writes_per_s / main_cfg.nodes,
+        path=img / "writes_vs_fleet.png",
+        exact=exact_result,
+    )
+    fig_data_age(main_result, img / "data_age.png")
+    summary["fleet"] = main_result.summary(PENDING_PODS)
+    summary["fleet_whole"] = exact_result.summary(PENDING_PODS)
+    summary["variants"] = {label: r.summary(PENDING_PODS) for label, r in variant_results}
+    return _fleet_section(
+        main_result,
+        variant_results,
+        sizes_sim=sim_sizes,
+        seed=seed,
+        wall_s=timings[started].seconds,
+        exact=exact_result,
+    )
+
+
+def _run_storm(
+    sizes: Sizes, seed: int, timings: list[Timed], img: Path, summary: dict[str, Any]
+) -> str:
     storm = ApiStorm(sizes.storm_start_s, sizes.storm_end_s, retry_after_s=30.0)
     storm_cfg = FleetConfig(
         nodes=sizes.storm_nodes, duration_s=sizes.storm_duration_s, seed=seed, storms=(storm,)
     )
     storm_result: FleetResult = _timed("fleet: 429 storm", timings, lambda: simulate(storm_cfg))
+    fig_storm(storm_result, storm, img / "storm.png")
+    summary["storm"] = storm_result.summary(PENDING_PODS)
+    return _storm_section(storm_result, storm, seed)
+
+
+def _run_placement(
+    sizes: Sizes, seed: int, timings: list[Timed], img: Path, summary: dict[str, Any]
+) -> str:
     placement_cfg = PlacementConfig(
-        nodes=sizes.placement_nodes,
-        duration_s=sizes.placement_duration_s,
-        seed=args.placement_seed,
+        nodes=sizes.placement_nodes, duration_s=sizes.placement_duration_s, seed=seed
     )
     placement: dict[str, PlacementResult] = _timed(
         f"placement: {placement_cfg.nodes} nodes x {placement_cfg.duration_s:g} s, "
@@ -1178,88 +1392,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         timings,
         lambda: dict(compare(placement_cfg)),
     )
+    fig_placement(placement, img / "placement.png")
+    fig_fragmentation(placement, img / "fragmentation.png")
+    summary["placement"] = {p: r.summary() for p, r in placement.items()}
+    return _placement_section(placement, placement_cfg)
+
+
+def _run_agent(args: argparse.Namespace, timings: list[Timed]) -> dict[str, Any]:
     if args.no_benchmarks:
-        agent_bench: dict[str, Any] = {
+        return {
             "error": "skipped (--no-benchmarks)",
             "command": "python -m benchmarks.agent_tick --json",
         }
+    agent_extra = ["--ticks", "300", "--no-rss"] if args.quick else []
+    result: dict[str, Any] = _timed(
+        "benchmark: agent tick",
+        timings,
+        lambda: run_benchmark("benchmarks.agent_tick", agent_extra, 300),
+    )
+    return result
+
+
+def _run_scorer(args: argparse.Namespace, timings: list[Timed], img: Path) -> str:
+    if args.no_benchmarks:
         scorer_bench: dict[str, Any] = {
             "error": "skipped (--no-benchmarks)",
             "command": "python -m benchmarks.scorer_latency --json",
         }
     else:
-        agent_extra = ["--ticks", "300", "--no-rss"] if args.quick else []
-        agent_bench = _timed(
-            "benchmark: agent tick",
-            timings,
-            lambda: run_benchmark("benchmarks.agent_tick", agent_extra, 300),
-        )
         scorer_extra = ["--quick"] if args.quick else []
         scorer_bench = _timed(
             "benchmark: scorer latency",
             timings,
             lambda: run_benchmark("benchmarks.scorer_latency", scorer_extra, 400),
         )
-
-    sim_sizes = [n for n in (50, 100, 250, 500, 1000) if n <= main_cfg.nodes] or [main_cfg.nodes]
-    if sim_sizes[-1] != main_cfg.nodes:
-        sim_sizes.append(main_cfg.nodes)
-
-    def draw() -> bool:
-        fig_writes_vs_fleet(
-            sim_sizes,
-            [main_result.writes_per_s_first(n) for n in sim_sizes],
-            per_node=main_result.writes_per_s / main_cfg.nodes,
-            naive_per_node=main_result.naive_writes_per_s / main_cfg.nodes,
-            path=img / "writes_vs_fleet.png",
-            exact=exact_result,
-        )
-        fig_data_age(main_result, img / "data_age.png")
-        fig_storm(storm_result, storm, img / "storm.png")
-        fig_placement(placement, img / "placement.png")
-        fig_fragmentation(placement, img / "fragmentation.png")
-        return "data" in scorer_bench and fig_scorer_latency(
-            _latency_rows(scorer_bench["data"]), img / "scorer_latency.png"
-        )
-
-    plotted: bool = _timed("figures (matplotlib)", timings, draw)
+    plotted = "data" in scorer_bench and fig_scorer_latency(
+        _latency_rows(scorer_bench["data"]), img / "scorer_latency.png"
+    )
     stale_latency = img / "scorer_latency.png"
     if not plotted and stale_latency.exists():
         # A figure from an earlier run must not sit next to a document that says "not measured".
         stale_latency.unlink()
-
-    sections = [
-        _fleet_section(
-            main_result,
-            variant_results,
-            sizes_sim=sim_sizes,
-            seed=seed,
-            wall_s=timings[0].seconds,
-            exact=exact_result,
-        ),
-        _storm_section(storm_result, storm, seed),
-        _placement_section(placement, placement_cfg),
-        _agent_section(agent_bench),
-        _scorer_section(scorer_bench, plotted),
-    ]
-    document = render_document(
-        machine=machine_description(),
-        started=started,
-        timings=timings,
-        sections=sections,
-        quick=args.quick,
-    )
-    (out / "performance.md").write_text(document)
-    summary = {
-        "fleet": main_result.summary(PENDING_PODS),
-        "fleet_whole": exact_result.summary(PENDING_PODS),
-        "storm": storm_result.summary(PENDING_PODS),
-        "variants": {label: r.summary(PENDING_PODS) for label, r in variant_results},
-        "placement": {p: r.summary() for p, r in placement.items()},
-    }
-    (out / "img" / "figures.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"wrote {out / 'performance.md'} and {img}/*.png", flush=True)
-    return 0
+    return _scorer_section(scorer_bench, plotted)
 
 
 if __name__ == "__main__":

@@ -8,18 +8,20 @@ loads NVML and the agent never links the scorer's HTTP stack.
 Decoding is deliberately lenient per field and strict per value: one unparsable or out-of-range
 value (NaN, inf, negative, a fraction above 1) drops that field alone, with a problem recorded,
 while the rest of the node's data stays usable. An unknown `schema-version` drops everything,
-because the meaning of every other key may have changed.
+because the meaning of every other key may have changed. The per-GPU keys follow the same rule
+per GPU: one bad value drops that GPU's value, a list whose length disagrees with `gpu-count`
+drops that key.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Final
+from typing import Final, NamedTuple, TypeVar
 
 SCHEMA_VERSION: Final = "1"
 DEFAULT_PREFIX: Final = "gpu-scheduler.example.com/"
@@ -53,9 +55,18 @@ class Field(StrEnum):
     HEALTH_DETAIL = "health-detail"
     UPDATED_AT = "updated-at"
     SCHEMA_VERSION = "schema-version"
+    # One value per GPU in NVML index order (additive within version 1: older readers ignore them).
+    PER_GPU_UTILIZATION = "per-gpu-utilization"
+    PER_GPU_MEMORY_FREE_MIB = "per-gpu-memory-free-mib"
+    PER_GPU_TEMPERATURE = "per-gpu-temperature"
+    PER_GPU_ALLOCATED = "per-gpu-allocated"
 
 
 MIXED_MODELS: Final = "mixed"
+# The per-GPU value of a GPU that was not measured (lost, field not supported, allocation unknown).
+NOT_MEASURED: Final = "-"
+# Far above any real node, low enough that a hand-edited annotation cannot make a reader loop long.
+MAX_PER_GPU_VALUES: Final = 1024
 # Long enough for a few per-GPU problems, short enough to stay readable in `kubectl describe node`.
 MAX_HEALTH_DETAIL_CHARS: Final = 256
 
@@ -96,9 +107,27 @@ class Keys:
 DEFAULT_KEYS: Final = Keys.for_prefix(DEFAULT_PREFIX)
 
 
+class GpuState(NamedTuple):
+    """One GPU's published values; `None` means "not measured" (written as `-`).
+
+    `memory_free_mib` is the largest single allocation the GPU can still give (its free memory,
+    or on a MIG-enabled GPU one MIG device's or creatable instance's worth); `allocated` is True
+    when every schedulable share of the GPU is assigned to a pod.
+    """
+
+    utilization: float | None = None
+    memory_free_mib: int | None = None
+    temperature_c: int | None = None
+    allocated: bool | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeGpuState:
-    """What the agent publishes about one node. `None` means "not measured": the key is omitted."""
+    """What the agent publishes about one node. `None` means "not measured": the key is omitted.
+
+    `gpus` holds one `GpuState` per GPU in NVML index order (lost GPUs included, all `None`), or
+    nothing when the node publishes no per-GPU data.
+    """
 
     health: Health
     updated_at: datetime
@@ -111,6 +140,7 @@ class NodeGpuState:
     gpu_model: str | None = None
     gpu_count: int | None = None
     health_detail: str | None = None
+    gpus: tuple[GpuState, ...] = ()
 
 
 def normalize_model_name(product_name: str) -> str:
@@ -173,7 +203,7 @@ def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
         Field.MEMORY_FRAGMENTATION: _fraction_or_none(state.memory_fragmentation),
         Field.MEMORY_FREE_MIB: _format_count(state.memory_free_mib),
         Field.MEMORY_LARGEST_FREE_MIB: _format_count(state.memory_largest_free_mib),
-        Field.TEMPERATURE: None if state.temperature_c is None else str(int(state.temperature_c)),
+        Field.TEMPERATURE: _format_temperature(state.temperature_c),
         Field.GPU_MODEL: state.gpu_model,
         Field.GPU_COUNT: _format_count(state.gpu_count),
         Field.HEALTH: state.health.value,
@@ -185,11 +215,40 @@ def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
         Field.UPDATED_AT: format_timestamp(state.updated_at),
         Field.SCHEMA_VERSION: SCHEMA_VERSION,
     }
+    values.update(_encode_per_gpu(state))
     return {keys[f]: v for f, v in values.items() if v is not None}
 
 
 def _format_count(value: int | None) -> str | None:
     return None if value is None else str(max(0, int(value)))
+
+
+def _format_allocated(value: bool | None) -> str | None:
+    return None if value is None else ("1" if value else "0")
+
+
+def _format_temperature(value: int | None) -> str | None:
+    return None if value is None else str(int(value))
+
+
+def _encode_per_gpu(state: NodeGpuState) -> dict[Field, str | None]:
+    gpus = state.gpus
+    # A list that disagrees with gpu-count would be dropped by every reader: never write one.
+    if not gpus or (state.gpu_count is not None and len(gpus) != state.gpu_count):
+        return {}
+    columns = (
+        (Field.PER_GPU_UTILIZATION, [_fraction_or_none(g.utilization) for g in gpus]),
+        (Field.PER_GPU_MEMORY_FREE_MIB, [_format_count(g.memory_free_mib) for g in gpus]),
+        (Field.PER_GPU_TEMPERATURE, [_format_temperature(g.temperature_c) for g in gpus]),
+        (Field.PER_GPU_ALLOCATED, [_format_allocated(g.allocated) for g in gpus]),
+    )
+    # A column no GPU measured is left out, like any unmeasured field (not written as `-,-,-`).
+    return {
+        f: ",".join(NOT_MEASURED if v is None else v for v in texts)
+        if any(v is not None for v in texts)
+        else None
+        for f, texts in columns
+    }
 
 
 def merge_patch(
@@ -260,7 +319,103 @@ def _parse_temperature(text: str) -> int | None:
     return int(stripped)
 
 
+def _parse_allocated(text: str) -> bool | None:
+    stripped = text.strip()
+    return {"1": True, "0": False}.get(stripped)
+
+
 _HEALTH_BY_TEXT: Final = {h.value: h for h in Health}
+_T = TypeVar("_T")
+
+
+def _gpu_list(indexes: Sequence[int]) -> str:
+    if len(indexes) == 1:
+        return f"gpu {indexes[0]}"
+    return f"{len(indexes)} gpus (first gpu {indexes[0]})"
+
+
+def _per_gpu_column(
+    text: str | None,
+    f: Field,
+    parse: Callable[[str], _T | None],
+    *,
+    expected: int | None,
+    problems: list[str],
+) -> tuple[list[_T | None] | None, int | None]:
+    """One per-GPU key's values and the GPU count the next key must match.
+
+    A key whose value count differs from `expected` (`gpu-count`, or without one the first
+    per-GPU key present) is dropped whole, because its values cannot be matched to GPUs; a single
+    bad value drops that GPU's value alone, as a bad node-level value drops its field alone.
+    """
+    if text is None:
+        return None, expected
+    items = text.split(",", MAX_PER_GPU_VALUES)
+    if len(items) > MAX_PER_GPU_VALUES:
+        problems.append(f"{f.value} invalid (more than {MAX_PER_GPU_VALUES} values)")
+        return None, expected
+    if expected is not None and len(items) != expected:
+        problems.append(f"{f.value} invalid ({len(items)} values for {expected} gpus)")
+        return None, expected
+    values: list[_T | None] = []
+    bad: list[int] = []
+    for index, item in enumerate(items):
+        value = None if item.strip() == NOT_MEASURED else parse(item)
+        if value is None and item.strip() != NOT_MEASURED:
+            bad.append(index)
+        values.append(value)
+    if bad:
+        problems.append(f"{f.value} invalid on {_gpu_list(bad)}")
+    return values, len(items)
+
+
+def _decode_per_gpu(
+    annotations: Mapping[str, str], keys: Keys, gpu_count: int | None, problems: list[str]
+) -> tuple[GpuState, ...]:
+    """The per-GPU table (one `GpuState` per GPU), or `()` when no per-GPU key is usable."""
+    get = annotations.get
+    n = gpu_count
+    utilization, n = _per_gpu_column(
+        get(keys[Field.PER_GPU_UTILIZATION]),
+        Field.PER_GPU_UTILIZATION,
+        _parse_fraction,
+        expected=n,
+        problems=problems,
+    )
+    memory, n = _per_gpu_column(
+        get(keys[Field.PER_GPU_MEMORY_FREE_MIB]),
+        Field.PER_GPU_MEMORY_FREE_MIB,
+        _parse_count,
+        expected=n,
+        problems=problems,
+    )
+    temperature, n = _per_gpu_column(
+        get(keys[Field.PER_GPU_TEMPERATURE]),
+        Field.PER_GPU_TEMPERATURE,
+        _parse_temperature,
+        expected=n,
+        problems=problems,
+    )
+    allocated, n = _per_gpu_column(
+        get(keys[Field.PER_GPU_ALLOCATED]),
+        Field.PER_GPU_ALLOCATED,
+        _parse_allocated,
+        expected=n,
+        problems=problems,
+    )
+    if n is None or all(c is None for c in (utilization, memory, temperature, allocated)):
+        return ()
+    unknown: list[None] = [None] * n
+    return tuple(
+        GpuState(*values)
+        for values in zip(
+            unknown if utilization is None else utilization,
+            unknown if memory is None else memory,
+            unknown if temperature is None else temperature,
+            unknown if allocated is None else allocated,
+            strict=True,
+        )
+    )
 
 
 def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> DecodedAnnotations:
@@ -332,5 +487,6 @@ def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Decoded
         gpu_model=model or None,
         gpu_count=counts[2],
         health_detail=get(keys[Field.HEALTH_DETAIL]),
+        gpus=_decode_per_gpu(annotations, keys, counts[2], problems),
     )
     return DecodedAnnotations(state, tuple(problems), version)

@@ -1,7 +1,8 @@
 """Write-budget simulation: what a fleet of agents costs the API server, and how fresh its data is.
 
 Each simulated node runs the agent's real decision path on a seeded trace (`gpu_sim.traces`):
-`agent.aggregate.aggregate` turns the tick's `NodeReading` into the contract's `NodeGpuState`, the
+`agent.aggregate.aggregate` turns the tick's `NodeReading` (with the kubelet's allocations, as the
+agent reads them) into the contract's `NodeGpuState`, per-GPU table included, the
 pure limiter (`agent.limiter.decide`) says whether to write, and a write is sized as the real
 merge-patch body (`gpu_contract.encode` + `merge_patch`, serialised as the client sends it). There
 is no network: the API server is a function of time that either accepts a write or answers 429
@@ -24,7 +25,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -71,6 +72,9 @@ class FleetConfig:
     storms: tuple[ApiStorm, ...] = ()
     # Bin width of the timeline series.
     bin_s: float = 10.0
+    # Publish the per-GPU keys (with allocations) as the agent does; False: node-level keys only,
+    # as before per-GPU data existed, for comparison.
+    per_gpu: bool = True
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -168,6 +172,7 @@ class FleetResult:
             "duration_s": self.config.duration_s,
             "interval_s": self.config.interval_s,
             "seed": self.config.seed,
+            "per_gpu": self.config.per_gpu,
             "measured_s": self.measured_s,
             "writes_per_s": self.writes_per_s,
             "naive_writes_per_s": self.naive_writes_per_s,
@@ -254,6 +259,7 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
             util_rows = traces.utilization[:, j, :].tolist()
             mem_rows = traces.memory_used_mib[:, j, :].tolist()
             temp_rows = traces.temperature_c[:, j, :].tolist()
+            alloc_rows = traces.allocated[:, j, :].tolist()
             limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter, heartbeat_lead_s=leads[n])
             last_written_at: float | None = None
             last_bytes = 0
@@ -266,8 +272,11 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
                     utilization=util_rows[k],
                     memory_used_mib=mem_rows[k],
                     temperature_c=temp_rows[k],
+                    allocated=alloc_rows[k] if config.per_gpu else None,
                 )
                 state = aggregate(reading)
+                if not config.per_gpu:
+                    state = replace(state, gpus=())
                 decision = decide(
                     limiter, state, now_s=now, memory_total_mib=total_mib, policy=policy
                 )
@@ -393,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--pending-pods", type=int, default=50)
     parser.add_argument(
+        "--no-per-gpu", action="store_true", help="publish node-level keys only (for comparison)"
+    )
+    parser.add_argument(
         "--storm",
         metavar="START:END:RETRY_AFTER",
         help="a 429 window in seconds of simulated time, e.g. 600:900:30",
@@ -411,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interval_s=args.interval_s,
         seed=args.seed,
         storms=storms,
+        per_gpu=not args.no_per_gpu,
     )
     result = simulate(config)
     print(json.dumps(result.summary(args.pending_pods), indent=2, sort_keys=True))

@@ -17,7 +17,10 @@ Each node follows one workload profile, drawn from a configurable, seeded mix:
 
 Temperature follows the load with a first-order thermal lag (time constant 60 s) above a
 per-node ambient; a few nodes run hot (poor airflow). Every value a trace holds is what the agent
-would read for one sampling window: utilization is the window's mean SM-busy fraction.
+would read for one sampling window: utilization is the window's mean SM-busy fraction. Each GPU
+is also allocated (a pod holds it, as the kubelet's pod-resources API would say) or not: always
+under training, inference and diurnal serving, never on idle nodes, and for the length of each
+job on the GPUs a batch job uses.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from agent.records import GpuReading, NodeReading
+from agent.records import DeviceAllocations, GpuReading, NodeReading
 
 
 class Profile(StrEnum):
@@ -120,6 +123,7 @@ def make_fleet(
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(slots=True)
@@ -131,6 +135,8 @@ class FleetTraces:
     utilization: FloatArray
     memory_used_mib: IntArray
     temperature_c: IntArray
+    # Whether a pod holds the GPU (what the kubelet's pod-resources API would say).
+    allocated: npt.NDArray[np.bool_]
     _uuids: list[list[str]] = field(default_factory=list)
 
     @property
@@ -154,8 +160,10 @@ def node_reading(
     utilization: Sequence[float],
     memory_used_mib: Sequence[int],
     temperature_c: Sequence[int],
+    allocated: Sequence[bool] | None = None,
 ) -> NodeReading:
-    """The `NodeReading` the agent's NVML source would produce for one node at one tick."""
+    """The `NodeReading` the agent's NVML source would produce for one node at one tick, with
+    the kubelet's allocations (every GPU allocatable, the `allocated` ones assigned) when given."""
     total = spec.model.memory_total_mib
     name = spec.model.name
     gpus = tuple(
@@ -171,7 +179,17 @@ def node_reading(
         )
         for g in range(spec.gpu_count)
     )
-    return NodeReading(sampled_at=sampled_at, gpus=gpus, device_count=spec.gpu_count)
+    allocations = (
+        None
+        if allocated is None
+        else DeviceAllocations(
+            allocatable_ids=frozenset(uuids[: spec.gpu_count]),
+            assigned_ids=frozenset(uuids[g] for g in range(spec.gpu_count) if allocated[g]),
+        )
+    )
+    return NodeReading(
+        sampled_at=sampled_at, gpus=gpus, device_count=spec.gpu_count, allocations=allocations
+    )
 
 
 def generate(
@@ -198,6 +216,7 @@ def generate(
     times = start_s + interval_s * np.arange(ticks, dtype=float)
     util = np.zeros((ticks, nodes, gpus))
     mem_frac = np.zeros((ticks, nodes, gpus))
+    allocated = np.zeros((ticks, nodes, gpus), dtype=bool)
     by_profile: dict[Profile, list[int]] = {p: [] for p in Profile}
     for i, s in enumerate(specs):
         by_profile[s.profile].append(i)
@@ -206,9 +225,10 @@ def generate(
         if not members:
             continue
         idx = np.array(members)
-        u, m = _PROFILE_GENERATORS[profile](rng, times, len(members), gpus, interval_s)
+        u, m, a = _PROFILE_GENERATORS[profile](rng, times, len(members), gpus, interval_s)
         util[:, idx, :] = u
         mem_frac[:, idx, :] = m
+        allocated[:, idx, :] = a
 
     np.clip(util, 0.0, 1.0, out=util)
     np.clip(mem_frac, 0.0, 0.98, out=mem_frac)
@@ -222,6 +242,7 @@ def generate(
         utilization=np.round(util, 2),
         memory_used_mib=np.rint(mem_frac * totals).astype(np.int64),
         temperature_c=np.rint(temperature).astype(np.int64),
+        allocated=allocated,
     )
 
 
@@ -239,7 +260,7 @@ def _ar1(
 
 def _training(
     rng: np.random.Generator, times: FloatArray, n: int, g: int, interval_s: float
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray, BoolArray]:
     ticks = len(times)
     level = rng.uniform(0.90, 0.98, size=(1, n, 1))
     u = level + _ar1(rng, (ticks, n, g), 0.015)
@@ -249,7 +270,8 @@ def _training(
     in_checkpoint = np.mod(times.reshape(-1, 1, 1) + phase, period) < 60.0
     u = np.where(in_checkpoint, 0.08, u)
     m = rng.uniform(0.80, 0.95, size=(1, n, 1)) + np.zeros((ticks, n, g))
-    return u, m
+    # The job holds every GPU through its checkpoints too.
+    return u, m, np.ones((ticks, n, g), dtype=bool)
 
 
 def _bursts(
@@ -269,7 +291,7 @@ def _bursts(
 
 def _inference(
     rng: np.random.Generator, times: FloatArray, n: int, g: int, interval_s: float
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray, BoolArray]:
     ticks = len(times)
     base = rng.uniform(0.10, 0.35, size=(1, n, 1))
     burst = _bursts(rng, ticks, n, interval_s, rate_per_s=1 / 600).reshape(ticks, n, 1)
@@ -277,32 +299,33 @@ def _inference(
     u = base + burst * height + _ar1(rng, (ticks, n, g), 0.05, rho=0.6)
     resident = rng.uniform(0.35, 0.55, size=(1, n, g))
     m = resident + 0.25 * np.clip(u, 0.0, 1.0)
-    return u, m
+    # One serving pod per GPU, bursts or not.
+    return u, m, np.ones((ticks, n, g), dtype=bool)
 
 
 def _idle(
     rng: np.random.Generator, times: FloatArray, n: int, g: int, interval_s: float
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray, BoolArray]:
     ticks = len(times)
     blips = (rng.random((ticks, n, g)) < 0.002) * rng.uniform(0.02, 0.2, size=(ticks, n, g))
     m = np.full((ticks, n, g), 0.006)
-    return blips, m
+    return blips, m, np.zeros((ticks, n, g), dtype=bool)
 
 
 def _diurnal(
     rng: np.random.Generator, times: FloatArray, n: int, g: int, interval_s: float
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray, BoolArray]:
     ticks = len(times)
     phase = rng.uniform(0.0, DAY_S, size=(1, n, 1))
     day = 0.5 + 0.5 * np.sin(2 * math.pi * (times.reshape(-1, 1, 1) + phase) / DAY_S)
     u = 0.10 + 0.70 * day + _ar1(rng, (ticks, n, g), 0.04, rho=0.8)
     m = rng.uniform(0.40, 0.60, size=(1, n, g)) + 0.15 * day
-    return u, m
+    return u, m, np.ones((ticks, n, g), dtype=bool)
 
 
 def _batch(
     rng: np.random.Generator, times: FloatArray, n: int, g: int, interval_s: float
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[FloatArray, FloatArray, BoolArray]:
     ticks = len(times)
     u = np.zeros((ticks, n, g))
     m = np.zeros((ticks, n, g))
@@ -321,8 +344,10 @@ def _batch(
                 m[lo:hi, node, :used] = rng.uniform(0.30, 0.90)
             t_s += length_s
             running = not running
-    u += _ar1(rng, (ticks, n, g), 0.02, rho=0.7) * (u > 0)
-    return u, m
+    # A job's pod holds its GPUs from start to end; the gaps leave them free.
+    busy = u > 0
+    u += _ar1(rng, (ticks, n, g), 0.02, rho=0.7) * busy
+    return u, m, busy
 
 
 _PROFILE_GENERATORS: Final = {

@@ -60,6 +60,8 @@ class FakeMigProfile:
 class FakeMigDevice:
     memory_total_mib: int
     memory_used_mib: int
+    # Empty: `MIG-<gpu index>-<slot>-fake`, unique per device.
+    uuid: str = ""
 
 
 @dataclass
@@ -82,6 +84,8 @@ class FakeGpu:
     mig_devices: dict[int, FakeMigDevice] = field(default_factory=dict)
     # NVML function name -> status code that call returns for this GPU.
     faults: dict[str, int] = field(default_factory=dict)
+    # The same, for calls on this GPU's MIG device handles.
+    mig_faults: dict[str, int] = field(default_factory=dict)
     # Every call on a lost GPU returns NVML_ERROR_GPU_IS_LOST.
     lost: bool = False
 
@@ -183,13 +187,18 @@ class FakeNvml:
         return gpu, SUCCESS
 
     def _mig(self, handle: Any) -> FakeMigDevice | None:
+        found = self._mig_slot(handle)
+        return None if found is None else found[2]
+
+    def _mig_slot(self, handle: Any) -> tuple[int, int, FakeMigDevice] | None:
         value = _handle_value(handle) - _MIG_HANDLE_BASE
         if value < 0:
             return None
         gpu_index, slot = divmod(value, _MIG_SLOTS_PER_GPU)
         if gpu_index >= len(self.gpus):
             return None
-        return self.gpus[gpu_index].mig_devices.get(slot)
+        mig = self.gpus[gpu_index].mig_devices.get(slot)
+        return None if mig is None else (gpu_index, slot, mig)
 
     # -- the exported symbols (C signatures, as pynvml calls them) -------------------------------
 
@@ -225,6 +234,13 @@ class FakeNvml:
         return SUCCESS
 
     def nvmlDeviceGetUUID(self, handle: Any, buffer: Any, _size: Any) -> int:
+        mig_slot = self._mig_slot(handle)
+        if mig_slot is not None:
+            gpu_index, slot, mig = mig_slot
+            if "nvmlDeviceGetUUID" in self.gpus[gpu_index].mig_faults:
+                return self.gpus[gpu_index].mig_faults["nvmlDeviceGetUUID"]
+            buffer.value = (mig.uuid or f"MIG-{gpu_index}-{slot}-fake").encode()
+            return SUCCESS
         gpu, status = self._gpu(handle, "nvmlDeviceGetUUID")
         if gpu is None:
             return status

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.aggregate import aggregate, memory_fragmentation
-from agent.records import GpuReading, NodeReading
-from gpu_contract.schema import Health, NodeGpuState, decode, encode
+from agent.records import DeviceAllocations, GpuReading, NodeReading
+from gpu_contract.schema import GpuState, Health, NodeGpuState, decode, encode
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 750_000, tzinfo=UTC)
 
@@ -26,9 +26,11 @@ def gpu(
     problems: tuple[str, ...] = (),
     mig: bool = False,
     largest: int | None = None,
+    mig_uuids: tuple[str, ...] = (),
 ) -> GpuReading:
     return GpuReading(
         uuid=f"GPU-{index}",
+        mig_device_uuids=mig_uuids,
         index=index,
         name=name,
         utilization=utilization,
@@ -82,6 +84,10 @@ def test_healthy_node() -> None:
         gpu_model="NVIDIA-A100-SXM4-80GB",
         gpu_count=2,
         health_detail=None,
+        gpus=(
+            GpuState(utilization=0.2, memory_free_mib=10_000, temperature_c=45),
+            GpuState(utilization=0.6, memory_free_mib=30_000, temperature_c=71),
+        ),
     )
 
 
@@ -401,3 +407,101 @@ def test_aggregate_round_trips_through_the_contract(reading: NodeReading) -> Non
     assert decoded.state.health is state.health
     assert decoded.state.memory_free_mib == state.memory_free_mib
     assert decoded.state.gpu_count == state.gpu_count
+
+
+# ------------------------------------------------------------------------- the per-GPU table
+
+
+def _table(reading: NodeReading) -> list[tuple[object, ...]]:
+    return [tuple(g) for g in aggregate(reading).gpus]
+
+
+@pytest.mark.parametrize(
+    ("reading", "expected"),
+    [
+        pytest.param(
+            node(gpu(0, utilization=0.25, free=1000, temperature=40), gpu(1, utilization=0.75)),
+            [(0.25, 1000, 40, None), (0.75, 40_000, 50, None)],
+            id="nvml-index-order-with-allocations-unknown",
+        ),
+        pytest.param(
+            node(gpu(0), gpu(2), device_count=3, lost=("gpu 1: lost",)),
+            [(0.5, 40_000, 50, None), (None, None, None, None), (0.5, 40_000, 50, None)],
+            id="lost-gpu-keeps-its-place",
+        ),
+        pytest.param(
+            node(gpu(0, utilization=math.nan, temperature=None), gpu(1, utilization=1.7)),
+            [(None, 40_000, None, None), (1.0, 40_000, 50, None)],
+            id="nan-unmeasured-out-of-range-clamped",
+        ),
+        pytest.param(
+            node(gpu(0, mig=True, free=60_000, largest=20_000), gpu(1, mig=True, largest=None)),
+            [(0.5, 20_000, 50, None), (0.5, None, 50, None)],
+            id="mig-gpu-publishes-its-largest-allocation",
+        ),
+        pytest.param(
+            node(gpu(0), gpu(0)),
+            [],
+            id="duplicate-indexes-no-table",
+        ),
+        pytest.param(
+            node(gpu(0), gpu(5), device_count=2),
+            [],
+            id="index-beyond-the-count-no-table",
+        ),
+    ],
+)
+def test_per_gpu_table(reading: NodeReading, expected: list[tuple[object, ...]]) -> None:
+    assert _table(reading) == expected
+
+
+def _allocations(allocatable: set[str], assigned: set[str]) -> DeviceAllocations:
+    return DeviceAllocations(frozenset(allocatable), frozenset(assigned))
+
+
+def test_allocations_reach_the_table_by_uuid() -> None:
+    reading = node(
+        gpu(0),
+        gpu(1, mig=True, largest=10_000, mig_uuids=("MIG-a", "MIG-b")),
+        gpu(2),
+        allocations=_allocations(
+            {"GPU-0", "MIG-a", "MIG-b", "GPU-2::0", "GPU-2::1"}, {"GPU-0", "MIG-a", "GPU-2::1"}
+        ),
+    )
+    assert [g.allocated for g in aggregate(reading).gpus] == [True, False, False]
+
+
+def test_allocations_naming_no_gpu_of_the_node_publish_nothing() -> None:
+    reading = node(gpu(0), allocations=_allocations({"0", "1"}, {"0"}))
+    assert [g.allocated for g in aggregate(reading).gpus] == [None]
+    assert "gpu-scheduler.example.com/per-gpu-allocated" not in encode(aggregate(reading))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.floats(allow_nan=True)),
+            st.one_of(st.none(), st.integers(-10, 200_000)),
+            st.one_of(st.none(), st.integers(-20, 120)),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_node_aggregates_are_recomputable_from_the_table(
+    values: list[tuple[float | None, int | None, int | None]],
+) -> None:
+    """The per-GPU keys and the node keys come from the same reads: they never disagree."""
+    reading = node(
+        *(gpu(i, utilization=u, free=f, temperature=t) for i, (u, f, t) in enumerate(values))
+    )
+    state = aggregate(reading)
+    decoded = decode(encode(state)).state
+    assert decoded is not None
+    assert len(decoded.gpus) == len(values) or not any(v is not None for g in state.gpus for v in g)
+    temperatures = [g.temperature_c for g in state.gpus if g.temperature_c is not None]
+    assert state.temperature_c == (max(temperatures) if temperatures else None)
+    largest = [g.memory_free_mib for g in state.gpus if g.memory_free_mib is not None]
+    assert state.memory_largest_free_mib == (max(largest) if largest else None)
+    utilizations = [g.utilization for g in state.gpus if g.utilization is not None]
+    assert state.utilization_max == (max(utilizations) if utilizations else None)

@@ -25,14 +25,27 @@ def run_once(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, 
 
 def test_once_dry_run_json_is_a_complete_version_1_set(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_once(
-        capsys, "--dry-run", "--source", "simulated", "--output", "json", "--seed", "3"
+        capsys,
+        "--dry-run",
+        "--source",
+        "simulated",
+        "--output",
+        "json",
+        "--seed",
+        "3",
+        "--pod-resources-socket",
+        "/nonexistent/kubelet.sock",
     )
     assert code == 0
     document: dict[str, Any] = json.loads(out)
     annotations = document["annotations"]
-    # A healthy simulated node measures every field; health-detail is present only when not ok.
-    expected = {DEFAULT_KEYS[f] for f in Field if f is not Field.HEALTH_DETAIL}
+    # A healthy simulated node measures every field; health-detail is present only when not ok,
+    # and allocations only where a kubelet answers (none here: its socket is missing).
+    expected = {
+        DEFAULT_KEYS[f] for f in Field if f not in (Field.HEALTH_DETAIL, Field.PER_GPU_ALLOCATED)
+    }
     assert set(annotations) == expected
+    assert len(annotations[DEFAULT_KEYS[Field.PER_GPU_UTILIZATION]].split(",")) == 8
     assert annotations[DEFAULT_KEYS[Field.SCHEMA_VERSION]] == SCHEMA_VERSION
     assert annotations[DEFAULT_KEYS[Field.GPU_COUNT]] == "8"
     assert annotations[DEFAULT_KEYS[Field.GPU_MODEL]] == "NVIDIA-A100-SXM4-80GB"

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agent.allocations import AllocationPolicy, AllocationQueryError
 from agent.daemon import Agent, TickLoop, memory_total_mib, run_until_signalled, start_jitter_s
 from agent.http import HealthServer
 from agent.kube import (
@@ -29,7 +30,7 @@ from agent.kube import (
 from agent.limiter import Reason, WritePolicy
 from agent.metrics import AgentMetrics
 from agent.nvml import NvmlSource
-from agent.records import GpuReading, NodeReading
+from agent.records import DeviceAllocations, GpuReading, NodeReading
 from agent.sources import open_source
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health
 from tests.agent.fake_nvml import FakeNvml, a100
@@ -158,6 +159,9 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "gpu_agent_source_read_duration_seconds",
         "gpu_agent_write_consecutive_failures",
         "gpu_agent_health",
+        "gpu_agent_pod_resources_requests",
+        "gpu_agent_allocations_unknown",
+        "gpu_agent_allocations_published",
     }
     for name, family in families.items():
         samples = {sample.name for sample in family.samples}
@@ -476,3 +480,120 @@ def test_only_the_newest_state_is_sent_after_a_failure() -> None:
     sent = writer.patches[0]
     assert sent[DEFAULT_KEYS[Field.UTILIZATION]] == "0.90"
     assert sent[DEFAULT_KEYS[Field.UPDATED_AT]] == "2026-11-30T12:00:10Z"
+
+
+# ------------------------------------------------------------------ allocations in the tick
+
+
+@dataclass
+class FakeAllocations:
+    """The kubelet seam: answers with `answer` or raises the queued errors first."""
+
+    answer: DeviceAllocations = field(
+        default_factory=lambda: DeviceAllocations(
+            frozenset({"GPU-0", "GPU-1"}), frozenset({"GPU-1"})
+        )
+    )
+    errors: list[Exception] = field(default_factory=list)
+    queries: list[float] = field(default_factory=list)
+    clock: list[float] = field(default_factory=lambda: [0.0])
+
+    def query(self) -> DeviceAllocations:
+        self.queries.append(self.clock[0])
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.answer
+
+    def close(self) -> None:
+        return None
+
+
+ALLOCATED_KEY = DEFAULT_KEYS[Field.PER_GPU_ALLOCATED]
+
+
+def run_ticks(
+    agent: Agent, kubelet: FakeAllocations, until_s: float, step_s: float = 5.0
+) -> list[dict[str, str]]:
+    """Tick every `step_s` up to `until_s`; each tick's annotations."""
+    seen = []
+    now_s = 0.0
+    while now_s <= until_s:
+        kubelet.clock[0] = now_s
+        seen.append(agent.tick(now_s=now_s, wall_now=T0 + timedelta(seconds=now_s)).annotations)
+        now_s += step_s
+    return seen
+
+
+def allocation_agent(kubelet: FakeAllocations) -> tuple[Agent, AgentMetrics]:
+    metrics = AgentMetrics()
+    agent = Agent(
+        source=FakeSource(),  # type: ignore[arg-type]
+        writer=FakeWriter(),
+        metrics=metrics,
+        start_s=0.0,
+        allocations=kubelet,
+        allocation_policy=AllocationPolicy(retry_base_s=10.0, retry_max_s=40.0, keep_last_s=60.0),
+    )
+    return agent, metrics
+
+
+def test_allocations_are_published_from_the_kubelet() -> None:
+    kubelet = FakeAllocations()
+    agent, metrics = allocation_agent(kubelet)
+    (annotations,) = run_ticks(agent, kubelet, until_s=0.0)
+    assert annotations[ALLOCATED_KEY] == "0,1"
+    assert metrics.value("gpu_agent_pod_resources_requests_total", {"result": "ok"}) == 1
+    assert metrics.value("gpu_agent_allocations_published") == 1
+
+
+def test_a_failing_kubelet_is_retried_on_back_off_and_then_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kubelet = FakeAllocations(
+        errors=[AllocationQueryError("refused", "nothing answers") for _ in range(4)]
+    )
+    agent, metrics = allocation_agent(kubelet)
+    kubelet.errors.insert(0, RuntimeError("not yet"))  # a client bug counts as a failed query
+    seen = run_ticks(agent, kubelet, until_s=100.0)
+    # Bug at 0 (10 s), refused at 10 (20 s), 30 (40 s), 70 (40 s, capped): not every tick.
+    assert kubelet.queries == [0.0, 10.0, 30.0, 70.0]
+    assert all(ALLOCATED_KEY not in a for a in seen)
+    assert metrics.value("gpu_agent_pod_resources_requests_total", {"result": "refused"}) == 3
+    assert metrics.value("gpu_agent_pod_resources_requests_total", {"result": "error"}) == 1
+    # Every tick without the key is counted under the reason of the last failed query.
+    assert metrics.value("gpu_agent_allocations_unknown_total", {"reason": "error"}) == 2
+    assert metrics.value("gpu_agent_allocations_unknown_total", {"reason": "refused"}) == 19
+    assert metrics.value("gpu_agent_allocations_published") == 0
+    # One line per reason, not one per failed query.
+    warnings = [r for r in caplog.records if "pod-resources unreadable" in r.getMessage()]
+    assert [w.getMessage().split("(")[1].split(")")[0] for w in warnings] == ["refused"]
+
+
+def test_a_short_kubelet_outage_keeps_the_last_allocations() -> None:
+    kubelet = FakeAllocations()
+    agent, _ = allocation_agent(kubelet)
+    run_ticks(agent, kubelet, until_s=0.0)
+    kubelet.errors = [AllocationQueryError("refused", "restarting")]
+    kubelet.clock[0] = 5.0
+    during = agent.tick(now_s=5.0, wall_now=T0 + timedelta(seconds=5)).annotations
+    assert during[ALLOCATED_KEY] == "0,1"  # within the grace: no flap, no extra writes
+    kubelet.clock[0] = 15.0
+    after = agent.tick(now_s=15.0, wall_now=T0 + timedelta(seconds=15)).annotations
+    assert after[ALLOCATED_KEY] == "0,1"
+    assert kubelet.queries == [0.0, 5.0, 15.0]
+
+
+def test_devices_that_are_no_gpu_here_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    kubelet = FakeAllocations(answer=DeviceAllocations(frozenset({"0", "1"}), frozenset()))
+    agent, metrics = allocation_agent(kubelet)
+    seen = run_ticks(agent, kubelet, until_s=10.0)
+    assert all(ALLOCATED_KEY not in a for a in seen)
+    assert metrics.value("gpu_agent_allocations_unknown_total", {"reason": "no-gpu-devices"}) == 3
+    assert sum("naming devices by index" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_without_a_kubelet_source_nothing_is_asked_or_counted() -> None:
+    agent, metrics, _ = make_agent(FakeSource(), FakeWriter())
+    result = agent.tick(now_s=0.0, wall_now=T0)
+    assert ALLOCATED_KEY not in result.annotations
+    assert metrics.value("gpu_agent_allocations_unknown_total", {"reason": "no-gpu-devices"}) == 0

@@ -331,7 +331,9 @@ def sampled_times_s(server: ApiServerStandIn) -> list[float]:
 def test_simulated_half_hour_respects_every_rate_limit(
     server: ApiServerStandIn, kubeconfig: Path, foreign: dict[str, str]
 ) -> None:
-    agent = drive(kubeconfig, minutes=30)
+    # Four GPUs: with eight, the simulated trace starts or ends a job somewhere on the node about
+    # every 20 s, so every write is a change and no heartbeat ever comes due.
+    agent = drive(kubeconfig, minutes=30, gpus=4)
     times = sampled_times_s(server)
     gaps = [b - a for a, b in pairwise(times)]
     assert times[0] == 5.0  # the first tick after the 2.5 s start jitter
@@ -392,7 +394,8 @@ def test_retry_after_is_honoured_end_to_end(
 
 def test_timeouts_bound_the_tick_and_back_off(server: ApiServerStandIn, kubeconfig: Path) -> None:
     server.inject(Fault(delay_s=1.0, method="PATCH", times=2))
-    agent = drive(kubeconfig, minutes=2, read_timeout_s=0.3)
+    # One GPU: a quiet node, so the only writes are the timed-out ones and their retry.
+    agent = drive(kubeconfig, minutes=2, read_timeout_s=0.3, gpus=1)
     # A timed-out request is still served once its delay ends (as a slow real server would), and
     # recorded then: wait, bounded, for the stand-in to finish both.
     deadline = time.monotonic() + 10

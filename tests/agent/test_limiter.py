@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import UTC, datetime
-from itertools import pairwise
+from itertools import pairwise, permutations
 
 import pytest
 from hypothesis import given, settings
@@ -23,7 +23,7 @@ from agent.limiter import (
     record_failure,
     record_success,
 )
-from gpu_contract.schema import Health, NodeGpuState
+from gpu_contract.schema import GpuState, Health, NodeGpuState
 
 POLICY = WritePolicy()
 TOTAL_MIB = 8 * 81920  # 5 % of it: 32768 MiB
@@ -103,9 +103,19 @@ def case(
         ),
         case(
             gpu_state(utilization=0.45),
+            Reason.BELOW_DEADBAND,
+            id="utilization-down-by-deadband-waits-for-the-heartbeat",
+        ),
+        case(
+            gpu_state(utilization=0.36),
+            Reason.BELOW_DEADBAND,
+            id="utilization-down-below-three-deadbands",
+        ),
+        case(
+            gpu_state(utilization=0.35),
             Reason.DEADBAND_EXCEEDED,
             ("utilization",),
-            id="utilization-down-by-deadband",
+            id="utilization-down-by-three-deadbands",
         ),
         case(
             gpu_state(utilization=0.449),
@@ -131,18 +141,36 @@ def case(
             ("memory-fragmentation",),
             id="fragmentation",
         ),
-        case(gpu_state(temperature_c=62), Reason.BELOW_DEADBAND, id="temperature-up-2"),
+        case(gpu_state(temperature_c=64), Reason.BELOW_DEADBAND, id="temperature-up-4"),
         case(
-            gpu_state(temperature_c=63),
+            gpu_state(temperature_c=65),
             Reason.DEADBAND_EXCEEDED,
             ("temperature",),
-            id="temperature-up-3",
+            id="temperature-up-5",
+        ),
+        case(gpu_state(temperature_c=55), Reason.BELOW_DEADBAND, id="temperature-down-5"),
+        case(
+            gpu_state(temperature_c=45),
+            Reason.DEADBAND_EXCEEDED,
+            ("temperature",),
+            id="temperature-down-15",
         ),
         case(
-            gpu_state(temperature_c=57),
+            gpu_state(memory_free_mib=300_000 + 3 * 32_768 - 1),
+            Reason.BELOW_DEADBAND,
+            id="memory-freed-below-three-deadbands",
+        ),
+        case(
+            gpu_state(memory_free_mib=300_000 + 3 * 32_768),
             Reason.DEADBAND_EXCEEDED,
-            ("temperature",),
-            id="temperature-down-3",
+            ("memory-free-mib",),
+            id="memory-freed-three-deadbands",
+        ),
+        case(
+            gpu_state(memory_fragmentation=0.05),
+            Reason.DEADBAND_EXCEEDED,
+            ("memory-fragmentation",),
+            id="fragmentation-down-three-deadbands",
         ),
         case(
             gpu_state(memory_free_mib=300_000 - 32_000),
@@ -256,6 +284,130 @@ def test_decide(
         }
     )
     assert decision.changed == changed
+
+
+# Four GPUs of 80 GiB: the per-GPU memory deadband is 5 % of one GPU, 4096 MiB.
+GPU_TOTAL_MIB = 4 * 81920
+BASE_GPUS = (
+    GpuState(utilization=0.10, memory_free_mib=80_000, temperature_c=50, allocated=False),
+    GpuState(utilization=0.90, memory_free_mib=10_000, temperature_c=75, allocated=True),
+    GpuState(utilization=0.50, memory_free_mib=40_000, temperature_c=60, allocated=True),
+    GpuState(utilization=0.20, memory_free_mib=70_000, temperature_c=55, allocated=False),
+)
+WRITTEN_GPUS = gpu_state(gpu_count=4, gpus=BASE_GPUS)
+AFTER_GPUS_WRITE = record_success(
+    LimiterState.initial(now_s=0.0), written=WRITTEN_GPUS, now_s=100.0
+)
+
+
+def with_gpu(index: int, **changes: object) -> NodeGpuState:
+    """WRITTEN_GPUS with GPU `index` changed."""
+    gpus = list(BASE_GPUS)
+    gpus[index] = gpus[index]._replace(**changes)
+    return replace(WRITTEN_GPUS, gpus=tuple(gpus))
+
+
+def gpu_case(
+    state: NodeGpuState, expected: Reason, changed: tuple[str, ...] = (), *, id: str
+) -> object:
+    return pytest.param(state, expected, changed, id=id)
+
+
+SWAPPED = replace(WRITTEN_GPUS, gpus=(BASE_GPUS[3], BASE_GPUS[1], BASE_GPUS[2], BASE_GPUS[0]))
+
+
+@pytest.mark.parametrize(
+    ("state", "expected", "changed"),
+    [
+        gpu_case(WRITTEN_GPUS, Reason.BELOW_DEADBAND, id="unchanged"),
+        gpu_case(with_gpu(0, utilization=0.24), Reason.BELOW_DEADBAND, id="util-up-0.14"),
+        gpu_case(
+            with_gpu(0, utilization=0.25),
+            Reason.DEADBAND_EXCEEDED,
+            ("per-gpu-utilization",),
+            id="util-up-0.15",
+        ),
+        gpu_case(with_gpu(1, utilization=0.46), Reason.BELOW_DEADBAND, id="util-down-0.44"),
+        gpu_case(
+            with_gpu(1, utilization=0.45),
+            Reason.DEADBAND_EXCEEDED,
+            ("per-gpu-utilization",),
+            id="util-down-three-deadbands",
+        ),
+        gpu_case(with_gpu(2, temperature_c=64), Reason.BELOW_DEADBAND, id="temperature-up-4"),
+        gpu_case(
+            with_gpu(2, temperature_c=65),
+            Reason.DEADBAND_EXCEEDED,
+            ("per-gpu-temperature",),
+            id="temperature-up-5",
+        ),
+        gpu_case(
+            with_gpu(2, memory_free_mib=40_000 - 4095), Reason.BELOW_DEADBAND, id="memory-down"
+        ),
+        gpu_case(
+            with_gpu(2, memory_free_mib=40_000 - 4096),
+            Reason.DEADBAND_EXCEEDED,
+            ("per-gpu-memory-free-mib",),
+            id="memory-down-5-percent-of-one-gpu",
+        ),
+        gpu_case(
+            with_gpu(0, allocated=True),
+            Reason.DISCRETE_CHANGE,
+            ("per-gpu-allocated",),
+            id="allocation-flip",
+        ),
+        gpu_case(
+            with_gpu(0, allocated=None),
+            Reason.DISCRETE_CHANGE,
+            ("per-gpu-allocated",),
+            id="allocation-no-longer-known",
+        ),
+        gpu_case(
+            with_gpu(2, temperature_c=None),
+            Reason.DISCRETE_CHANGE,
+            ("per-gpu-temperature",),
+            id="gpu-value-no-longer-measured",
+        ),
+        gpu_case(
+            replace(WRITTEN_GPUS, gpus=()), Reason.DISCRETE_CHANGE, ("per-gpu",), id="table-gone"
+        ),
+        # Two GPUs trading places is the same multiset: no scheduling decision changes.
+        gpu_case(SWAPPED, Reason.BELOW_DEADBAND, id="two-gpus-swapped"),
+        gpu_case(
+            replace(SWAPPED, gpus=(*SWAPPED.gpus[:3], SWAPPED.gpus[3]._replace(utilization=0.30))),
+            Reason.DEADBAND_EXCEEDED,
+            # The fields named are those that moved GPU by GPU.
+            ("per-gpu-memory-free-mib", "per-gpu-temperature"),
+            id="swapped-and-one-moved",
+        ),
+    ],
+)
+def test_decide_per_gpu(state: NodeGpuState, expected: Reason, changed: tuple[str, ...]) -> None:
+    decision = decide(
+        AFTER_GPUS_WRITE, state, now_s=130.0, memory_total_mib=GPU_TOTAL_MIB, policy=POLICY
+    )
+    assert (decision.reason, decision.changed) == (expected, changed)
+
+
+def test_by_index_comparison_sees_a_swap() -> None:
+    policy = replace(POLICY, per_gpu_compare="by-index")
+    decision = decide(
+        AFTER_GPUS_WRITE, SWAPPED, now_s=130.0, memory_total_mib=GPU_TOTAL_MIB, policy=policy
+    )
+    assert decision.reason is Reason.DEADBAND_EXCEEDED
+    assert decision.changed == ("per-gpu-memory-free-mib", "per-gpu-temperature")
+
+
+def test_symmetric_deadbands_with_factor_one() -> None:
+    policy = replace(POLICY, improving_deadband_factor=1.0)
+    decision = decide(
+        AFTER_WRITE,
+        gpu_state(utilization=0.45),
+        now_s=130.0,
+        memory_total_mib=TOTAL_MIB,
+        policy=policy,
+    )
+    assert decision.changed == ("utilization",)
 
 
 ZERO_DEADBANDS = WritePolicy(
@@ -435,6 +587,12 @@ def test_never_silent_longer_than_heartbeat_while_api_up(history, jitter_s, lead
             last_write_s = now_s
 
 
+def _moved_towards_less_headroom_or_far(old: float, new: float, deadband: float) -> bool:
+    """The rule restated: up (less headroom) by the deadband, down by three deadbands."""
+    band = deadband if new > old else deadband * POLICY.improving_deadband_factor
+    return abs(new - old) >= band - 1e-9
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps)
 def test_every_write_is_justified_and_deadbands_respected(history):  # type: ignore[no-untyped-def]
@@ -444,11 +602,17 @@ def test_every_write_is_justified_and_deadbands_respected(history):  # type: ign
         if last is None:
             continue
         moved = (
-            abs(round(state.utilization or 0, 2) - round(last.utilization or 0, 2))
-            >= POLICY.utilization_deadband - 1e-9
-            or abs((state.temperature_c or 0) - (last.temperature_c or 0))
-            >= POLICY.temperature_deadband_c
-            or abs((state.memory_free_mib or 0) - (last.memory_free_mib or 0)) >= deadband_mib
+            _moved_towards_less_headroom_or_far(
+                round(last.utilization or 0, 2),
+                round(state.utilization or 0, 2),
+                POLICY.utilization_deadband,
+            )
+            or _moved_towards_less_headroom_or_far(
+                last.temperature_c or 0, state.temperature_c or 0, POLICY.temperature_deadband_c
+            )
+            or _moved_towards_less_headroom_or_far(
+                -(last.memory_free_mib or 0), -(state.memory_free_mib or 0), deadband_mib
+            )
         )
         discrete = state.health != last.health
         heartbeat = now_s - (before.last_success_s or 0.0) >= POLICY.heartbeat_s
@@ -457,6 +621,55 @@ def test_every_write_is_justified_and_deadbands_respected(history):  # type: ign
         if decision.reason is Reason.BELOW_DEADBAND:
             assert not moved
             assert not discrete
+
+
+def _gpu_close(old: GpuState, new: GpuState, per_gpu_mib: float) -> bool:
+    return not (
+        _moved_towards_less_headroom_or_far(
+            round(old.utilization or 0, 2),
+            round(new.utilization or 0, 2),
+            POLICY.per_gpu_utilization_deadband,
+        )
+        or _moved_towards_less_headroom_or_far(
+            old.temperature_c or 0, new.temperature_c or 0, POLICY.per_gpu_temperature_deadband_c
+        )
+        or _moved_towards_less_headroom_or_far(
+            -(old.memory_free_mib or 0), -(new.memory_free_mib or 0), per_gpu_mib
+        )
+    )
+
+
+# Few, close values, so that GPUs often trade places or stay within a deadband of each other.
+_gpu_values = st.builds(
+    GpuState,
+    utilization=st.sampled_from([0.10, 0.20, 0.24, 0.25, 0.50, 0.90]),
+    memory_free_mib=st.sampled_from([10_000, 12_000, 14_096, 40_000, 80_000]),
+    temperature_c=st.sampled_from([40, 44, 45, 50, 70]),
+    allocated=st.just(True),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_gpu_values, min_size=3, max_size=3), min_size=2, max_size=30))
+def test_per_gpu_values_written_exactly_when_no_pairing_exists(history):  # type: ignore[no-untyped-def]
+    """Against a brute-force oracle: every pairing of the new GPUs with the written ones."""
+    total_mib = 3 * 81920
+    per_gpu_mib = POLICY.per_gpu_memory_deadband_fraction * total_mib / 3
+    limiter = LimiterState.initial(now_s=0.0)
+    for step, gpus in enumerate(history):
+        now_s = 10.0 * step  # every tick past the minimum interval, none at the heartbeat
+        state = gpu_state(gpu_count=3, gpus=tuple(gpus))
+        decision = decide(limiter, state, now_s=now_s, memory_total_mib=total_mib, policy=POLICY)
+        last = limiter.last_written
+        quiet_s = None if limiter.last_success_s is None else now_s - limiter.last_success_s
+        if last is not None and quiet_s is not None and quiet_s < POLICY.heartbeat_s:
+            pairing = any(
+                all(_gpu_close(last.gpus[j], state.gpus[i], per_gpu_mib) for i, j in enumerate(p))
+                for p in permutations(range(3))
+            )
+            assert decision.write is not pairing
+        if decision.write:
+            limiter = record_success(limiter, written=state, now_s=now_s)
 
 
 @settings(max_examples=300, deadline=None)

@@ -410,6 +410,61 @@ def test_mig_gpu_counts_free_instance_capacity(fake_nvml: FakeNvml, source: Nvml
     profile_count = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
     assert fake_nvml.calls["nvmlDeviceGetGpuInstanceProfileInfoV"] == profile_count
     assert fake_nvml.calls["nvmlDeviceGetGpuInstanceRemainingCapacity"] == 2 * 5
+    # The kubelet names MIG devices by their own UUIDs; the reading says whose they are.
+    assert gpu.mig_device_uuids == ("MIG-1-0-fake",)
+    assert reading.gpus[0].mig_device_uuids == ()
+
+
+def _mig_gpu(fake_nvml: FakeNvml, devices: dict[int, FakeMigDevice]) -> None:
+    mig = fake_nvml.gpus[1]
+    mig.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+    mig.mig_profiles = h100_mig_profiles(one=0, two=0, three=0, four=0, seven=0)
+    mig.mig_devices = devices
+
+
+def test_mig_device_uuids_are_read_once_per_device(fake_nvml: FakeNvml, source: NvmlSource) -> None:
+    _mig_gpu(
+        fake_nvml,
+        {
+            0: FakeMigDevice(40192, 0, uuid="MIG-aaaa"),
+            4: FakeMigDevice(20096, 0, uuid="MIG-bbbb"),
+        },
+    )
+    for tick in range(3):
+        reading = source.read(NOW + timedelta(seconds=5 * tick))
+        assert reading.gpus[1].mig_device_uuids == ("MIG-aaaa", "MIG-bbbb")
+    # Two GPU UUIDs per tick, and each MIG device's once: not one NVML call per device per tick.
+    assert fake_nvml.calls["nvmlDeviceGetUUID"] == 3 * 2 + 2
+
+    # A device destroyed (slot 4 empty) and another created in slot 0 with a new size: new UUID.
+    fake_nvml.gpus[1].mig_devices = {0: FakeMigDevice(9856, 0, uuid="MIG-cccc")}
+    assert source.read(NOW + timedelta(seconds=15)).gpus[1].mig_device_uuids == ("MIG-cccc",)
+
+
+def test_mig_device_uuids_are_read_again_every_minute(
+    fake_nvml: FakeNvml, source: NvmlSource
+) -> None:
+    _mig_gpu(fake_nvml, {0: FakeMigDevice(40192, 0, uuid="MIG-aaaa")})
+    source.read(NOW)
+    # Re-created between two ticks with the same profile: same slot, same size, new UUID.
+    fake_nvml.gpus[1].mig_devices = {0: FakeMigDevice(40192, 0, uuid="MIG-dddd")}
+    seen = [
+        source.read(NOW + timedelta(seconds=5 * tick)).gpus[1].mig_device_uuids
+        for tick in range(1, 13)
+    ]
+    assert seen[0] == ("MIG-aaaa",)  # cached: the change is not visible at once
+    assert seen[-1] == ("MIG-dddd",)  # but within 12 reads (a minute at 5 s)
+
+
+def test_unreadable_mig_uuid_keeps_the_memory_reading(
+    fake_nvml: FakeNvml, source: NvmlSource
+) -> None:
+    _mig_gpu(fake_nvml, {0: FakeMigDevice(40192, 1024)})
+    fake_nvml.gpus[1].mig_faults["nvmlDeviceGetUUID"] = NOT_SUPPORTED
+    gpu = source.read(NOW).gpus[1]
+    assert gpu.mig_device_uuids == ()
+    assert gpu.memory_largest_allocation_mib == 40192 - 1024
+    assert gpu.problems == ("mig uuid not supported on gpu 1",)
 
 
 @pytest.mark.parametrize(

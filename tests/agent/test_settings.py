@@ -18,8 +18,18 @@ def test_defaults_match_the_contract() -> None:
         10.0,
         60.0,
     )
-    assert (policy.utilization_deadband, policy.temperature_deadband_c) == (0.05, 3.0)
+    # DESIGN.md's utilization and memory deadbands; temperature and the direction-aware rule
+    # depart from it (docs/agent.md, "Departures from the design's defaults").
+    assert (policy.utilization_deadband, policy.temperature_deadband_c) == (0.05, 5.0)
     assert policy.memory_deadband_fraction == 0.05
+    assert policy.improving_deadband_factor == 3.0
+    assert (
+        policy.per_gpu_utilization_deadband,
+        policy.per_gpu_temperature_deadband_c,
+        policy.per_gpu_memory_deadband_fraction,
+    ) == (0.15, 5.0, 0.05)
+    assert settings.pod_resources is True
+    assert settings.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert settings.annotation_prefix == "gpu-scheduler.example.com/"
     assert settings.kubeconfig is None
     assert settings.source == "nvml"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,9 +14,11 @@ from gpu_contract.schema import (
     DEFAULT_KEYS,
     DEFAULT_PREFIX,
     MAX_HEALTH_DETAIL_CHARS,
+    MAX_PER_GPU_VALUES,
     SCHEMA_VERSION,
     DecodedAnnotations,
     Field,
+    GpuState,
     Health,
     Keys,
     NodeGpuState,
@@ -50,7 +53,17 @@ def _state(**kwargs: object) -> NodeGpuState:
 
 _FRACTION = st.one_of(st.none(), st.floats(0, 1))
 _COUNT = st.one_of(st.none(), st.integers(0, 10**7))
-_STATES = st.builds(
+_GPUS = st.lists(
+    st.builds(
+        GpuState,
+        utilization=_FRACTION,
+        memory_free_mib=_COUNT,
+        temperature_c=st.one_of(st.none(), st.integers(-40, 200)),
+        allocated=st.one_of(st.none(), st.booleans()),
+    ),
+    max_size=10,
+).map(tuple)
+_STATES_WITHOUT_GPUS = st.builds(
     NodeGpuState,
     health=st.sampled_from(list(Health)),
     updated_at=st.datetimes(
@@ -66,12 +79,39 @@ _STATES = st.builds(
     gpu_count=st.one_of(st.none(), st.integers(0, 16)),
     health_detail=st.one_of(st.none(), st.text(min_size=1, max_size=300)),
 )
+# What the agent writes: a per-GPU table as long as gpu-count (or no gpu-count at all).
+_STATES = (
+    st.builds(
+        lambda state, gpus, counted: replace(
+            state, gpus=gpus, gpu_count=len(gpus) if counted else None
+        ),
+        _STATES_WITHOUT_GPUS,
+        _GPUS,
+        st.booleans(),
+    )
+    | _STATES_WITHOUT_GPUS
+)
 
 
 def _close(a: float | None, b: float | None) -> bool:
     if a is None or b is None:
         return a is b
     return abs(a - b) <= 0.005 + 1e-9
+
+
+def _assert_same_gpus(back: tuple[GpuState, ...], sent: tuple[GpuState, ...]) -> None:
+    """Per GPU and field; a column no GPU measured is not written, so it reads back unknown."""
+    if not back:
+        assert all(v is None for g in sent for v in g)
+        return
+    assert len(back) == len(sent)
+    for got, want in zip(back, sent, strict=True):
+        assert _close(got.utilization, want.utilization)
+        assert (got.memory_free_mib, got.temperature_c, got.allocated) == (
+            want.memory_free_mib,
+            want.temperature_c,
+            want.allocated,
+        )
 
 
 @settings(max_examples=200)
@@ -89,6 +129,7 @@ def test_round_trip(state: NodeGpuState) -> None:
     for name in ("memory_free_mib", "memory_largest_free_mib", "temperature_c", "gpu_count"):
         assert getattr(back, name) == getattr(state, name), name
     assert back.gpu_model == state.gpu_model
+    _assert_same_gpus(back.gpus, state.gpus)
     if state.health is Health.OK or not state.health_detail or not state.health_detail.strip():
         assert not back.health_detail
     else:
@@ -359,3 +400,142 @@ def test_model_name_normalized_like_the_node_label() -> None:
 def test_encode_never_turns_nan_into_a_number() -> None:
     annotations = encode(_state(utilization=float("nan")))
     assert K[Field.UTILIZATION] not in annotations
+
+
+# ---------------------------------------------------------------------------- per-GPU keys
+
+PER_GPU_STATE = _state(
+    gpu_count=4,
+    gpus=(
+        GpuState(0.12, 81251, 54, True),
+        GpuState(0.95, 1024, 71, True),
+        GpuState(None, None, None, None),
+        GpuState(0.0, 80000, 49, False),
+    ),
+)
+
+
+def test_per_gpu_values_are_short_readable_lists() -> None:
+    annotations = encode(PER_GPU_STATE)
+    assert annotations[K[Field.PER_GPU_UTILIZATION]] == "0.12,0.95,-,0.00"
+    assert annotations[K[Field.PER_GPU_MEMORY_FREE_MIB]] == "81251,1024,-,80000"
+    assert annotations[K[Field.PER_GPU_TEMPERATURE]] == "54,71,-,49"
+    assert annotations[K[Field.PER_GPU_ALLOCATED]] == "1,1,-,0"
+
+
+def test_eight_gpus_stay_readable_in_describe_output() -> None:
+    gpus = tuple(GpuState(0.99, 143771, 100, True) for _ in range(8))
+    annotations = encode(_state(gpu_count=8, gpus=gpus))
+    per_gpu = [v for k, v in annotations.items() if "per-gpu-" in k]
+    assert max(len(v) for v in per_gpu) <= 8 * 7 - 1
+
+
+@pytest.mark.parametrize(
+    ("state", "absent"),
+    [
+        pytest.param(_state(), list(Field)[-4:], id="no-table"),
+        pytest.param(
+            _state(gpu_count=2, gpus=(GpuState(0.5, 1, 40), GpuState(0.5, 2, 41))),
+            [Field.PER_GPU_ALLOCATED],
+            id="allocations-unknown-key-absent-not-dashes",
+        ),
+        pytest.param(
+            _state(gpu_count=3, gpus=(GpuState(0.5, 1, 40, True),)),
+            list(Field)[-4:],
+            id="table-disagreeing-with-gpu-count-never-written",
+        ),
+    ],
+)
+def test_unknown_per_gpu_columns_are_left_out(state: NodeGpuState, absent: list[Field]) -> None:
+    annotations = encode(state)
+    for f in absent:
+        assert K[f] not in annotations
+    body = merge_patch(annotations)["metadata"]["annotations"]
+    for f in absent:
+        assert body[K[f]] is None  # and removed from the Node
+
+
+BAD_PER_GPU = [
+    pytest.param(
+        Field.PER_GPU_UTILIZATION,
+        "0.1,0.2,0.3",
+        "per-gpu-utilization invalid (3 values for 4 gpus)",
+        None,
+        id="too-few",
+    ),
+    pytest.param(
+        Field.PER_GPU_TEMPERATURE,
+        "1,2,3,4,5",
+        "per-gpu-temperature invalid (5 values for 4 gpus)",
+        None,
+        id="too-many",
+    ),
+    pytest.param(
+        Field.PER_GPU_UTILIZATION,
+        "0.1,nan,0.3,1.5",
+        "per-gpu-utilization invalid on 2 gpus (first gpu 1)",
+        (0.1, None, 0.3, None),
+        id="bad-values-dropped-alone",
+    ),
+    pytest.param(
+        Field.PER_GPU_ALLOCATED,
+        "1,yes,0,-",
+        "per-gpu-allocated invalid on gpu 1",
+        (True, None, False, None),
+        id="allocated-not-0-or-1",
+    ),
+    pytest.param(
+        Field.PER_GPU_MEMORY_FREE_MIB,
+        "1,2,,4",
+        "per-gpu-memory-free-mib invalid on gpu 2",
+        (1, 2, None, 4),
+        id="empty-item",
+    ),
+    pytest.param(
+        Field.PER_GPU_MEMORY_FREE_MIB,
+        ",".join(["1"] * (MAX_PER_GPU_VALUES + 1)),
+        f"per-gpu-memory-free-mib invalid (more than {MAX_PER_GPU_VALUES} values)",
+        None,
+        id="absurdly-long",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad_field", "text", "problem", "column"), BAD_PER_GPU)
+def test_bad_per_gpu_values(
+    bad_field: Field, text: str, problem: str, column: tuple[object, ...] | None
+) -> None:
+    annotations = encode(PER_GPU_STATE)
+    annotations[K[bad_field]] = text
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert problem in decoded.problems
+    attribute = {
+        Field.PER_GPU_UTILIZATION: 0,
+        Field.PER_GPU_MEMORY_FREE_MIB: 1,
+        Field.PER_GPU_TEMPERATURE: 2,
+        Field.PER_GPU_ALLOCATED: 3,
+    }[bad_field]
+    gpus = decoded.state.gpus
+    assert len(gpus) == 4  # the other keys still give the table
+    expected = column if column is not None else (None,) * 4
+    assert tuple(g[attribute] for g in gpus) == expected
+    assert gpus[0].temperature_c == (54 if bad_field is not Field.PER_GPU_TEMPERATURE else None)
+
+
+def test_without_gpu_count_the_first_per_gpu_key_sets_the_length() -> None:
+    annotations = encode(replace(PER_GPU_STATE, gpu_count=None))
+    annotations[K[Field.PER_GPU_ALLOCATED]] = "1,0"
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert len(decoded.state.gpus) == 4
+    assert "per-gpu-allocated invalid (2 values for 4 gpus)" in decoded.problems
+
+
+def test_old_reader_ignores_per_gpu_keys() -> None:
+    """A reader of version 1 before per-GPU keys reads the same node state from them."""
+    with_table = decode(encode(PER_GPU_STATE)).state
+    without = decode(encode(replace(PER_GPU_STATE, gpus=()))).state
+    assert with_table is not None
+    assert without is not None
+    assert replace(with_table, gpus=()) == without

@@ -129,6 +129,7 @@ VARIANTS: dict[str, Variant] = {
         }
     ),
     "agent-only": Variant({"scorer": {"enabled": False}, "scheduler": {"enabled": False}}),
+    "pod-resources-off": Variant({"agent": {"podResources": {"enabled": False}}}),
     "pinned-images": Variant(
         {
             "image": {"digest": "sha256:" + "ab" * 32},

@@ -195,19 +195,56 @@ def test_agent_sees_gpus_through_the_runtime_without_taking_one() -> None:
     assert resources["limits"] == {"memory": "192Mi"}
 
 
+LEAST_PRIVILEGE = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def test_agent_runs_with_least_privilege() -> None:
-    daemonset = render("defaults").get("DaemonSet", AGENT)
+    daemonset = render("pod-resources-off").get("DaemonSet", AGENT)
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    context = containers(daemonset)["agent"]["securityContext"]
-    assert context == {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
+    assert containers(daemonset)["agent"]["securityContext"] == LEAST_PRIVILEGE
     assert "hostNetwork" not in pod
     assert "hostPID" not in pod
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+
+
+def test_agent_reads_the_kubelet_socket_read_only_as_uid_0_without_capabilities() -> None:
+    rendered = render("defaults")
+    daemonset = rendered.get("DaemonSet", AGENT)
+    pod = daemonset["spec"]["template"]["spec"]
+    agent = containers(daemonset)["agent"]
+    # The socket is root's, mode 0755: uid 0, but nothing else a root container usually has.
+    assert agent["securityContext"] == {**LEAST_PRIVILEGE, "runAsUser": 0, "runAsNonRoot": False}
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    assert volume["hostPath"] == {
+        "path": "/var/lib/kubelet/pod-resources",
+        "type": "DirectoryOrCreate",
+    }
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    env = env_of(agent, rendered)
+    assert env["GPU_AGENT_POD_RESOURCES"] == "true"
+    assert env["GPU_AGENT_POD_RESOURCES_SOCKET"] == mount["mountPath"] + "/kubelet.sock"
+    assert "hostNetwork" not in pod
+    assert "hostPID" not in pod
+
+
+def test_pod_resources_off_means_no_mount_and_the_flag_off() -> None:
+    rendered = render("pod-resources-off")
+    agent = containers(rendered.get("DaemonSet", AGENT))["agent"]
+    assert [m["name"] for m in agent["volumeMounts"]] == ["tmp"]
+    env = env_of(agent, rendered)
+    assert env["GPU_AGENT_POD_RESOURCES"] == "false"
+    assert "GPU_AGENT_POD_RESOURCES_SOCKET" not in env
 
 
 def test_agent_probes_its_health_endpoints_and_rolls_in_percentages() -> None:

@@ -72,6 +72,16 @@ def test_aggregate_of_a_real_reading(source: GpuSource) -> None:
     annotations = encode(state)
     print(json.dumps(annotations, indent=2))
     assert annotations["gpu-scheduler.example.com/schema-version"] == "1"
+    # The per-GPU keys, one value per GPU, from the same reads as the node keys.
+    for key in ("per-gpu-utilization", "per-gpu-memory-free-mib", "per-gpu-temperature"):
+        values = annotations["gpu-scheduler.example.com/" + key].split(",")
+        assert len(values) == state.gpu_count, key
+    temperatures = [
+        int(t)
+        for t in annotations["gpu-scheduler.example.com/per-gpu-temperature"].split(",")
+        if t != "-"
+    ]
+    assert max(temperatures) == state.temperature_c
 
 
 def test_consecutive_ticks_keep_reading(source: GpuSource) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,11 +69,17 @@ def test_agent_section_renders_the_benchmark_json() -> None:
         ],
         "rss": {"seconds": 6.0, "peak_rss_mb": 81.5},
         "rss_optimized": {"seconds": 6.0, "peak_rss_mb": 61.5},
+        "rss_no_pod_resources": {"seconds": 6.0, "peak_rss_mb": 70.0},
     }
     section = figures._agent_section({"data": data, "command": "python -m x --json"})
     assert "| 8 | 0.050 | 0.070 | 0.050 | 0.080 | 0.090 | 0.200 | 0.200 | 9/100 |" in section
-    assert "plain `python`: peak RSS **81.5 MB** after 6.0 s (**missed**" in section
-    assert "`python -OO`: peak RSS **61.5 MB** after 6.0 s (met" in section
+    assert "(grpc loaded): peak RSS **81.5 MB** after 6.0 s (**missed**" in section
+    assert (
+        "`python -OO`, allocations from a kubelet stand-in (grpc loaded): peak RSS **61.5 MB**"
+        in section
+    )
+    assert "`--pod-resources=false` (no grpc): peak RSS **70.0 MB** after 6.0 s (met" in section
+    assert "python -OO`, `--pod-resources=false`" not in section  # not measured: not shown
 
 
 def test_scorer_latency_figure_from_rows(tmp_path: Path) -> None:
@@ -100,3 +107,29 @@ def test_scorer_latency_figure_from_rows(tmp_path: Path) -> None:
     assert "scorer_latency.png" in section
     assert "| full | 5,000 | 32.50 | 3.33 | 5.00 | 10.00 |" in section
     assert "**missed**: round trip <= 3.3 ms (measured 4.0)" in section
+
+
+def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
+    quick_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "perf"
+    shutil.copytree(quick_run, out)
+    before = (out / "performance.md").read_text()
+    kept = figures._kept_sections(before)
+    assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
+    after = (out / "performance.md").read_text()
+    again = figures._kept_sections(after)
+    for name in ("fleet", "placement", "agent", "scorer"):
+        assert again[name] == kept[name], name
+    assert "Partly regenerated" in after
+    assert "--sections storm" in after
+    # The kept sections keep the date and machine they were measured on.
+    dated = before.split("These numbers: ", 1)[1].split(" UTC on", 1)[0]
+    assert f"These numbers: {dated} UTC on" in after
+    # The kept sections' steps stay in the timing table beside the storm's new one.
+    assert "placement: " in after.split("## Regeneration time", 1)[1]
+
+
+def test_a_partial_run_needs_the_other_sections_to_exist(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        figures.main(["--quick", "--out-dir", str(tmp_path), "--sections", "storm"])

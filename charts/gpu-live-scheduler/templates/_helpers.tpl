@@ -146,6 +146,9 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 {{- define "gls.scheduler.configDir" -}}/etc/kubernetes/gpu-scheduler{{- end -}}
 {{- define "gls.scheduler.tlsDir" -}}/etc/kubernetes/gpu-scheduler/extender-tls{{- end -}}
 
+{{/* Where the kubelet's pod-resources directory is mounted in the agent container. */}}
+{{- define "gls.agent.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end -}}
+
 {{/* Environment of the agent: GPU_AGENT_<FLAG_UPPER_SNAKE>, as `gpu-agent run` reads it. */}}
 {{- define "gls.agent.config" -}}
 GPU_AGENT_SOURCE: {{ .Values.agent.source | quote }}
@@ -156,6 +159,10 @@ GPU_AGENT_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
 GPU_AGENT_METRICS_PORT: {{ .Values.agent.metricsPort | toString | quote }}
 GPU_AGENT_LOG_LEVEL: {{ .Values.agent.logLevel | quote }}
 GPU_AGENT_LOG_FORMAT: {{ .Values.agent.logFormat | quote }}
+GPU_AGENT_POD_RESOURCES: {{ .Values.agent.podResources.enabled | toString | quote }}
+{{- if .Values.agent.podResources.enabled }}
+GPU_AGENT_POD_RESOURCES_SOCKET: {{ printf "%s/kubelet.sock" (include "gls.agent.podResourcesDir" .) | quote }}
+{{- end }}
 {{- if eq .Values.agent.source "simulated" }}
 GPU_AGENT_SIMULATED_GPUS: {{ .Values.agent.simulated.gpus | toString | quote }}
 GPU_AGENT_SIMULATED_MODEL: {{ .Values.agent.simulated.model | quote }}
