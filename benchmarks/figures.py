@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from agent.limiter import WRITE_REASONS, WritePolicy
+from benchmarks import real_scheduler
 from benchmarks.machine import machine_description
 from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
 from gpu_sim.placement import (
@@ -1169,7 +1170,7 @@ the tables are in `img/figures.json`.
 """
 
 
-SECTIONS: tuple[str, ...] = ("fleet", "storm", "placement", "agent", "scorer")
+SECTIONS: tuple[str, ...] = ("fleet", "storm", "placement", "agent", "scorer", "scheduler")
 # Each section's heading in the document, to keep the text of sections a run does not redo.
 _HEADINGS: Mapping[str, str] = {
     "fleet": "## Write budget at fleet scale",
@@ -1177,6 +1178,7 @@ _HEADINGS: Mapping[str, str] = {
     "placement": "## Scheduling quality",
     "agent": "## Agent tick and memory",
     "scorer": "## Scorer latency",
+    "scheduler": "## The real kube-scheduler's throughput",
 }
 _TAIL_HEADING = "## What these models leave out"
 
@@ -1204,6 +1206,7 @@ def _kept_timings(document: str, redone: Sequence[str]) -> list[Timed]:
         "placement": ("placement: ",),
         "agent": ("benchmark: agent tick",),
         "scorer": ("benchmark: scorer latency",),
+        "scheduler": ("benchmark: real kube-scheduler",),
     }
     owner_of = sorted(
         ((prefix, name) for name, ps in prefixes.items() for prefix in ps),
@@ -1280,6 +1283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         texts["agent"] = _agent_section(_run_agent(args, timings))
     if "scorer" in chosen:
         texts["scorer"] = _run_scorer(args, timings, img)
+    if "scheduler" in chosen:
+        texts["scheduler"] = _run_scheduler(args, timings, img, summary)
 
     dated = started
     machine = here = machine_description()
@@ -1434,6 +1439,37 @@ def _run_scorer(args: argparse.Namespace, timings: list[Timed], img: Path) -> st
         # A figure from an earlier run must not sit next to a document that says "not measured".
         stale_latency.unlink()
     return _scorer_section(scorer_bench, plotted)
+
+
+def _run_scheduler(
+    args: argparse.Namespace, timings: list[Timed], img: Path, summary: dict[str, Any]
+) -> str:
+    """Pods/s of the real kube-scheduler (needs `python3 dev.py cluster build`)."""
+    extra = ["--nodes", "50", "--pods", "30", "--rounds", "1"] if args.quick else []
+    if args.no_benchmarks:
+        bench: dict[str, Any] = {
+            "error": "skipped (--no-benchmarks)",
+            "command": "python -m benchmarks.real_scheduler --json",
+        }
+    else:
+        bench = _timed(
+            "benchmark: real kube-scheduler",
+            timings,
+            lambda: run_benchmark("benchmarks.real_scheduler", extra, 3600),
+        )
+    heading = "## The real kube-scheduler's throughput\n\n"
+    if "error" in bench:
+        return (
+            f"{heading}Not measured in this run: `{bench['command']}` failed: {bench['error']}.\n"
+        )
+    # The figures before the scorer's request path was rebuilt, kept as measured then.
+    before = summary.get("real_scheduler_before")
+    summary["real_scheduler"] = bench["data"]
+    target = img / "real_scheduler.png"
+    plotted = real_scheduler.plot(bench["data"], target, before=before)
+    return real_scheduler.markdown_section(
+        bench["data"], command=bench["command"], before=before, plotted=plotted
+    )
 
 
 if __name__ == "__main__":

@@ -513,6 +513,23 @@ class KubeApi:
             path += ("&" if "?" in path else "?") + f"fieldManager={field_manager}"
         return self.call("PATCH", path, body, content_type="application/merge-patch+json")
 
+    def watch(self, path: str, *, timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
+        """The events of a watch (`path` without `watch=1`), on a connection of their own."""
+        connection = http.client.HTTPSConnection(
+            LOOPBACK, self.port, context=self._context, timeout=timeout_s
+        )
+        separator = "&" if "?" in path else "?"
+        try:
+            connection.request("GET", f"{path}{separator}watch=1", headers=self._headers)
+            response = connection.getresponse()
+            if response.status != 200:
+                raise ApiError(response.status, response.read(), f"WATCH {path}")
+            while line := response.readline():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            connection.close()
+
     def delete(self, path: str, *, missing_ok: bool = True) -> None:
         self.call(
             "DELETE",

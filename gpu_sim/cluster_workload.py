@@ -29,7 +29,6 @@ from gpu_sim.cluster import GPU_RESOURCE, LOOPBACK, ClusterError, KubeApi, free_
 T = TypeVar("T")
 
 _SERVER_SET: Final = ("uid", "creationTimestamp", "managedFields", "resourceVersion")
-MERGE_PATCH: Final = "application/merge-patch+json"
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -38,22 +37,15 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
     """Create `node` (a `gpu_sim.nodes.gpu_node`) as its kubelet would; return the stored Node.
 
-    The API server's TaintNodesByCondition admission adds `node.kubernetes.io/not-ready` to a
-    new Node, and the node lifecycle controller removes it once the kubelet reports Ready; no
-    controller runs here, so the taint is lifted with the status.
+    The API server keeps the status a Node is created with, and its TaintNodesByCondition
+    admission adds `node.kubernetes.io/not-ready`, which the node lifecycle controller removes
+    once the kubelet reports Ready; no controller runs here, so the taint is lifted next.
     """
     body = ko.clone(dict(node))
-    status = body.pop("status", {})
     for key in _SERVER_SET:
         body["metadata"].pop(key, None)
     name = body["metadata"]["name"]
     api.create("/api/v1/nodes?fieldManager=kubelet", body)
-    api.call(
-        "PATCH",
-        f"/api/v1/nodes/{name}/status?fieldManager=kubelet",
-        {"status": status},
-        content_type=MERGE_PATCH,
-    )
     stored: dict[str, Any] = api.merge_patch(
         f"/api/v1/nodes/{name}", {"spec": {"taints": None}}, field_manager="node-controller"
     )

@@ -31,14 +31,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Final, TextIO
+from typing import Final, Literal, TextIO
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 
 from gpu_contract.schema import DEFAULT_PREFIX, Field, parse_timestamp
 from gpu_sim import demo_parts as parts
-from gpu_sim.apiserver import ApiServerStandIn
+from gpu_sim.cluster import ClusterError
+from gpu_sim.demo_cluster import RealCluster, RealSchedulerDriver
 from gpu_sim.demo_parts import DemoAgent
 from gpu_sim.scheduler_driver import (
     Attempt,
@@ -93,6 +94,9 @@ class DemoOptions:
     heartbeat_s: float = 10.0
     extender_weight: int = 5
     refresh_per_s: float = 4.0
+    # "standin": the embedded API stand-in and scheduler driver (needs only Python); "real":
+    # kube-apiserver and kube-scheduler v1.36 from `python3 dev.py cluster build`.
+    cluster: Literal["standin", "real"] = "standin"
 
     def settings_line(self) -> str:
         return (
@@ -173,9 +177,10 @@ class Demo:
         self.plans = plan_fleet(options.nodes)
         self.models = {p.name: short_model_name(p.product) for p in self.plans}
         self.stream = PodStream(seed=options.seed, pods_per_s=options.pods_per_s)
-        self._api: ApiServerStandIn | None = None
+        self._api: parts.ClusterView | None = None
+        self._real: RealCluster | None = None
         self.agents: list[DemoAgent] = []
-        self.driver: SchedulerDriver | None = None
+        self.driver: SchedulerDriver | RealSchedulerDriver | None = None
         self.extender_url = ""
         self._driver_thread = threading.Thread(
             target=self._drive, name="demo-scheduler", daemon=True
@@ -185,36 +190,10 @@ class Demo:
 
     def start(self) -> None:
         try:
-            self._api = parts.start_apiserver(self.plans, token=TOKEN, running=self._running)
-            kubeconfig = self._workdir / "kubeconfig"
-            self.api.write_kubeconfig(kubeconfig)
-            self.agents = parts.start_agents(
-                self.plans, kubeconfig=kubeconfig, options=self.options, running=self._running
-            )
-            self.extender_url = parts.start_scorer(
-                node_cache=self.options.node_cache,
-                kubeconfig=kubeconfig,
-                stale_after_s=3 * self.options.heartbeat_s,
-                running=self._running,
-            )
-            # Pods start once every node carries data, as in a cluster whose DaemonSet is up.
-            parts.wait_for_first_writes(
-                self.api,
-                [p.name for p in self.plans],
-                timeout_s=2 * self.options.min_write_interval_s + 5,
-            )
-            extender = ExtenderClient(self.extender_url)
-            self._running.stops.append(extender.close)
-            self.driver = SchedulerDriver(
-                extender=extender,
-                list_nodes=self.api.nodes,
-                config=DriverConfig(
-                    mode="names" if self.options.node_cache else "full",
-                    weight=self.options.extender_weight,
-                    seed=self.options.seed,
-                ),
-                load=parts.SimulatedLoad({a.node_name: a.source for a in self.agents}),
-            )
+            if self.options.cluster == "real":
+                self._start_real()
+            else:
+                self._start_standin()
             self._started_at = time.monotonic()
             self._driver_thread.start()
             self._running.stops.append(self.halt_driver)
@@ -223,10 +202,63 @@ class Demo:
             self.stop()
             raise
 
+    def _start_standin(self) -> None:
+        standin = parts.start_apiserver(self.plans, token=TOKEN, running=self._running)
+        self._api = standin
+        kubeconfig = self._workdir / "kubeconfig"
+        standin.write_kubeconfig(kubeconfig)
+        self._start_agents_and_scorer(kubeconfig)
+        extender = ExtenderClient(self.extender_url)
+        self._running.stops.append(extender.close)
+        self.driver = SchedulerDriver(
+            extender=extender,
+            list_nodes=standin.nodes,
+            config=DriverConfig(
+                mode="names" if self.options.node_cache else "full",
+                weight=self.options.extender_weight,
+                seed=self.options.seed,
+            ),
+            load=parts.SimulatedLoad({a.node_name: a.source for a in self.agents}),
+        )
+
+    def _start_real(self) -> None:
+        real = RealCluster(self._workdir)
+        self._real = real
+        self._running.stops.append(real.stop)
+        real.start([(p.name, p.product, p.gpus) for p in self.plans])
+        self._api = real
+        self._start_agents_and_scorer(real.kubeconfig)
+        real.watch_agents({a.node_name: a.agent.metrics for a in self.agents})
+        real.start_scheduler(
+            self.extender_url,
+            node_cache=self.options.node_cache,
+            weight=self.options.extender_weight,
+        )
+        self.driver = RealSchedulerDriver(
+            real, load=parts.SimulatedLoad({a.node_name: a.source for a in self.agents})
+        )
+
+    def _start_agents_and_scorer(self, kubeconfig: Path) -> None:
+        self.agents = parts.start_agents(
+            self.plans, kubeconfig=kubeconfig, options=self.options, running=self._running
+        )
+        self.extender_url = parts.start_scorer(
+            node_cache=self.options.node_cache,
+            kubeconfig=kubeconfig,
+            stale_after_s=3 * self.options.heartbeat_s,
+            running=self._running,
+        )
+        # Pods start once every node carries data, as in a cluster whose DaemonSet is up.
+        parts.wait_for_first_writes(
+            self.api,
+            [p.name for p in self.plans],
+            timeout_s=2 * self.options.min_write_interval_s + 5,
+        )
+
     @property
-    def api(self) -> ApiServerStandIn:
+    def api(self) -> parts.ClusterView:
         if self._api is None:
-            raise RuntimeError("the demo has not started its API stand-in")
+            raise RuntimeError("the demo has not started its API server")
         return self._api
 
     def halt_driver(self) -> None:
@@ -294,7 +326,10 @@ class Demo:
             return DemoSnapshot(
                 elapsed_s=self.elapsed_s(),
                 duration_s=self.options.duration_s,
-                mode="names-only, node cache" if self.options.node_cache else "full nodes",
+                mode=(
+                    ("names-only, node cache" if self.options.node_cache else "full nodes")
+                    + (", real kube-scheduler" if self.options.cluster == "real" else "")
+                ),
                 extender_url=self.extender_url,
                 settings_line=self.options.settings_line(),
                 nodes=nodes,
@@ -342,9 +377,14 @@ def run(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoOutcome:
         _collect_logs(echo=None if options.tui else out) as logs,
     ):
         demo = Demo(options, workdir=Path(scratch), logs=logs)
+        cluster_words = (
+            "etcd, kube-apiserver and kube-scheduler v1.36"
+            if options.cluster == "real"
+            else "the API stand-in"
+        )
         try:
             print(
-                f"starting on 127.0.0.1: the API stand-in with {options.nodes} GPU nodes, "
+                f"starting on 127.0.0.1: {cluster_words} with {options.nodes} GPU nodes, "
                 f"{options.nodes} agents, the scorer"
                 f"{' (node cache)' if options.node_cache else ''}; pods start once every "
                 "node has reported ...",
@@ -408,7 +448,8 @@ def _collect_logs(*, echo: TextIO | None) -> Iterator[_LogTail]:
 
 def _run_plain(demo: Demo, out: TextIO) -> None:
     print(demo.options.settings_line(), file=out, flush=True)
-    print(f"extender at {demo.extender_url}; API stand-in at {demo.api.url}", file=out)
+    where = "kube-apiserver" if demo.options.cluster == "real" else "API stand-in"
+    print(f"extender at {demo.extender_url}; {where} at {demo.api.url}", file=out)
     shown_attempts = 0
     shown_updates: dict[str, str] = {}
     # A pending pod is retried with back-off; print it again only when its reasons change.
@@ -489,6 +530,13 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         help="names-only mode: the scorer list+watches Nodes itself (nodeCacheCapable: true)",
     )
     parser.add_argument(
+        "--cluster",
+        choices=("standin", "real"),
+        default=defaults.cluster,
+        help="standin: the embedded API stand-in and scheduler driver (default); real: "
+        "kube-apiserver and kube-scheduler v1.36 on loopback (python3 dev.py cluster build)",
+    )
+    parser.add_argument(
         "--no-tui",
         action="store_true",
         help="print plain lines instead of the live view (for logs)",
@@ -525,6 +573,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         nodes=args.nodes,
         seed=args.seed,
         node_cache=args.node_cache,
+        cluster=args.cluster,
         tui=not args.no_tui,
         pods_per_s=args.pods_per_s,
         sample_interval_s=args.sample_interval,
@@ -537,6 +586,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     try:
         outcome = run(options)
+    except ClusterError as exc:  # binaries not built, a port taken, a process that died
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (`... | head`): every part is already stopped; exit quietly
         # instead of a traceback, and keep Python from failing again on flushing stdout.

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.daemon import Agent, TickLoop, start_jitter_s
 from agent.kube import NodeAnnotator, api_client_for
@@ -38,6 +38,17 @@ DEFAULT_POD_MEMORY_MIB_PER_GPU = 8 * 1024
 class Running(Protocol):
     @property
     def stops(self) -> list[Callable[[], None]]: ...
+
+
+class ClusterView(Protocol):
+    """What the demo reads of its cluster: the stand-in or the real control plane."""
+
+    @property
+    def url(self) -> str: ...
+
+    def nodes(self) -> list[dict[str, Any]]: ...
+
+    def node_writes(self, name: str) -> int: ...
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,7 +119,7 @@ def start_agents(
     return agents
 
 
-def wait_for_first_writes(api: ApiServerStandIn, names: Sequence[str], *, timeout_s: float) -> bool:
+def wait_for_first_writes(api: ClusterView, names: Sequence[str], *, timeout_s: float) -> bool:
     """Block until every node carries the agent's annotations (a DaemonSet's steady state)."""
     deadline = time.monotonic() + timeout_s
     key = DEFAULT_PREFIX + Field.UPDATED_AT.value

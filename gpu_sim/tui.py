@@ -149,7 +149,10 @@ def summary_lines(snapshot: DemoSnapshot) -> list[str]:
     models = {n.name: n.model for n in snapshot.nodes}
     fallbacks = sum(1 for a in snapshot.attempts if fallback_from(a, models, snapshot.prefix))
     lines.append(f"model-preference fallbacks: {fallbacks}")
-    if snapshot.latency is None:
+    if snapshot.latency is None and "real kube-scheduler" in snapshot.mode:
+        # kube-scheduler makes the calls; the scorer's own request times are on its /metrics.
+        lines.append(f"extender calls: made by kube-scheduler ({snapshot.extender_url}/metrics)")
+    elif snapshot.latency is None:
         lines.append("extender latency: no calls made")
     else:
         lat = snapshot.latency

@@ -28,6 +28,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture
+def control_plane_built() -> None:
+    """For tests that start a control plane of their own (the demo does)."""
+    require_control_plane()
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     require_control_plane()

@@ -2,8 +2,8 @@
 
 Debian's `prometheus` server runs on loopback with the chart's alert rules, rendered by helm
 from the same source as the PrometheusRule, with thresholds shortened through the chart's
-values (a stale-after of 3 s, short `for:`). `gpu-agent run --source simulated` writes to the
-Kubernetes API; `gpu-scorer serve --node-cache` watches it. While both run, every rule
+values (a stale-after of 3 s, short `for:`). `gpu-agent run --source simulated` writes to a Node
+of the real kube-apiserver; `gpu-scorer serve --node-cache` watches it. While both run, every rule
 evaluates without error, no alert fires, and every dashboard query runs; once the agent is
 stopped, its own metrics are gone with it, and GpuNodesDataStale, from the scorer's view of the
 node cache, goes from inactive through pending to firing.
@@ -30,14 +30,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node
+from gpu_sim.cluster import ControlPlane
+from tests.e2e.support import Scope
 from tests.ops.ops_support import dashboard_queries, require_tool
 from tests.ops.rules_file import chart_rules
 
 pytestmark = pytest.mark.e2e
 
-NODE = "gpu-node-1"
 STALE_AFTER_S = 3
 ALERT = "GpuNodesDataStale"
 # Short enough to see each state within seconds, long enough to see `pending` on its own.
@@ -50,15 +49,14 @@ class KubeApi:
     """The Kubernetes API the binaries talk to, with one GPU Node and no agent data yet."""
 
     kubeconfig: Path
-    node_names: tuple[str, ...]
+    node: str
 
 
 @pytest.fixture
-def kube_api(tmp_path: Path) -> Iterator[KubeApi]:
-    """The only place that knows which API server this is: the project's stand-in."""
-    with ApiServerStandIn(bookmark_interval_s=1.0) as server:
-        server.put_node(gpu_node(NODE))
-        yield KubeApi(server.write_kubeconfig(tmp_path / "kubeconfig"), (NODE,))
+def kube_api(control_plane: ControlPlane, scope: Scope) -> KubeApi:
+    """The real kube-apiserver, holding this test's GPU Node (the only Node during the test:
+    every other test's Nodes are deleted when it ends)."""
+    return KubeApi(control_plane.admin_kubeconfig, scope.node("prometheus"))
 
 
 def _free_port() -> int:
@@ -91,6 +89,7 @@ class _Process:
 
 @dataclass
 class _Stack:
+    node: str
     agent: _Process
     scorer: _Process
     prometheus: _Process
@@ -126,15 +125,15 @@ class _Stack:
             time.sleep(0.2)
 
 
-def _environment() -> dict[str, str]:
+def _environment(node: str) -> dict[str, str]:
     prefixes = ("GPU_AGENT_", "GPU_SCORER_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    env["NODE_NAME"] = NODE
+    env["NODE_NAME"] = node
     return env
 
 
 def _prometheus_config(
-    tmp_path: Path, rules: dict[str, Any], *, agent_port: int, scorer_port: int
+    tmp_path: Path, rules: dict[str, Any], *, agent_port: int, scorer_port: int, node: str
 ) -> Path:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
     config = {
@@ -145,7 +144,7 @@ def _prometheus_config(
                 "job_name": "gpu-agent",
                 # What the chart's ServiceMonitor sets from the pod's node.
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{agent_port}"], "labels": {"node": NODE}}
+                    {"targets": [f"127.0.0.1:{agent_port}"], "labels": {"node": node}}
                 ],
             },
             {
@@ -166,7 +165,7 @@ def stack(kube_api: KubeApi, tmp_path: Path) -> Iterator[_Stack]:
         {"scorer": {"staleAfterSeconds": STALE_AFTER_S}, "prometheusRule": {"for": SHORT_FOR}}
     )
     agent_port, scorer_port, prometheus_port = _free_port(), _free_port(), _free_port()
-    env = _environment()
+    env = _environment(kube_api.node)
     kubeconfig = f"--kubeconfig={kube_api.kubeconfig}"
     agent = _Process(
         "gpu-agent",
@@ -187,7 +186,9 @@ def stack(kube_api: KubeApi, tmp_path: Path) -> Iterator[_Stack]:
         tmp_path / "scorer.log",
         env,
     )
-    config = _prometheus_config(tmp_path, rules, agent_port=agent_port, scorer_port=scorer_port)
+    config = _prometheus_config(
+        tmp_path, rules, agent_port=agent_port, scorer_port=scorer_port, node=kube_api.node
+    )
     prometheus = _Process(
         "prometheus",
         [
@@ -199,6 +200,7 @@ def stack(kube_api: KubeApi, tmp_path: Path) -> Iterator[_Stack]:
         env,
     )
     running = _Stack(
+        kube_api.node,
         agent,
         scorer,
         prometheus,
@@ -232,11 +234,11 @@ def _names_only_filter(stack: _Stack) -> None:
         "metadata": {"name": "trainer", "namespace": "default", "uid": "1"},
         "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
     }
-    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": [NODE]}).encode()
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": [stack.node]}).encode()
     request = urllib.request.Request(f"{stack.scorer_url}/filter", data=body, method="POST")
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=5) as response:
-        assert json.load(response)["NodeNames"] == [NODE]
+        assert json.load(response)["NodeNames"] == [stack.node]
 
 
 def test_an_alert_fires_when_the_agent_stops(stack: _Stack) -> None:

@@ -1,0 +1,549 @@
+"""Pods per second of a real kube-scheduler v1.36, with the scorer as its extender and without.
+
+    python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 120] [--rounds 3] [--json]
+
+The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in
+the scheduler's loop. On the loopback control plane (`gpu_sim.cluster`, built by `python3
+dev.py cluster build`) it registers N realistic GPU Nodes (~6 KB each, the agent's annotations
+on every one), starts both scorers (names only, with its node cache; full Node objects), and
+keeps patching GPU annotations at a fleet's write rate for the whole run. Then, per mode (no
+extender, names only, full nodes), in rounds that rotate the order:
+
+1. create a burst of 1-GPU pods for that mode's schedulerName while no scheduler serves it;
+2. start a kube-scheduler with that mode's configuration: it schedules the backlog;
+3. pods/s = (pods - 1) / (last bind - first bind), bind times read from a pod watch;
+4. stop that scheduler and delete the pods.
+
+Timing from the first bind leaves the scheduler's start-up (informer sync) out; the binds
+themselves are in. Everything shares the machine's cores: etcd, kube-apiserver, the scheduler,
+both scorers, and this process's patcher and watch. The scorers' own request time (their
+`gpu_scorer_request_duration_seconds`) is reported next to the ratio, as the proxy that
+explains it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from benchmarks.machine import machine_description
+from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
+from gpu_sim.cluster import (
+    ControlPlane,
+    ExtenderConfig,
+    SchedulerConfig,
+    running_control_plane,
+)
+from gpu_sim.cluster_workload import (
+    ScorerProcess,
+    apply,
+    gpu_pod,
+    gpu_state,
+    register_node,
+    scorer_process,
+)
+from gpu_sim.nodes import gpu_node
+
+MODES: Final = ("none", "names", "full")
+NAMESPACE: Final = "bench"
+# The fleet simulation's write rate before per-GPU data: 11.5 % of one write per 5 s sample, or
+# ~110 patches/s at 5,000 nodes. Today's defaults write 9.6 %, so this churn is a little heavier.
+FLEET_WRITES_PER_NODE_S: Final = 0.115 / 5.0
+# kube-scheduler's client defaults (50 QPS, burst 100) would cap a burst at ~50 binds/s and
+# hide the extender's cost behind the rate limiter; large clusters raise them too.
+SCHEDULER_QPS: Final = 500.0
+SCHEDULER_BURST: Final = 1000
+PRODUCTS: Final = (
+    ("NVIDIA A100-SXM4-80GB", 8),
+    ("NVIDIA H100 80GB HBM3", 8),
+    ("Tesla V100-SXM2-32GB", 8),
+    ("NVIDIA L4", 4),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    nodes: int
+    pods: int = 120
+    rounds: int = 3
+    writes_per_node_s: float = FLEET_WRITES_PER_NODE_S
+    seed: int = 7
+    timeout_s: float = 180.0
+
+    @property
+    def patch_rate_per_s(self) -> float:
+        return self.nodes * self.writes_per_node_s
+
+
+@dataclass(slots=True)
+class Round:
+    mode: str
+    round: int
+    pods_per_s: float
+    span_s: float
+    # The scorer's mean request time in this round, ms, by verb (none: no extender).
+    scorer_ms: dict[str, float] = field(default_factory=dict)
+    scorer_requests: dict[str, int] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- the fleet
+
+
+def node_plan(index: int) -> tuple[str, str, int]:
+    product, gpus = PRODUCTS[index % len(PRODUCTS)]
+    return f"gpu-{index:05d}", normalize_model_name(product), gpus
+
+
+def random_state(rng: random.Random, model: str, gpus: int) -> dict[str, Any]:
+    """One node's merge patch as the agent writes it, with fleet-like values (some above 0.90)."""
+    utilization = min(1.0, max(0.0, rng.betavariate(2.0, 2.2)))
+    state = gpu_state(
+        utilization=round(utilization, 2),
+        gpu_model=model,
+        gpu_count=gpus,
+        temperature_c=rng.randint(38, 84),
+        memory_largest_free_mib=rng.randint(8_000, 80_000),
+    )
+    return merge_patch(encode(state, DEFAULT_KEYS), DEFAULT_KEYS)
+
+
+def register_fleet(plane: ControlPlane, count: int, seed: int, workers: int = 4) -> None:
+    def register(indexes: range) -> None:
+        rng = random.Random(seed + indexes.start)
+        with plane.admin() as api:
+            for i in indexes:
+                name, model, gpus = node_plan(i)
+                register_node(api, gpu_node(name, gpu_count=gpus, product=model))
+                api.merge_patch(
+                    f"/api/v1/nodes/{name}",
+                    random_state(rng, model, gpus),
+                    field_manager="gpu-scheduler-agent",
+                )
+
+    step = -(-count // workers)
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(register, [range(s, min(s + step, count)) for s in range(0, count, step)]))
+
+
+class Patcher:
+    """Patches random Nodes' GPU annotations at a steady rate, as a fleet's agents would."""
+
+    def __init__(self, plane: ControlPlane, config: Config) -> None:
+        self._plane = plane
+        self._config = config
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="patcher", daemon=True)
+        self.sent = 0
+        self.errors = 0
+        self.cpu_s = 0.0
+        self.started_s = 0.0
+        self.stopped_s = 0.0
+
+    def start(self) -> Patcher:
+        self.started_s = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.stopped_s = time.monotonic()
+
+    @property
+    def rate_per_s(self) -> float:
+        elapsed = (self.stopped_s or time.monotonic()) - self.started_s
+        return self.sent / elapsed if elapsed > 0 else 0.0
+
+    def _run(self) -> None:
+        rng = random.Random(self._config.seed)
+        interval_s = 1.0 / self._config.patch_rate_per_s
+        next_s = time.monotonic()
+        cpu_started = time.thread_time()
+        with self._plane.admin() as api:
+            while not self._stop.is_set():
+                index = rng.randrange(self._config.nodes)
+                name, model, gpus = node_plan(index)
+                status, _ = api.raw(
+                    "PATCH",
+                    f"/api/v1/nodes/{name}?fieldManager=gpu-scheduler-agent",
+                    random_state(rng, model, gpus),
+                    content_type="application/merge-patch+json",
+                )
+                self.sent += 1
+                self.errors += status != 200
+                next_s += interval_s
+                delay_s = next_s - time.monotonic()
+                if delay_s > 0:
+                    self._stop.wait(delay_s)
+                elif delay_s < -1.0:
+                    next_s = time.monotonic()  # fell behind: do not burst to catch up
+        self.cpu_s = time.thread_time() - cpu_started
+
+
+# ----------------------------------------------------------------------------- one measurement
+
+
+def scheduler_config(mode: str, scorers: dict[str, ScorerProcess]) -> SchedulerConfig:
+    extender = None
+    if mode != "none":
+        extender = ExtenderConfig(
+            scorers[mode].url, node_cache_capable=mode == "names", ignorable=False
+        )
+    return SchedulerConfig(
+        f"bench-{mode}", extender, client_qps=SCHEDULER_QPS, client_burst=SCHEDULER_BURST
+    )
+
+
+def scorer_totals(scorer: ScorerProcess) -> dict[str, tuple[float, int]]:
+    """verb -> (seconds, requests) so far, from the scorer's own histogram."""
+    totals: dict[str, tuple[float, int]] = {}
+    with urllib.request.urlopen(f"{scorer.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for verb in ("filter", "prioritize"):
+        seconds = count = 0.0
+        for line in text.splitlines():
+            if line.startswith(f'gpu_scorer_request_duration_seconds_sum{{verb="{verb}"}}'):
+                seconds = float(line.rsplit(" ", 1)[1])
+            if line.startswith(f'gpu_scorer_request_duration_seconds_count{{verb="{verb}"}}'):
+                count = float(line.rsplit(" ", 1)[1])
+        totals[verb] = (seconds, int(count))
+    return totals
+
+
+def measure(
+    plane: ControlPlane,
+    mode: str,
+    round_index: int,
+    config: Config,
+    scorers: dict[str, ScorerProcess],
+) -> Round:
+    label = f"r{round_index}-{mode}"
+    names = [f"{label}-{i:04d}" for i in range(config.pods)]
+    with plane.admin() as api:
+        listed = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
+        resource_version = listed["metadata"]["resourceVersion"]
+        create_pods(plane, names, scheduler_name=f"bench-{mode}")
+    bind_times: dict[str, float] = {}
+    done = threading.Event()
+
+    def watch_binds() -> None:
+        with plane.admin() as api:
+            path = (
+                f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=round%3D{label}"
+                f"&resourceVersion={resource_version}&allowWatchBookmarks=false"
+            )
+            for event in api.watch(path, timeout_s=config.timeout_s):
+                pod = event.get("object", {})
+                if pod.get("spec", {}).get("nodeName"):
+                    bind_times.setdefault(pod["metadata"]["name"], time.monotonic())
+                if len(bind_times) >= len(names):
+                    break
+        done.set()
+
+    watcher = threading.Thread(target=watch_binds, name="bind-watch", daemon=True)
+    watcher.start()
+    before = {m: scorer_totals(s) for m, s in scorers.items()}
+    scheduler = plane.start_scheduler(scheduler_config(mode, scorers), name=f"sched-{label}")
+    try:
+        if not done.wait(config.timeout_s):
+            raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
+    finally:
+        scheduler.stop()
+        plane.schedulers.pop(f"sched-{label}", None)
+    after = {m: scorer_totals(s) for m, s in scorers.items()}
+    delete_pods(plane, names)
+    times = sorted(bind_times.values())
+    span_s = times[-1] - times[0]
+    result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
+    if mode != "none":
+        for verb, (seconds, count) in after[mode].items():
+            requests = count - before[mode][verb][1]
+            result.scorer_requests[verb] = requests
+            if requests:
+                result.scorer_ms[verb] = (seconds - before[mode][verb][0]) / requests * 1000
+    return result
+
+
+def create_pods(plane: ControlPlane, names: Sequence[str], *, scheduler_name: str) -> None:
+    def create(chunk: Sequence[str]) -> None:
+        with plane.admin() as api:
+            for name in chunk:
+                pod = gpu_pod(name, scheduler_name=scheduler_name, namespace=NAMESPACE)
+                pod["metadata"]["labels"]["round"] = name.rsplit("-", 1)[0]
+                api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+
+    _in_parallel(create, names)
+
+
+def delete_pods(plane: ControlPlane, names: Sequence[str]) -> None:
+    def delete(chunk: Sequence[str]) -> None:
+        with plane.admin() as api:
+            for name in chunk:
+                api.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+    _in_parallel(delete, names)
+
+
+def _in_parallel(work: Callable[[Sequence[str]], None], names: Sequence[str]) -> None:
+    workers = 4
+    chunks = [names[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(work, chunks))
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
+    with (
+        tempfile.TemporaryDirectory(prefix="real-scheduler-") as scratch,
+        running_control_plane(Path(scratch) / "plane") as plane,
+    ):
+        started = time.monotonic()
+        register_fleet(plane, config.nodes, config.seed)
+        with plane.admin() as api:
+            apply(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+            apply(
+                api,
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+                namespace=NAMESPACE,
+            )
+        progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
+        logs = Path(scratch) / "logs"
+        scorers = {
+            "names": scorer_process(logs, kubeconfig=plane.admin_kubeconfig, name="scorer-names"),
+            "full": scorer_process(logs, kubeconfig=None, name="scorer-full"),
+        }
+        patcher = Patcher(plane, config)
+        try:
+            for scorer in scorers.values():
+                scorer.start().wait_ready(timeout_s=120)
+            patcher.start()
+            rounds: list[Round] = []
+            for index in range(config.rounds):
+                order = MODES[index % len(MODES) :] + MODES[: index % len(MODES)]
+                for mode in order:
+                    result = measure(plane, mode, index, config, scorers)
+                    rounds.append(result)
+                    progress(
+                        f"  {config.nodes} nodes, {mode:5s} round {index}: "
+                        f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
+                    )
+        finally:
+            patcher.stop()
+            for scorer in scorers.values():
+                scorer.kill()
+    return summarize(config, rounds, patcher)
+
+
+def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict[str, Any]:
+    by_mode: dict[str, dict[str, Any]] = {}
+    for mode in MODES:
+        mine = [r for r in rounds if r.mode == mode]
+        if not mine:
+            continue
+        by_mode[mode] = {
+            "pods_per_s_median": statistics.median(r.pods_per_s for r in mine),
+            "pods_per_s": [round(r.pods_per_s, 2) for r in mine],
+            "scorer_ms_median": {
+                verb: statistics.median(r.scorer_ms[verb] for r in mine if verb in r.scorer_ms)
+                for verb in ("filter", "prioritize")
+                if any(verb in r.scorer_ms for r in mine)
+            },
+            "scorer_requests_per_pod": {
+                verb: statistics.median(r.scorer_requests[verb] / config.pods for r in mine)
+                for verb in ("filter", "prioritize")
+                if mode != "none"
+            },
+        }
+    baseline = by_mode.get("none", {}).get("pods_per_s_median") or 0.0
+    for entry in by_mode.values():
+        entry["ratio_to_none"] = entry["pods_per_s_median"] / baseline if baseline else None
+    return {
+        "config": asdict(config),
+        "patches_per_s": round(patcher.rate_per_s, 1),
+        "patch_errors": patcher.errors,
+        "patcher_cpu_fraction": round(
+            patcher.cpu_s / max(1e-9, patcher.stopped_s - patcher.started_s), 3
+        ),
+        "modes": by_mode,
+        "rounds": [asdict(r) for r in rounds],
+    }
+
+
+# ----------------------------------------------------------------------------- the document
+
+MODE_LABELS: Final = {
+    "none": "no extender",
+    "names": "names only (`nodeCacheCapable: true`)",
+    "full": "full nodes (`nodeCacheCapable: false`)",
+}
+
+
+def _size(document: dict[str, Any], nodes: int) -> dict[str, Any] | None:
+    for result in document.get("sizes", []):
+        if result["config"]["nodes"] == nodes:
+            found: dict[str, Any] = result
+            return found
+    return None
+
+
+def markdown_section(
+    document: dict[str, Any], *, command: str, before: dict[str, Any] | None, plotted: bool
+) -> str:
+    """The performance document's section: one table per cluster size, before against now."""
+    rows: list[list[str]] = []
+    for result in document["sizes"]:
+        nodes = result["config"]["nodes"]
+        earlier = _size(before, nodes) if before else None
+        for mode, entry in result["modes"].items():
+            ratio = entry["ratio_to_none"]
+            old = (earlier or {}).get("modes", {}).get(mode)
+            old_ratio = None if old is None else old.get("ratio_to_none")
+            server = entry.get("scorer_ms_median", {})
+            rows.append(
+                [
+                    f"{nodes:,}",
+                    MODE_LABELS[mode],
+                    f"{entry['pods_per_s_median']:.1f}",
+                    ", ".join(f"{v:.0f}" for v in entry["pods_per_s"]),
+                    "1" if mode == "none" else f"{ratio:.2f}x",
+                    "" if mode == "none" or old_ratio is None else f"{old_ratio:.2f}x",
+                    " / ".join(f"{server[v]:.2f}" for v in ("filter", "prioritize") if v in server),
+                ]
+            )
+    header = [
+        "nodes",
+        "mode",
+        "pods/s (median)",
+        "rounds",
+        "vs no extender",
+        "before",
+        "scorer ms (filter / prioritize)",
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in [header, ["-" * w for w in widths], *rows]
+    ]
+    churn = ", ".join(
+        f"{r['patches_per_s']:g} patches/s at {r['config']['nodes']:,} nodes"
+        for r in document["sizes"]
+    )
+    first = document["sizes"][0]["config"]
+    before_line = (
+        f"`before` is the same benchmark on {before['label']} ({before['measured_at']})."
+        if before
+        else ""
+    )
+    figure = "\n![pods/s against cluster size](img/real_scheduler.png)\n" if plotted else ""
+    return f"""## The real kube-scheduler's throughput
+
+Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
+kube-scheduler v1.36 on the loopback control plane ([control-plane.md](control-plane.md))
+places a burst of {first["pods"]} one-GPU pods, {first["rounds"]} rounds per mode in rotating
+order, while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
+from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
+per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, both scorers, the
+patcher) shares the machine's cores. {before_line}
+
+{chr(10).join(lines)}
+{figure}"""
+
+
+def plot(document: dict[str, Any], path: Path, *, before: dict[str, Any] | None = None) -> bool:
+    """Bars of pods/s per mode and cluster size (and the earlier run's, hatched)."""
+    import matplotlib  # noqa: PLC0415  (only the figures need it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sizes = [r["config"]["nodes"] for r in document["sizes"]]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4), squeeze=False)
+    for ax, result in zip(axes[0], document["sizes"], strict=True):
+        modes = list(result["modes"])
+        now = [result["modes"][m]["pods_per_s_median"] for m in modes]
+        positions = range(len(modes))
+        ax.bar([p + 0.2 for p in positions], now, width=0.4, label="now")
+        earlier = _size(before, result["config"]["nodes"]) if before else None
+        if earlier:
+            old = [earlier["modes"].get(m, {}).get("pods_per_s_median", 0) for m in modes]
+            ax.bar([p - 0.2 for p in positions], old, width=0.4, hatch="//", alpha=0.5,
+                   label="before")  # fmt: skip
+        ax.set_xticks(list(positions), modes)
+        ax.set_ylabel("pods/s (median)")
+        ax.set_title(f"{result['config']['nodes']:,} nodes")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.real_scheduler", description=__doc__
+    )
+    parser.add_argument("--nodes", default="300,5000", help="comma-separated cluster sizes")
+    parser.add_argument("--pods", type=int, default=120, help="pods per burst")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per mode and size")
+    parser.add_argument(
+        "--writes-per-node-s",
+        type=float,
+        default=FLEET_WRITES_PER_NODE_S,
+        help="annotation patches per node per second during the run",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    results = [
+        run(
+            Config(n, pods=args.pods, rounds=args.rounds, writes_per_node_s=args.writes_per_node_s),
+            progress=progress,
+        )
+        for n in sizes
+    ]
+    document = {
+        "machine": machine_description(),
+        "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "sizes": results,
+    }
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"{document['machine']}, {document['measured_at']}")
+    for result in results:
+        print(
+            f"{result['config']['nodes']} nodes, {result['patches_per_s']} patches/s "
+            f"(patcher {result['patcher_cpu_fraction']:.0%} of a core):"
+        )
+        for mode, entry in result["modes"].items():
+            ratio = entry["ratio_to_none"]
+            print(
+                f"  {mode:5s} {entry['pods_per_s_median']:7.1f} pods/s  "
+                f"{'' if ratio is None else f'{ratio:.2f}x'}  scorer ms {entry['scorer_ms_median']}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
