@@ -324,11 +324,20 @@ class Pki:
         """A serving certificate from the cluster CA (for an extender's TLS in tests)."""
         return self._issue(name, server_names[0], server_names=server_names, client=False)
 
-    def issue_client_cert(self, name: str, common_name: str) -> tuple[Path, Path]:
-        return self._issue(name, common_name, server_names=(), client=True)
+    def issue_client_cert(
+        self, name: str, common_name: str, *, groups: Sequence[str] = ()
+    ) -> tuple[Path, Path]:
+        """A client certificate: the API server reads the user from CN and groups from O."""
+        return self._issue(name, common_name, server_names=(), client=True, groups=groups)
 
     def _issue(
-        self, name: str, common_name: str, *, server_names: Sequence[str], client: bool
+        self,
+        name: str,
+        common_name: str,
+        *,
+        server_names: Sequence[str],
+        client: bool,
+        groups: Sequence[str] = (),
     ) -> tuple[Path, Path]:
         from cryptography import x509  # noqa: PLC0415
         from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
@@ -344,7 +353,14 @@ class Pki:
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                        *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
+                    ]
+                )
+            )
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -841,6 +857,11 @@ class ControlPlane:
 
     def as_token(self, token: str) -> KubeApi:
         return KubeApi(self.ports.apiserver, ca_file=self.pki.ca_cert, token=token)
+
+    def as_user(self, name: str, *, groups: Sequence[str] = ()) -> KubeApi:
+        """A client authenticated by a certificate for user `name` in `groups`."""
+        cert, key = self.pki.issue_client_cert(f"user-{name}", name, groups=groups)
+        return KubeApi(self.ports.apiserver, ca_file=self.pki.ca_cert, cert_file=cert, key_file=key)
 
     def token_kubeconfig(self, path: Path, token: str, user: str = "token-user") -> Path:
         return write_kubeconfig(

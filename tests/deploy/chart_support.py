@@ -78,6 +78,10 @@ VARIANTS: dict[str, Variant] = {
     "sidecar": Variant({"scorer": {"mode": "sidecar"}}),
     "sidecar-node-cache": Variant({"scorer": {"mode": "sidecar", "nodeCache": True}}),
     "admission-policy-off": Variant({"agent": {"admissionPolicy": {"enabled": False}}}),
+    "gpu-data-policy-off": Variant({"gpuDataPolicy": {"enabled": False}}),
+    "gpu-data-break-glass": Variant(
+        {"gpuDataPolicy": {"breakGlass": {"users": ["alice"], "groups": ["gpu-oncall"]}}}
+    ),
     "service-monitor": Variant(
         {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
     ),

@@ -327,7 +327,11 @@ def test_custom_prefix_is_what_the_policy_allows() -> None:
 def test_binding_points_at_the_policy_and_denies() -> None:
     rendered = render("defaults")
     policy_name = rendered.admission_policy()["metadata"]["name"]
-    (binding,) = rendered.of_kind("ValidatingAdmissionPolicyBinding")
+    (binding,) = [
+        b
+        for b in rendered.of_kind("ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == policy_name
+    ]
     assert binding["spec"] == {"policyName": policy_name, "validationActions": ["Deny"]}
     rules = rendered.admission_policy()["spec"]["matchConstraints"]["resourceRules"]
     assert rules[0]["operations"] == ["UPDATE"]

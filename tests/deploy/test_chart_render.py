@@ -280,11 +280,30 @@ def test_agent_rbac_is_get_and_patch_on_nodes_only() -> None:
     ]
 
 
-def test_admission_policy_toggle() -> None:
-    assert render("defaults").of_kind("ValidatingAdmissionPolicy")
-    assert render("defaults").of_kind("ValidatingAdmissionPolicyBinding")
-    assert not render("admission-policy-off").of_kind("ValidatingAdmissionPolicy")
-    assert not render("admission-policy-off").of_kind("ValidatingAdmissionPolicyBinding")
+def _policy_names(variant: str) -> set[str]:
+    rendered = render(variant)
+    policies = {m["metadata"]["name"] for m in rendered.of_kind("ValidatingAdmissionPolicy")}
+    bound = {
+        m["spec"]["policyName"] for m in rendered.of_kind("ValidatingAdmissionPolicyBinding")
+    }
+    assert bound == policies, "every policy has its binding and no binding dangles"
+    return policies
+
+
+AGENT_POLICY = f"{FULLNAME}-agent-own-node-annotations"
+GPU_DATA_POLICY = f"{FULLNAME}-gpu-data-writers"
+
+
+@pytest.mark.parametrize(
+    ("variant", "expected"),
+    [
+        ("defaults", {AGENT_POLICY, GPU_DATA_POLICY}),
+        ("admission-policy-off", {GPU_DATA_POLICY}),
+        ("gpu-data-policy-off", {AGENT_POLICY}),
+    ],
+)
+def test_admission_policy_toggles(variant: str, expected: set[str]) -> None:
+    assert _policy_names(variant) == expected
 
 
 # ---------------------------------------------------------------------- the scorer

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from gpu_sim.cluster import BuildSpec, KubeApi, missing_binaries_reason
-from gpu_sim.cluster_workload import delete_nodes, delete_pods, register_node
+from gpu_sim.cluster import SERVICE_ACCOUNT_ISSUER, BuildSpec, KubeApi, missing_binaries_reason
+from gpu_sim.cluster_workload import (
+    apply,
+    delete_nodes,
+    delete_pods,
+    pod_bound_token,
+    register_node,
+)
 from gpu_sim.nodes import gpu_node
+from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
 
 # Watch events reach every watcher on loopback within milliseconds; this leaves a wide margin.
 SETTLE_S = 0.5
@@ -81,3 +89,91 @@ class Scope:
     def cleanup(self) -> None:
         delete_pods(self.api, self.pods)
         delete_nodes(self.api, self.nodes)
+
+
+# ----------------------------------------------------------------------------- the chart's agent
+
+_VAP_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+_BINDING_PATH = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+@dataclass
+class AgentIdentity:
+    """The chart's agent service account, with a token bound to a pod on `own_node`."""
+
+    token: str
+    service_account: str
+    own_node: str
+    other_node: str
+
+
+def chart_objects(values: Mapping[str, Any], kinds: set[str]) -> list[dict[str, Any]]:
+    """The chart's objects of these kinds, as `helm template` renders them with `values`."""
+    return [m for m in parse_manifests(template(values)) if m["kind"] in kinds]
+
+
+@contextlib.contextmanager
+def installed_agent(
+    scope: Scope, *, policies: Sequence[str], values: Mapping[str, Any] | None = None
+) -> Iterator[AgentIdentity]:
+    """Apply the chart's agent ServiceAccount, RBAC and the admission policies whose names end
+    with one of `policies`; create two Nodes and a pod-bound token for the agent on the first.
+    The policies are removed afterwards."""
+    api = scope.api
+    status, _ = api.raw("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    assert status in (201, 409)
+    objects = chart_objects(
+        values or {},
+        {
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        },
+    )
+    chosen = [
+        o
+        for o in objects
+        if o["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
+        and (
+            not o["kind"].startswith("ValidatingAdmissionPolicy")
+            or o["metadata"]["name"].endswith(tuple(policies))
+        )
+    ]
+    found = {o["metadata"]["name"] for o in chosen if o["kind"] == "ValidatingAdmissionPolicy"}
+    assert len(found) == len(policies), found
+    for manifest in chosen:
+        apply(api, manifest, namespace=NAMESPACE)
+    (service_account,) = [o["metadata"]["name"] for o in chosen if o["kind"] == "ServiceAccount"]
+
+    own, other = scope.node("own"), scope.node("other")
+    pod = api.create(
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        {
+            "metadata": {"name": scope.name("agent")},
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeName": own,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "agent", "image": "gpu-live-scheduler:e2e"}],
+            },
+        },
+    )
+    token = pod_bound_token(
+        api,
+        namespace=NAMESPACE,
+        service_account=service_account,
+        pod=pod,
+        audience=SERVICE_ACCOUNT_ISSUER,
+    )
+    try:
+        yield AgentIdentity(token, service_account, own, other)
+    finally:
+        api.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
+        for manifest in chosen:
+            name = manifest["metadata"]["name"]
+            if manifest["kind"] == "ValidatingAdmissionPolicyBinding":
+                api.delete(f"{_BINDING_PATH}/{name}")
+            elif manifest["kind"] == "ValidatingAdmissionPolicy":
+                api.delete(f"{_VAP_PATH}/{name}")

@@ -8,89 +8,22 @@ the ValidatingAdmissionPolicy holds the agent to that Node and to the annotation
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, Field
-from gpu_sim.cluster import SERVICE_ACCOUNT_ISSUER, ControlPlane, KubeApi
-from gpu_sim.cluster_workload import agent_process, apply, pod_bound_token, wait_for
-from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
-from tests.e2e.support import Scope
-
-
-@dataclass
-class AgentIdentity:
-    token: str
-    service_account: str
-    own_node: str
-    other_node: str
-
-
-def chart_objects(kinds: set[str]) -> list[dict[str, Any]]:
-    """The default chart's objects of these kinds, as `helm template` renders them."""
-    return [m for m in parse_manifests(template({})) if m["kind"] in kinds]
+from gpu_sim.cluster import ControlPlane, KubeApi
+from gpu_sim.cluster_workload import agent_process, wait_for
+from tests.e2e.support import AgentIdentity, Scope, installed_agent
 
 
 @pytest.fixture
-def agent_identity(scope: Scope, control_plane: ControlPlane) -> Iterator[AgentIdentity]:
-    api = scope.api
-    status, _ = api.raw("POST", "/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-    assert status in (201, 409)
-    objects = chart_objects(
-        {
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "ValidatingAdmissionPolicy",
-            "ValidatingAdmissionPolicyBinding",
-        }
-    )
-    agent_objects = [
-        o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
-    ]
-    kinds = {o["kind"] for o in agent_objects}
-    assert kinds >= {"ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"}, kinds
-    for manifest in agent_objects:
-        apply(api, manifest, namespace=NAMESPACE)
-    (service_account,) = [
-        o["metadata"]["name"] for o in agent_objects if o["kind"] == "ServiceAccount"
-    ]
-
-    own, other = scope.node("own"), scope.node("other")
-    pod = api.create(
-        f"/api/v1/namespaces/{NAMESPACE}/pods",
-        {
-            "metadata": {"name": scope.name("agent")},
-            "spec": {
-                "serviceAccountName": service_account,
-                "nodeName": own,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "agent", "image": "gpu-live-scheduler:e2e"}],
-            },
-        },
-    )
-    token = pod_bound_token(
-        api,
-        namespace=NAMESPACE,
-        service_account=service_account,
-        pod=pod,
-        audience=SERVICE_ACCOUNT_ISSUER,
-    )
-    try:
-        yield AgentIdentity(token, service_account, own, other)
-    finally:
-        api.delete(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}")
-        for manifest in agent_objects:
-            if manifest["kind"].startswith("ValidatingAdmissionPolicy"):
-                path = "/apis/admissionregistration.k8s.io/v1/" + (
-                    "validatingadmissionpolicybindings"
-                    if manifest["kind"].endswith("Binding")
-                    else "validatingadmissionpolicies"
-                )
-                api.delete(f"{path}/{manifest['metadata']['name']}")
+def agent_identity(scope: Scope) -> Iterator[AgentIdentity]:
+    # Only the agent's own policy: the GPU-data policy would refuse the other tests' writes
+    # on this shared control plane (it has a test module and a control plane of its own).
+    with installed_agent(scope, policies=("agent-own-node-annotations",)) as identity:
+        yield identity
 
 
 def annotate(agent: KubeApi, node: str, annotations: dict[str, str | None]) -> tuple[int, str]:
