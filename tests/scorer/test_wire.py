@@ -227,7 +227,7 @@ def test_filter_error_reply_without_a_request() -> None:
 
 def test_decode_paths_name_the_bad_node() -> None:
     doc = node("a")
-    doc["metadata"]["annotations"] = {"k": 1}
+    doc["metadata"]["annotations"] = {"gpu-scheduler.example.com/utilization": 1}
     body = json.dumps({"Pod": pod(), "Nodes": {"items": [node("ok"), doc]}}).encode()
     with pytest.raises(wire.WireError) as caught:
         wire.decode_args(body, gpu_resource_name=GPU)

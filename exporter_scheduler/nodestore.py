@@ -1,0 +1,280 @@
+"""Names-only mode's node data: every Node's inputs and, per active pod class, each node's verdict
+with its encoded reply fragment, kept current off the request path.
+
+Writers (the node cache's watch thread for each event, its expiry timer when a verdict's time
+window ends) judge the changed node for every active pod class. A request then only looks its
+names up, resolves the model chain (the one cross-node step, `scoring.resolve_chain`) and joins
+the pre-encoded fragments. Replies are the bytes `evaluate` gives for the same node data at the
+same `now`, because an entry is a pure function of (node, class, time window) and a request uses
+an entry only while its window covers `now` (judging any other node itself).
+
+Threads. Every write (`put`, `delete`, `replace`, `refresh_expired`, a request storing what it
+had to judge) holds `_lock`, and keeps the invariant: a class's entry for a name was judged from
+the `NodeInput` the store holds for that name now. Requests read without the lock. Under the
+GIL a single dict store or get is atomic, and entries are immutable, so a request sees each
+node's entry whole, either before or after a concurrent write: the same as reading the node
+cache a moment earlier or later, which is what a request may see anyway. A request checks every
+entry's window against its own `now` (two passes in C over the entries it read), so an entry
+that a writer judged at a later clock than the request's is still used only where it is right.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from itertools import repeat
+from operator import is_
+from types import MappingProxyType
+from typing import Final
+
+from exporter_scheduler.explain import verdict_values
+from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
+from exporter_scheduler.verdicts import Entry, Judgement, VerdictTable, all_hold
+
+log = logging.getLogger("exporter_scheduler.nodestore")
+
+# Pod classes kept (an LRU, learned from requests): a few in practice (pods differ in hints and
+# GPU count), each ~200 bytes per node.
+DEFAULT_MAX_CLASSES: Final = 16
+_NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class NodeStore:
+    """Name -> `NodeInput` for every Node, plus per active pod class each node's `Entry`.
+
+    See the module docstring for who writes and why readers need no lock.
+    """
+
+    def __init__(self, *, clock: Clock = utc_now, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
+        if max_classes < 1:
+            raise ValueError("a node store keeps at least one pod class")
+        self.clock = clock
+        self.max_classes = max_classes
+        self._nodes: dict[str, NodeInput] = {}
+        self._tables: dict[PodClassKey, VerdictTable] = {}
+        # (until_ts, name): when some entry of that node stops holding (lazily pruned).
+        self._expiries: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self._synced = False
+        self._uses = 0
+
+    # ------------------------------------------------------------------ reads (any thread)
+    def ready(self) -> bool:
+        """True once a full list of the nodes has been given (`replace`)."""
+        return self._synced
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def classes(self) -> int:
+        return len(self._tables)
+
+    def entries(self) -> int:
+        """Entries over all pod classes (memory, tests)."""
+        return sum(len(t.entries) for t in list(self._tables.values()))
+
+    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
+        """One `NodeInput` per name, in order; an unknown name gets one with no annotations."""
+        nodes = self._nodes
+        found = list(map(nodes.get, names))  # in C: one snapshot for the whole list
+        if any(map(is_, found, repeat(None))):
+            return [
+                node or NodeInput(name, _NO_ANNOTATIONS, None)
+                for node, name in zip(found, names, strict=True)
+            ]
+        return found  # type: ignore[return-value]  # no None left
+
+    def judge(self, pod_class: PodClass, names: Sequence[str], now: datetime) -> Judgement:
+        """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them."""
+        now = as_utc(now)
+        now_ts = now.timestamp()
+        table = self._table(pod_class)
+        self._uses += 1  # a racy counter is fine: it only orders the LRU
+        table.last_used = self._uses
+        entries: list[Entry | None] = list(map(table.entries.get, names))
+        judged = 0
+        if any(map(is_, entries, repeat(None))) or not all_hold(entries, now_ts):  # type: ignore[arg-type]
+            judged = self._complete(table, names, entries, now, now_ts)
+        return table.judgement(names, entries, judged)  # type: ignore[arg-type]  # no None left
+
+    def _table(self, pod_class: PodClass) -> VerdictTable:
+        table = self._tables.get(pod_class.key)
+        if table is not None:
+            return table
+        with self._lock:
+            table = self._tables.get(pod_class.key)
+            if table is None:
+                table = VerdictTable(pod_class)
+                while len(self._tables) >= self.max_classes:
+                    oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
+                    del self._tables[oldest]
+                self._tables[pod_class.key] = table
+            return table
+
+    def _complete(
+        self,
+        table: VerdictTable,
+        names: Sequence[str],
+        entries: list[Entry | None],
+        now: datetime,
+        now_ts: float,
+    ) -> int:
+        """Judge, on the request path, the names without an entry covering `now` (a new pod
+        class, a node not requested for it before, a window that ended before the timer came, a
+        clock that stepped back), and keep what holds for the store's current nodes.
+
+        Under the lock, like every write: the nodes read here are the store's current ones, and
+        the table's tally keys are appended by one thread at a time."""
+        judged = 0
+        with self._lock:
+            nodes = self._nodes
+            for index, entry in enumerate(entries):
+                if entry is not None and entry.holds_at(now_ts):
+                    continue
+                name = names[index]
+                node = nodes.get(name)
+                new, verdict = table.judge(
+                    node or NodeInput(name, _NO_ANNOTATIONS, None), now, now_ts
+                )
+                entries[index] = new
+                judged += 1
+                if node is not None:  # an unknown name is judged, never kept
+                    self._store(table, name, new, verdict)
+                    self._push_expiry(name, new.until_ts)
+        return judged
+
+    # ------------------------------------------------------------------ writes
+    def put(self, node: NodeInput) -> bool:
+        """A node added or changed (a watch event); False when nothing the scorer reads changed."""
+        with self._lock:
+            old = self._nodes.get(node.name)
+            if old is not None and _same_data(old, node):
+                return False
+            self._nodes[node.name] = node
+            self._judge_everywhere(node)
+            return True
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            if self._nodes.pop(name, None) is None:
+                return False
+            for table in self._tables.values():
+                table.entries.pop(name, None)
+            return True
+
+    def replace(self, nodes: Iterable[NodeInput]) -> None:
+        """Every node at once (a LIST): unchanged nodes keep their entries."""
+        with self._lock:
+            old = self._nodes
+            fresh: dict[str, NodeInput] = {}
+            changed: list[NodeInput] = []
+            for node in nodes:
+                kept = old.get(node.name)
+                if kept is not None and _same_data(kept, node):
+                    fresh[node.name] = kept
+                else:
+                    fresh[node.name] = node
+                    changed.append(node)
+            gone = [name for name in old if name not in fresh]
+            self._nodes = fresh
+            for table in self._tables.values():
+                for name in gone:
+                    table.entries.pop(name, None)
+            for node in changed:
+                self._judge_everywhere(node)
+            self._synced = True
+
+    def next_expiry_ts(self) -> float | None:
+        """When the earliest entry's window may end (POSIX seconds), for the expiry timer."""
+        expiries = self._expiries
+        return expiries[0][0] if expiries else None
+
+    def refresh_expired(self) -> int:
+        """Judge again every entry whose window has ended; the number of nodes re-judged."""
+        with self._lock:
+            now = as_utc(self.clock())
+            now_ts = now.timestamp()
+            expiries = self._expiries
+            due: set[str] = set()
+            while expiries and expiries[0][0] <= now_ts:
+                due.add(heapq.heappop(expiries)[1])
+            refreshed = 0
+            for name in due:
+                node = self._nodes.get(name)
+                if node is None:
+                    continue
+                expired = False
+                until_ts = math.inf
+                for table in self._tables.values():
+                    entry = table.entries.get(name)
+                    if entry is not None and entry.until_ts <= now_ts:
+                        entry, verdict = table.judge(node, now, now_ts)
+                        self._store(table, name, entry, verdict)
+                        expired = True
+                    if entry is not None:
+                        until_ts = min(until_ts, entry.until_ts)
+                refreshed += expired
+                # Every entry's window end stays covered by some heap item (this one may have
+                # been the only one for the entries that have not ended yet).
+                self._push_expiry(name, until_ts)
+            return refreshed
+
+    def _judge_everywhere(self, node: NodeInput) -> None:
+        """Under the lock: `node` judged for every active class."""
+        now = as_utc(self.clock())
+        now_ts = now.timestamp()
+        until_ts = math.inf
+        for table in self._tables.values():
+            entry, verdict = table.judge(node, now, now_ts)
+            self._store(table, node.name, entry, verdict)
+            until_ts = min(until_ts, entry.until_ts)
+        self._push_expiry(node.name, until_ts)
+
+    def _store(self, table: VerdictTable, name: str, entry: Entry, verdict: NodeVerdict) -> None:
+        old = table.entries.get(name)
+        table.entries[name] = entry
+        changed = old is None or not old.rejected or old.reason != entry.reason
+        if entry.rejected and changed and log.isEnabledFor(logging.INFO):
+            _log_rejection(table.pod_class, verdict)
+
+    def _push_expiry(self, name: str, until_ts: float) -> None:
+        if until_ts != math.inf:
+            heapq.heappush(self._expiries, (until_ts, name))
+
+
+def _same_data(a: NodeInput, b: NodeInput) -> bool:
+    """Nothing a verdict reads differs (kubelet status updates change neither)."""
+    return a.agent_write_time == b.agent_write_time and a.annotations == b.annotations
+
+
+def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
+    """The pod class in a log line: the hint annotations and the GPU request that define it."""
+    _, hints, gpu_request = pod_class.key
+    return {"hints": dict(hints), "gpu_request": gpu_request}
+
+
+def _log_rejection(pod_class: PodClass, verdict: NodeVerdict) -> None:
+    """A node's verdict for a pod class turned to a rejection (or another one): its values once,
+    where they were read; requests then log one summary line each."""
+    fields: dict[str, object] = {
+        "pod_class": describe_pod_class(pod_class),
+        "node": verdict.name,
+        "reason": verdict.reason or "",
+        "unresolvable": verdict.unresolvable,
+        "data_status": str(verdict.data_status),
+    }
+    fields.update(verdict_values(verdict))
+    log.info("node rejected", extra={"fields": fields})
