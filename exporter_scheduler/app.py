@@ -237,7 +237,9 @@ class ScorerApp:
     ) -> Response:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
-        judgement = self.node_store.judge(pod_class, request.node_names, now)
+        judgement = self.node_store.judge(
+            pod_class, request.node_names, now, list_key=request.node_names_json
+        )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         if verb == "prioritize":

@@ -37,7 +37,13 @@ import msgspec
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
 from exporter_scheduler.scoring import NodeInput, predecode
-from exporter_scheduler.wire import agent_write_time
+from exporter_scheduler.wire import (
+    ManagedFieldsEntry,
+    agent_write_time,
+    annotations_of,
+    gpu_annotations_type,
+    gpu_keys,
+)
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 log = logging.getLogger("exporter_scheduler.nodecache")
@@ -49,42 +55,40 @@ _EXPIRY_POLL_MAX_S: Final = 5.0
 _EXPIRY_POLL_MIN_S: Final = 0.01
 
 
-class _ManagedFieldsEntry(msgspec.Struct):
-    manager: str | None = None
-    time: str | None = None
+class _Decoders:
+    """What is read of a LIST page or a watch event, for one annotation prefix: names,
+    resourceVersions, the annotations under the prefix (the rest of a Node is skipped in C,
+    not built as Python objects), managedFields' manager and time, an ERROR event's Status."""
 
-
-class _Meta(msgspec.Struct):
-    name: str | None = None
-    resourceVersion: str | None = None  # noqa: N815 (Kubernetes JSON name)
-    annotations: dict[str, str] | None = None
-    managedFields: list[_ManagedFieldsEntry] | None = None  # noqa: N815
-    # NodeList only: the token for the next page.
-    # (`continue` is a Python keyword, hence the rename.)
-    continue_: str | None = msgspec.field(default=None, name="continue")
-
-
-class _Object(msgspec.Struct):
-    """A Node, a NodeList's metadata carrier, or a `Status` in an ERROR event."""
-
-    metadata: _Meta | None = None
-    code: int | None = None
-    reason: str | None = None
-    message: str | None = None
-
-
-class _NodeList(msgspec.Struct):
-    metadata: _Meta | None = None
-    items: list[_Object] | None = None
-
-
-class _Event(msgspec.Struct):
-    type: str = ""
-    object: _Object | None = None
-
-
-_LIST_DECODER: Final = msgspec.json.Decoder(_NodeList)
-_EVENT_DECODER: Final = msgspec.json.Decoder(_Event)
+    def __init__(self, keys: Keys) -> None:
+        meta = msgspec.defstruct(
+            "Meta",
+            [
+                ("name", str | None, None),
+                ("resourceVersion", str | None, None),
+                ("annotations", gpu_annotations_type(keys) | None, None),
+                ("managedFields", tuple[ManagedFieldsEntry, ...] | None, None),
+                # NodeList only: the token for the next page (`continue` is a Python keyword).
+                ("continue_", str | None, msgspec.field(default=None, name="continue")),
+            ],
+        )
+        obj = msgspec.defstruct(
+            "Object",  # a Node, a NodeList's metadata carrier, or a Status in an ERROR event
+            [
+                ("metadata", meta | None, None),
+                ("code", int | None, None),
+                ("reason", str | None, None),
+                ("message", str | None, None),
+            ],
+        )
+        node_list = msgspec.defstruct(
+            "NodeList",
+            [("metadata", meta | None, None), ("items", list[obj] | None, None)],  # type: ignore[valid-type]
+        )
+        event = msgspec.defstruct("Event", [("type", str, ""), ("object", obj | None, None)])
+        self.gpu_fields = gpu_keys(keys)
+        self.page: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node_list)
+        self.event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ class NodeCache:
         self.metrics = metrics if metrics is not None else ScorerMetrics()
         self.tuning = tuning if tuning is not None else CacheTuning()
         self.store = NodeStore(clock=clock, max_classes=max_classes)
+        self._decoders = _Decoders(keys)
         self._rng = rng if rng is not None else random.Random()
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -245,16 +250,16 @@ class NodeCache:
                 **kwargs,
             )
             try:
-                page = _LIST_DECODER.decode(response.data)
+                page = self._decoders.page.decode(response.data)
             finally:
                 response.release_conn()
             for item in page.items or ():
                 node = self._node_input(item)
                 if node is not None:
                     fresh.append(node)
-            meta = page.metadata or _Meta()
-            resource_version = meta.resourceVersion
-            continue_token = meta.continue_
+            meta = page.metadata
+            resource_version = None if meta is None else meta.resourceVersion
+            continue_token = None if meta is None else meta.continue_
             if not continue_token:
                 break
         first = not self.store.ready()
@@ -292,16 +297,23 @@ class NodeCache:
         """One watch event: the changed node judged for every active pod class (timed)."""
         started = time.perf_counter()
         try:
-            event = _EVENT_DECODER.decode(line)
+            event = self._decoders.event.decode(line)
         except msgspec.DecodeError as exc:
             log.warning("undecodable watch event skipped", extra={"fields": {"error": str(exc)}})
             return
-        obj = event.object or _Object()
+        obj = event.object
         if event.type == "ERROR":
-            if obj.code == 410:
-                raise WatchExpiredError(obj.message or "410 Gone")
-            raise RuntimeError(f"watch error event: {obj.code} {obj.reason}: {obj.message}")
-        meta = obj.metadata or _Meta()
+            code, reason, message = (
+                (None, None, None) if obj is None else (obj.code, obj.reason, obj.message)
+            )
+            if code == 410:
+                raise WatchExpiredError(message or "410 Gone")
+            raise RuntimeError(f"watch error event: {code} {reason}: {message}")
+        if obj is None:
+            return
+        meta = obj.metadata
+        if meta is None:
+            return
         if meta.resourceVersion:
             self._resource_version = meta.resourceVersion
         if event.type == "DELETED" and meta.name:
@@ -335,14 +347,14 @@ class NodeCache:
             except Exception:  # a bug must not stop the timer: requests still judge themselves
                 log.exception("refreshing expired verdicts failed")
 
-    def _node_input(self, obj: _Object) -> NodeInput | None:
+    def _node_input(self, obj: Any) -> NodeInput | None:
         meta = obj.metadata
         if meta is None or not meta.name:
             return None
         prefix = self.keys.prefix
-        # Only the agent's keys are kept: the rest (last-applied-configuration, ...) is memory
-        # the scorer never reads.
-        annotations = {k: v for k, v in (meta.annotations or {}).items() if k.startswith(prefix)}
+        # Only the contract's keys were decoded: the rest (last-applied-configuration, ...) is
+        # memory and time the scorer never needs.
+        annotations = annotations_of(meta.annotations, self._decoders.gpu_fields)
         return NodeInput(
             name=meta.name,
             annotations=annotations,

@@ -13,17 +13,20 @@ had to judge) holds `_lock`, and keeps the invariant: a class's entry for a name
 the `NodeInput` the store holds for that name now. Requests read without the lock. Under the
 GIL a single dict store or get is atomic, and entries are immutable, so a request sees each
 node's entry whole, either before or after a concurrent write: the same as reading the node
-cache a moment earlier or later, which is what a request may see anyway. A request checks every
-entry's window against its own `now` (two passes in C over the entries it read), so an entry
-that a writer judged at a later clock than the request's is still used only where it is right.
+cache a moment earlier or later, which is what a request may see anyway. An entry is used only
+if its window covers the request's own `now`: the table's bounds over all its entries say so in
+one comparison (writers narrow them before storing an entry, and bump an epoch before widening
+them, which the request checks; `VerdictTable.store`), else each entry read is checked; so an
+entry a writer judged at another clock than the request's is still used only where it is right.
+A free-threaded Python (no GIL) would need a lock around the request's reads.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import repeat
@@ -33,13 +36,15 @@ from typing import Final
 
 from exporter_scheduler.explain import verdict_values
 from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
-from exporter_scheduler.verdicts import Entry, Judgement, VerdictTable, all_hold
+from exporter_scheduler.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
 log = logging.getLogger("exporter_scheduler.nodestore")
 
 # Pod classes kept (an LRU, learned from requests): a few in practice (pods differ in hints and
 # GPU count), each ~200 bytes per node.
 DEFAULT_MAX_CLASSES: Final = 16
+# Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
+_VIEWS_PER_CLASS: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 Clock = Callable[[], datetime]
@@ -62,8 +67,6 @@ class NodeStore:
         self.max_classes = max_classes
         self._nodes: dict[str, NodeInput] = {}
         self._tables: dict[PodClassKey, VerdictTable] = {}
-        # (until_ts, name): when some entry of that node stops holding (lazily pruned).
-        self._expiries: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._synced = False
         self._uses = 0
@@ -97,18 +100,53 @@ class NodeStore:
             ]
         return found  # type: ignore[return-value]  # no None left
 
-    def judge(self, pod_class: PodClass, names: Sequence[str], now: datetime) -> Judgement:
-        """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them."""
+    def judge(
+        self, pod_class: PodClass, names: Sequence[str], now: datetime, *, list_key: bytes = b""
+    ) -> Judgement:
+        """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them.
+
+        `list_key` names the node list (the request's `NodeNames` bytes: the same key must mean
+        the same names in the same order). A list asked about before for this class is not
+        looked up name by name again: its last entries are patched with the names stored since.
+        """
         now = as_utc(now)
         now_ts = now.timestamp()
         table = self._table(pod_class)
         self._uses += 1  # a racy counter is fine: it only orders the LRU
         table.last_used = self._uses
+        epoch = table.epoch  # read before anything of the table (see VerdictTable.store)
+        seen = table.log_end()
+        view = table.views.get(list_key) if list_key else None
+        if isinstance(view, _View):
+            patched = view.patched(table, seen)
+            if (
+                patched is not None
+                and table.max_from_ts <= now_ts < table.min_until_ts
+                and table.epoch == epoch
+            ):
+                table.views[list_key] = patched
+                return table.judgement(
+                    view.names,
+                    patched.entries,
+                    0,
+                    tally_ids=patched.tally_ids,
+                    counts=patched.counts,
+                )
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
-        if any(map(is_, entries, repeat(None))) or not all_hold(entries, now_ts):  # type: ignore[arg-type]
+        if any(map(is_, entries, repeat(None))) or not (
+            (table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch)
+            or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
+        ):
             judged = self._complete(table, names, entries, now, now_ts)
-        return table.judgement(names, entries, judged)  # type: ignore[arg-type]  # no None left
+        ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
+        tally_ids = list(map(TALLY, ready))
+        counts = Counter(tally_ids)
+        if list_key:
+            if len(table.views) >= _VIEWS_PER_CLASS:
+                table.views.clear()
+            table.views[list_key] = _View(names, ready, tally_ids, counts, seen=seen)
+        return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
 
     def _table(self, pod_class: PodClass) -> VerdictTable:
         table = self._tables.get(pod_class.key)
@@ -117,7 +155,7 @@ class NodeStore:
         with self._lock:
             table = self._tables.get(pod_class.key)
             if table is None:
-                table = VerdictTable(pod_class)
+                table = VerdictTable(pod_class, log_changes=True)
                 while len(self._tables) >= self.max_classes:
                     oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
                     del self._tables[oldest]
@@ -153,7 +191,6 @@ class NodeStore:
                 judged += 1
                 if node is not None:  # an unknown name is judged, never kept
                     self._store(table, name, new, verdict)
-                    self._push_expiry(name, new.until_ts)
         return judged
 
     # ------------------------------------------------------------------ writes
@@ -198,61 +235,111 @@ class NodeStore:
             self._synced = True
 
     def next_expiry_ts(self) -> float | None:
-        """When the earliest entry's window may end (POSIX seconds), for the expiry timer."""
-        expiries = self._expiries
-        return expiries[0][0] if expiries else None
+        """When the earliest window of an active class may end (POSIX seconds), for the timer."""
+        earliest = min((t.min_until_ts for t in list(self._tables.values())), default=math.inf)
+        return None if earliest == math.inf else earliest
 
     def refresh_expired(self) -> int:
-        """Judge again every entry whose window has ended; the number of nodes re-judged."""
+        """Judge again every entry whose window has ended, in each class whose earliest window
+        has; the number of entries judged again."""
         with self._lock:
             now = as_utc(self.clock())
             now_ts = now.timestamp()
-            expiries = self._expiries
-            due: set[str] = set()
-            while expiries and expiries[0][0] <= now_ts:
-                due.add(heapq.heappop(expiries)[1])
             refreshed = 0
-            for name in due:
-                node = self._nodes.get(name)
-                if node is None:
+            for table in self._tables.values():
+                if table.min_until_ts > now_ts:
                     continue
-                expired = False
-                until_ts = math.inf
-                for table in self._tables.values():
-                    entry = table.entries.get(name)
-                    if entry is not None and entry.until_ts <= now_ts:
-                        entry, verdict = table.judge(node, now, now_ts)
-                        self._store(table, name, entry, verdict)
-                        expired = True
-                    if entry is not None:
-                        until_ts = min(until_ts, entry.until_ts)
-                refreshed += expired
-                # Every entry's window end stays covered by some heap item (this one may have
-                # been the only one for the entries that have not ended yet).
-                self._push_expiry(name, until_ts)
+                for name, entry in list(table.entries.items()):
+                    node = self._nodes.get(name)  # type: ignore[call-overload]
+                    if node is not None and entry.until_ts <= now_ts:
+                        new, verdict = table.judge(node, now, now_ts)
+                        self._store(table, name, new, verdict)  # type: ignore[arg-type]
+                        refreshed += 1
+                table.rebuild_window()
             return refreshed
 
     def _judge_everywhere(self, node: NodeInput) -> None:
         """Under the lock: `node` judged for every active class."""
         now = as_utc(self.clock())
         now_ts = now.timestamp()
-        until_ts = math.inf
         for table in self._tables.values():
             entry, verdict = table.judge(node, now, now_ts)
             self._store(table, node.name, entry, verdict)
-            until_ts = min(until_ts, entry.until_ts)
-        self._push_expiry(node.name, until_ts)
 
     def _store(self, table: VerdictTable, name: str, entry: Entry, verdict: NodeVerdict) -> None:
         old = table.entries.get(name)
-        table.entries[name] = entry
+        table.store(name, entry)
         changed = old is None or not old.rejected or old.reason != entry.reason
         if entry.rejected and changed and log.isEnabledFor(logging.INFO):
             _log_rejection(table.pod_class, verdict)
 
-    def _push_expiry(self, name: str, until_ts: float) -> None:
-        if until_ts != math.inf:
-            heapq.heappush(self._expiries, (until_ts, name))
+
+class _View:
+    """One node list's entries for one pod class as a request left them, with the position in
+    the class's change log they are current to. Immutable: a request that patches it stores a
+    new one (several request threads may hold the same view)."""
+
+    __slots__ = ("counts", "entries", "names", "positions", "seen", "tally_ids")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        entries: list[Entry],
+        tally_ids: list[int],
+        counts: dict[int, int],
+        *,
+        seen: int,
+        positions: dict[str, list[int]] | None = None,
+    ) -> None:
+        self.names = names
+        self.entries = entries
+        self.tally_ids = tally_ids
+        self.counts = counts
+        self.seen = seen
+        if positions is None:
+            positions = {}
+            for index, name in enumerate(names):
+                positions.setdefault(name, []).append(index)
+        self.positions = positions
+
+    def patched(self, table: VerdictTable, log_end: int) -> _View | None:
+        """This view with the entries stored since `seen` (up to `log_end`, read before), or
+        None when that is no cheaper than looking every name up (or a node went away)."""
+        changes = table.changes
+        assert changes is not None
+        base = table.changes_base
+        if self.seen < base or log_end - self.seen > len(self.names) // 2:
+            return None
+        changed = set(changes[self.seen - base : log_end - base])
+        if not changed:
+            return _View(
+                self.names,
+                self.entries,
+                self.tally_ids,
+                self.counts,
+                seen=log_end,
+                positions=self.positions,
+            )
+        entries = self.entries[:]
+        tally_ids = self.tally_ids[:]
+        counts = dict(self.counts)
+        positions = self.positions
+        current = table.entries.get
+        for name in changed:
+            where = positions.get(name)  # type: ignore[call-overload]
+            if where is None:
+                continue
+            entry = current(name)
+            if entry is None:  # deleted: its name is judged as unknown on the full path
+                return None
+            for index in where:
+                old = tally_ids[index]
+                if old != entry.tally:
+                    counts[old] -= 1
+                    counts[entry.tally] = counts.get(entry.tally, 0) + 1
+                    tally_ids[index] = entry.tally
+                entries[index] = entry
+        return _View(self.names, entries, tally_ids, counts, seen=log_end, positions=positions)
 
 
 def _same_data(a: NodeInput, b: NodeInput) -> bool:

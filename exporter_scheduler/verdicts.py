@@ -10,9 +10,10 @@ can do it (`map`, `compress`, `min` over attribute getters).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_, ne
@@ -33,6 +34,8 @@ from exporter_scheduler.wire import NODE_CONTENT, encode_host_priority
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
 NO_RANK: Final = 1 << 30
+# A table's change log is halved when it holds this many times its entries.
+_LOG_MAX_FACTOR: Final = 8
 
 # (passed, unresolvable, reason, data_status): what the verdict counters read.
 TallyKey = tuple[bool, bool, str | None, str]
@@ -63,11 +66,9 @@ class Entry(msgspec.Struct, frozen=True, gc=False):
 
 FROM: Final = attrgetter("from_ts")
 UNTIL: Final = attrgetter("until_ts")
-_PASSED: Final = attrgetter("passed")
-_REJECTED: Final = attrgetter("rejected")
 _PASSED_RANK: Final = attrgetter("passed_rank")
 _BELOW_RANK: Final = attrgetter("below_rank")
-_TALLY: Final = attrgetter("tally")
+TALLY: Final = attrgetter("tally")
 _PRIORITY: Final = attrgetter("priority")
 
 
@@ -83,11 +84,39 @@ def all_hold(entries: Sequence[Entry], now_ts: float) -> bool:
 class VerdictTable:
     """One pod class's entries, by a key the owner chooses (a node name, or a node's content)."""
 
-    __slots__ = ("_tally_lock", "entries", "last_used", "pod_class", "tally_ids", "tally_keys")
+    __slots__ = (
+        "_tally_lock",
+        "changes",
+        "changes_base",
+        "entries",
+        "epoch",
+        "last_used",
+        "max_from_ts",
+        "min_until_ts",
+        "pod_class",
+        "tally_ids",
+        "tally_keys",
+        "views",
+    )
 
-    def __init__(self, pod_class: PodClass) -> None:
+    def __init__(self, pod_class: PodClass, *, log_changes: bool = False) -> None:
         self.pod_class = pod_class
+        # With `log_changes`, the keys stored, in order (`changes_base` is the position of its
+        # first one in the whole log): a request that asks about the same names as an earlier
+        # one (`views`, owned by the caller) only looks at those changed since.
+        self.changes: list[Hashable] | None = [] if log_changes else None
+        self.changes_base = 0
+        self.views: dict[bytes, object] = {}
         self.entries: dict[Hashable, Entry] = {}
+        # Bounds over every entry stored since the last `rebuild_window`: every entry in the
+        # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
+        # numbers instead of reading every entry's window (entries are scattered in memory,
+        # and reading them all costs more than the rest of the request). `store` only ever
+        # narrows the bounds; `rebuild_window` widens them and bumps `epoch` first, so that a
+        # request that read entries across a rebuild sees the epoch change.
+        self.max_from_ts = -math.inf
+        self.min_until_ts = math.inf
+        self.epoch = 0
         self.tally_ids: dict[TallyKey, int] = {}
         # Append-only: an entry's index is in it before the entry is stored, so readers index
         # it without a lock.
@@ -116,6 +145,33 @@ class VerdictTable:
         )
         return entry, verdict
 
+    def store(self, key: Hashable, entry: Entry) -> None:
+        """Keep `entry` (the caller holds the owner's write lock): bounds first, then the entry,
+        so that whoever reads the entry finds the bounds covering it."""
+        self.max_from_ts = max(self.max_from_ts, entry.from_ts)
+        self.min_until_ts = min(self.min_until_ts, entry.until_ts)
+        self.entries[key] = entry
+        changes = self.changes
+        if changes is not None:
+            changes.append(key)  # after the entry: whoever reads the key finds the entry
+            if len(changes) > _LOG_MAX_FACTOR * max(len(self.entries), 1000):
+                self.epoch += 1  # a reader slicing the log across the trim sees it
+                half = len(changes) // 2
+                del changes[:half]
+                self.changes_base += half
+
+    def log_end(self) -> int:
+        """The position after the last logged change."""
+        assert self.changes is not None
+        return self.changes_base + len(self.changes)
+
+    def rebuild_window(self) -> None:
+        """The bounds over the entries as they are (the caller holds the write lock)."""
+        self.epoch += 1
+        entries = list(self.entries.values())
+        self.min_until_ts = min(map(UNTIL, entries), default=math.inf)
+        self.max_from_ts = max(map(FROM, entries), default=-math.inf)
+
     def _tally_id(self, verdict: NodeVerdict) -> int:
         tally = (verdict.passed, verdict.unresolvable, verdict.reason, verdict.data_status)
         found = self.tally_ids.get(tally)
@@ -127,7 +183,15 @@ class VerdictTable:
                     found = self.tally_ids[tally] = len(self.tally_keys) - 1
         return found
 
-    def judgement(self, names: Sequence[str], entries: list[Entry], judged: int) -> Judgement:
+    def judgement(
+        self,
+        names: Sequence[str],
+        entries: list[Entry],
+        judged: int,
+        *,
+        tally_ids: list[int] | None = None,
+        counts: Mapping[int, int] | None = None,
+    ) -> Judgement:
         """A request's verdicts from its entries (in request order): the chain resolved."""
         c = self.pod_class
         chain = None
@@ -139,13 +203,20 @@ class VerdictTable:
             chain = resolve_chain(
                 c, None if below == NO_RANK else below, None if passed == NO_RANK else passed
             )
-        return Judgement(names, entries, chain, self.tally_keys, judged)
+        return Judgement(
+            names, entries, chain, self.tally_keys, judged, tally_ids=tally_ids, counts=counts
+        )
 
 
 class Judgement:
-    """One request's verdicts: the entries in request order, and the chain over them."""
+    """One request's verdicts: the entries in request order, and the chain over them.
 
-    __slots__ = ("chain", "entries", "judged", "names", "tally_keys")
+    A filter reads each entry once (its tally index: what the counters, the passing mask and the
+    rejection maps all derive from, through the few distinct tally keys), because entries are
+    scattered in memory and every pass over them costs more than the work it does.
+    """
+
+    __slots__ = ("_counts", "_ids", "chain", "entries", "judged", "names", "tally_keys")
 
     def __init__(
         self,
@@ -154,30 +225,46 @@ class Judgement:
         chain: ChainOutcome | None,
         tally_keys: list[TallyKey],
         judged: int,
+        *,
+        tally_ids: list[int] | None = None,
+        counts: Mapping[int, int] | None = None,
     ) -> None:
         self.names = names
         self.entries = entries
         self.chain = chain
-        self.tally_keys = tally_keys
+        # A copy taken after the entries were read: it holds every index they carry.
+        self.tally_keys = tally_keys[:]
         self.judged = judged  # entries this request had to judge itself
+        self._ids = tally_ids  # the entries' tally indexes, when the caller has them
+        self._counts = counts  # and their counts
 
     def _chosen(self) -> int | None:
         return None if self.chain is None else self.chain.chosen_rank
 
+    def _tally_ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = list(map(TALLY, self.entries))
+        return self._ids
+
     def passed_mask(self) -> list[bool]:
         """Per node, in request order: does it pass, after the chain."""
-        entries, chosen = self.entries, self._chosen()
+        chosen = self._chosen()
         if chosen is None:
-            return list(map(_PASSED, entries))
-        return list(map(eq, map(_PASSED_RANK, entries), repeat(chosen)))
+            passed_by_id = [key[0] for key in self.tally_keys]
+            return list(map(passed_by_id.__getitem__, self._tally_ids()))
+        return list(map(eq, map(_PASSED_RANK, self.entries), repeat(chosen)))
 
     def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
         """`FailedNodes` and `FailedAndUnresolvableNodes`, after the chain."""
-        entries = self.entries
+        keys, ids = self.tally_keys, self._tally_ids()
+        rejected_by_id = [not key[0] for key in keys]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for e in compress(entries, map(_REJECTED, entries)):
-            (unresolvable if e.unresolvable else failed)[e.node.name] = e.reason or ""
+        for name, i in compress(
+            zip(self.names, ids, strict=False), map(rejected_by_id.__getitem__, ids)
+        ):
+            _, cannot_cure, reason, _ = keys[i]
+            (unresolvable if cannot_cure else failed)[name] = reason or ""
         chosen = self._chosen()
         if chosen is not None:
             reason = self._not_preferred()
@@ -200,7 +287,8 @@ class Judgement:
     def tally(self) -> dict[TallyKey, int]:
         """Node counts per `(passed, unresolvable, reason, data_status)`, after the chain."""
         keys = self.tally_keys
-        counts = {keys[i]: n for i, n in Counter(map(_TALLY, self.entries)).items()}
+        by_id = self._counts if self._counts is not None else Counter(self._tally_ids())
+        counts = {keys[i]: n for i, n in by_id.items() if n}
         chosen = self._chosen()
         if chosen is not None:
             reason = self._not_preferred()

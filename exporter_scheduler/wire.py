@@ -92,13 +92,15 @@ class _NodeTypes:
             ],
             gc=False,
         )
-        # kind/apiVersion are kept raw only to find the Node's opening in the body.
+        # The other members are only delimited (kept raw), to find the Node in the body.
         node = msgspec.defstruct(
             "Node",
             [
                 ("kind", msgspec.Raw | UnsetType, UNSET),
                 ("apiVersion", msgspec.Raw | UnsetType, UNSET),
                 ("metadata", meta | None, None),
+                ("spec", msgspec.Raw | UnsetType, UNSET),
+                ("status", msgspec.Raw | UnsetType, UNSET),
             ],
             gc=False,
         )
@@ -108,9 +110,11 @@ class _NodeTypes:
             [
                 ("Pod", _Pod | UnsetType | None, UNSET),
                 ("Nodes", node_list | UnsetType | None, UNSET),
-                ("NodeNames", tuple[str, ...] | UnsetType | None, UNSET),
+                # Kept raw too: its bytes name the node list (`ExtenderRequest.node_names_json`).
+                ("NodeNames", msgspec.Raw | UnsetType, UNSET),
             ],
         )
+        self.gpu_annotations = gpu
         self.args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(args)
         self.node: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node)
         self.node_list: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node_list)
@@ -124,6 +128,19 @@ def _node_types(prefix: str) -> _NodeTypes:
 def gpu_keys(keys: Keys) -> tuple[str, ...]:
     """The annotation keys a record holds, in the order of its fields (`record_input`)."""
     return _node_types(keys.prefix).gpu_fields
+
+
+def gpu_annotations_type(keys: Keys) -> Any:
+    """The struct a Node's annotations under the prefix decode to (the rest are skipped)."""
+    return _node_types(keys.prefix).gpu_annotations
+
+
+def annotations_of(gpu: Any, gpu_fields: Sequence[str]) -> dict[str, str]:
+    """A decoded annotations struct as the mapping the contract reads."""
+    if gpu is None:
+        return {}
+    values = msgspec.structs.astuple(gpu)
+    return {k: v for k, v in zip(gpu_fields, values, strict=True) if v is not UNSET}
 
 
 # A Node's verdict inputs, hashable: (name, GPU annotations, managedFields entries).
@@ -177,6 +194,8 @@ class ExtenderRequest:
     pod: PodInput
     form: RequestForm
     node_names: tuple[str, ...] = ()
+    # Names form: the `NodeNames` value byte for byte (the same bytes, the same list).
+    node_names_json: bytes = b""
     records: Sequence[Any] = ()
     echo: NodeEcho | None = None
     keys: Keys = DEFAULT_KEYS
@@ -200,10 +219,7 @@ class ExtenderRequest:
 def record_input(record: Any, gpu_fields: Sequence[str]) -> NodeInput:
     """A decoded Node record as the scorer's input."""
     meta = record.metadata
-    annotations = {}
-    if meta.annotations is not None:
-        values = msgspec.structs.astuple(meta.annotations)
-        annotations = {k: v for k, v in zip(gpu_fields, values, strict=True) if v is not UNSET}
+    annotations = annotations_of(meta.annotations, gpu_fields)
     return NodeInput(meta.name, annotations, agent_write_time(meta.managedFields))
 
 
@@ -354,11 +370,18 @@ def _case_folded_args(body: Buffer, types: _NodeTypes) -> tuple[Any, Any, Any, B
         if nodes_raw is not None:
             nodes = types.node_list.decode(nodes_raw)
         if "nodenames" in folded:
-            names = _NAMES_DECODER.decode(folded["nodenames"])
+            names = _names(folded["nodenames"], "$")
     except msgspec.DecodeError as exc:
         # Paths are relative to the piece decoded; the general decode below names them fully.
         raise WireError("wrong_type", _msg(exc)) from None
     return pod, nodes, names, nodes_raw
+
+
+def _names(raw: msgspec.Raw, where: str) -> tuple[str, ...] | None:
+    try:
+        return _NAMES_DECODER.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise WireError("wrong_type", _msg(exc, where)) from None
 
 
 def decode_args(
@@ -379,7 +402,10 @@ def decode_args(
         raise WireError("wrong_type", _msg(exc)) from None
     except msgspec.DecodeError as exc:
         raise WireError("malformed_json", f"malformed JSON: {exc}") from None
-    pod, nodes, names = args.Pod, args.Nodes, args.NodeNames  # a struct made by defstruct
+    pod, nodes, names_raw = args.Pod, args.Nodes, args.NodeNames  # a struct made by defstruct
+    names: Any = UNSET
+    if names_raw is not UNSET:
+        names = _names(names_raw, "$.NodeNames")
     nodes_raw: Buffer | None = None
     folded = UNSET in (pod, nodes, names)
     # The scheduler always sends all three keys, spelled exactly; anything else takes the
@@ -398,9 +424,12 @@ def decode_args(
                 node_echo = _SpanEcho.find(body, records)
             if node_echo is None:
                 node_echo = _raw_echo(body if nodes_raw is None else nodes_raw, nodes_raw is None)
-        return ExtenderRequest(pod_input, "nodes", node_names, records, node_echo, keys)
+        return ExtenderRequest(
+            pod_input, "nodes", node_names, records=records, echo=node_echo, keys=keys
+        )
     if names is not UNSET and names is not None:
-        return ExtenderRequest(pod_input, "names", names, keys=keys)
+        names_json = b"" if names_raw is UNSET else bytes(names_raw)
+        return ExtenderRequest(pod_input, "names", names, names_json, keys=keys)
     return ExtenderRequest(pod_input, "none", keys=keys)
 
 
@@ -452,8 +481,6 @@ class _SpanEcho:
             start = found - 1
             if record.kind is not UNSET or record.apiVersion is not UNSET:
                 opening = _type_meta_opening(record)
-                if opening is None:
-                    return None
                 start = found - len(opening)
                 if body[start:found] != opening:
                     return None
@@ -465,11 +492,17 @@ class _SpanEcho:
             elif body[start - 1] != 0x5B:  # "["
                 return None
             starts.append(start)
+            # The next Node begins after this one's spec and status at least: no need to scan
+            # them (about half of a Node's bytes).
             at = found + len(pattern)
+            if record.spec is not UNSET:
+                at += len(record.spec)
+            if record.status is not UNSET:
+                at += len(record.status)
         if not body.endswith(_ITEMS_END):
             return None
         view = memoryview(body)
-        last_end = len(body) - len(_ITEMS_END) + 1
+        last_end = len(body) - len(_ITEMS_END)  # where the items' `]` is
         try:
             _RAW_DECODER.decode(view[starts[-1] : last_end])  # exactly one JSON value
         except msgspec.DecodeError:
@@ -500,9 +533,9 @@ class _SpanEcho:
 _ITEMS_END: Final = b']},"NodeNames":null}'
 
 
-def _type_meta_opening(record: Any) -> bytes | None:
+def _type_meta_opening(record: Any) -> bytes:
     """`{"kind":K,"apiVersion":A,` as Go writes a Node with its TypeMeta set (either may be
-    omitted), or None when one of them is missing in a way Go would not write."""
+    omitted)."""
     opening = b"{"
     if record.kind is not UNSET:
         opening += b'"kind":' + bytes(record.kind) + b","

@@ -234,7 +234,7 @@ def _get(url: str) -> int:
         return error.code
 
 
-SERVED_VARIANTS = ["defaults", "node-cache", "sidecar", "sidecar-node-cache", "path-prefix-policy"]
+SERVED_VARIANTS = ["defaults", "full-node", "sidecar", "sidecar-full-node", "path-prefix-policy"]
 
 
 @pytest.mark.parametrize("variant", SERVED_VARIANTS)

@@ -30,6 +30,7 @@ from exporter_scheduler.metrics import ScorerMetrics, Verb
 from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodClass, PodInput, evaluate, predecode
+from exporter_scheduler.verdicts import TallyKey
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Health, format_timestamp
 from tests.scorer._http_helpers import pod
 from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100
@@ -101,22 +102,42 @@ def nodes_body(pod_doc: dict[str, Any], nodes: Sequence[NodeInput], layout: str)
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def reference(verb: Verb, body: bytes, nodes: Sequence[NodeInput], now: datetime, policy: Policy):  # type: ignore[no-untyped-def]
-    """(reply bytes, verdict counts) of a fresh evaluation of `nodes`."""
-    request = wire.decode_args(body, gpu_resource_name=policy.gpu_resource_name)
-    evaluation = evaluate(request.pod, nodes, now, policy)
+def reference(
+    verb: Verb, body: bytes, nodes: Sequence[NodeInput], now: datetime, policy: Policy
+) -> tuple[bytes, Counter[TallyKey]]:
+    """(reply bytes, verdict counts) of a fresh evaluation of `nodes`, encoded the plain way.
+
+    A full-node filter reply is built here from the request's items as `json` wrote them, not
+    with the decoder's view of the body, so that the echo is checked too."""
+    document = json.loads(body)
+    the_pod = wire.decode_args(body, gpu_resource_name=policy.gpu_resource_name).pod
+    evaluation = evaluate(the_pod, nodes, now, policy)
     counts = Counter(
         (v.passed, v.unresolvable, v.reason, v.data_status) for v in evaluation.verdicts
     )
     if verb == "prioritize":
         return wire.encode_prioritize_reply(evaluation.scores()), counts
-    reply = wire.encode_filter_reply(
-        request,
-        passed=set(evaluation.passed_names()),
-        failed=evaluation.failed(),
-        unresolvable=evaluation.unresolvable(),
-    )
-    return reply, counts
+
+    def encoded(value: object) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+    tail = (
+        b',"FailedNodes":' + encoded(evaluation.failed())
+        + b',"FailedAndUnresolvableNodes":' + encoded(evaluation.unresolvable())
+        + b',"Error":""}'
+    )  # fmt: skip
+    passed = set(evaluation.passed_names())
+    if document["Nodes"] is None:
+        names = [n for n in document["NodeNames"] if n in passed]
+        return b'{"Nodes":null,"NodeNames":' + encoded(names) + tail, counts
+    compact = b'"NodeNames":null}' in body  # how the body was written, so the items too
+    separators = (",", ":") if compact else (", ", ": ")
+    items = [
+        json.dumps(item, separators=separators).encode()
+        for item in document["Nodes"]["items"]
+        if item["metadata"]["name"] in passed
+    ]
+    return b'{"Nodes":{"items":[' + b",".join(items) + b']},"NodeNames":null' + tail, counts
 
 
 def counters(metrics: ScorerMetrics) -> Counter[str]:
