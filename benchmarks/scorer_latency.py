@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import importlib.util
 import json
 import random
 import shutil
@@ -197,16 +198,30 @@ def children() -> Iterator[list[Child]]:
 
 @contextmanager
 def source_tree(ref: str | None) -> Iterator[Path | None]:
-    """An export of `ref` of this repository in a temporary folder (None: no `--before`)."""
+    """An export of `ref` of this repository in a temporary folder; None without `--before`,
+    or when it cannot be had (not a git checkout, the commit absent, or uvicorn, which the
+    earlier version served with, not installed)."""
     if ref is None:
+        yield None
+        return
+    if importlib.util.find_spec("uvicorn") is None:
+        print(
+            f"--before {ref}: uvicorn is not installed; measuring this checkout only",
+            file=sys.stderr,
+        )
         yield None
         return
     folder = Path(tempfile.mkdtemp(prefix="scorer-before-"))
     try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        try:
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"--before {ref}: cannot export it ({exc}); this checkout only", file=sys.stderr)
+            yield None
+            return
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

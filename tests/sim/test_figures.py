@@ -75,28 +75,39 @@ def test_agent_section_renders_the_benchmark_json() -> None:
     assert "`python -OO`: peak RSS **61.5 MB** after 6.0 s (met" in section
 
 
-def test_scorer_latency_figure_from_rows(tmp_path: Path) -> None:
-    rows = [
-        {
-            "mode": mode,
-            "nodes": nodes,
-            "body_bytes": nodes * 6500,
-            "filter": {"median_ms": nodes / 1000, "p99_ms": nodes / 500},
-            "floor": {"median_ms": nodes / 1500, "p99_ms": nodes / 900},
-            "naive": {"median_ms": nodes / 50, "p99_ms": nodes / 40},
-            "round_trip": {"median_ms": nodes / 800, "p99_ms": nodes / 400},
-        }
-        for mode in ("full", "names")
-        for nodes in (100, 500, 1000, 5000)
-    ]
+def _timing(ms: float) -> dict[str, float]:
+    return {"median_ms": ms, "p99_ms": 2 * ms, "n": 10}
+
+
+def test_scorer_latency_figure_and_section_from_rows(tmp_path: Path) -> None:
+    rows: list[dict[str, object]] = []
+    for mode in ("names", "full"):
+        for nodes in (500, 5000):
+            row: dict[str, object] = {"mode": mode, "nodes": nodes, "body_bytes": nodes * 7500}
+            for label, factor in (("after", 1.0), ("before", 3.0)):
+                verbs = ("filter", "prioritize", "again") if mode == "names" else ("filter",)
+                for verb in (*verbs, "prioritize"):
+                    row[f"{label}_{verb}"] = _timing(factor * nodes / 1000)
+                    row[f"{label}_{verb}_handler"] = _timing(factor * nodes / 1100)
+            if mode == "full":
+                row["floor"] = _timing(nodes / 2000)
+                row["after_filter_over_floor"] = 2.0
+                row["before_filter_over_floor"] = 6.0
+            else:
+                row["after_event_us"] = 25.0
+                row["before_event_us"] = 20.0
+                row["classes_event_us"] = {"after": 40.0, "before": 20.0}
+                row["churn_nodes"] = 100
+            rows.append(row)
     path = tmp_path / "latency.png"
     assert figures.fig_scorer_latency(rows, path)
     assert path.stat().st_size > 0
     assert not figures.fig_scorer_latency([{"mode": "full"}], tmp_path / "none.png")
-    targets = [{"target": "round trip <= 3.3 ms", "value": 4.0, "met": False}]
-    section = figures._scorer_section(
-        {"data": {"rows": rows, "targets": targets}, "command": "c"}, plotted=True
-    )
+    targets = [{"target": "names-only filter server time <= 0.3 ms", "value": 0.5, "met": False}]
+    data = {"rows": rows, "targets": targets, "trees": ["after", "before"], "before": "abc123"}
+    section = figures._scorer_section({"data": data, "command": "c"}, plotted=True)
     assert "scorer_latency.png" in section
-    assert "| full | 5,000 | 32.50 | 3.33 | 5.00 | 10.00 |" in section
-    assert "**missed**: round trip <= 3.3 ms (measured 4.0)" in section
+    assert "**missed**: names-only filter server time <= 0.3 ms" in section
+    assert "| names | 500 | filter | 1.50 | 0.50 | 0.45 | 3.0 x |" in section
+    assert "`abc123`" in section
+    assert "0.44 %" in section  # 40 us x 110 events/s of one core
