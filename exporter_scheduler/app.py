@@ -14,6 +14,7 @@ the node cache's first LIST an `Error` rather than a blind verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -184,7 +185,12 @@ class ScorerApp:
                 gpu_resource_name=self.policy.gpu_resource_name,
                 keys=self.policy.keys,
                 echo=verb == "filter",  # only a filter reply echoes the Nodes
+                # The node store knows the names of the lists it has been asked about.
+                decode_names=self.node_store is None,
             )
+            if request.form == "names" and self.node_store is not None and not request.node_names:
+                names = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
+                request = dataclasses.replace(request, node_names=names)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
             return _bad_request(verb, str(exc))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -356,7 +357,9 @@ class NodeCache:
         # memory and time the scorer never needs.
         annotations = annotations_of(meta.annotations, self._decoders.gpu_fields)
         return NodeInput(
-            name=meta.name,
+            # Interned: every event of a node then carries the same name object, and the node
+            # store's lookups by it compare identities (a request's names are other objects).
+            name=sys.intern(meta.name),
             annotations=annotations,
             agent_write_time=agent_write_time(meta.managedFields),
             predecoded=(prefix, predecode(annotations, self.keys)),

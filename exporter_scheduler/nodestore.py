@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,6 +46,7 @@ log = logging.getLogger("exporter_scheduler.nodestore")
 DEFAULT_MAX_CLASSES: Final = 16
 # Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
 _VIEWS_PER_CLASS: Final = 8
+_LISTS_KEPT: Final = 64
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 Clock = Callable[[], datetime]
@@ -70,6 +72,7 @@ class NodeStore:
         self._lock = threading.Lock()
         self._synced = False
         self._uses = 0
+        self._lists: dict[bytes, tuple[str, ...]] = {}
 
     # ------------------------------------------------------------------ reads (any thread)
     def ready(self) -> bool:
@@ -99,6 +102,19 @@ class NodeStore:
                 for node, name in zip(found, names, strict=True)
             ]
         return found  # type: ignore[return-value]  # no None left
+
+    def list_names(
+        self, list_key: bytes, decode: Callable[[bytes], tuple[str, ...]]
+    ) -> tuple[str, ...]:
+        """The names of the node list `list_key` (a request's `NodeNames` bytes): `decode`d
+        once per list, then remembered (the scheduler repeats its few lists)."""
+        names = self._lists.get(list_key)
+        if names is None:
+            names = tuple(map(sys.intern, decode(list_key)))
+            if len(self._lists) >= _LISTS_KEPT:
+                self._lists = {}
+            self._lists[list_key] = names
+        return names
 
     def judge(
         self, pod_class: PodClass, names: Sequence[str], now: datetime, *, list_key: bytes = b""
@@ -209,7 +225,7 @@ class NodeStore:
             if self._nodes.pop(name, None) is None:
                 return False
             for table in self._tables.values():
-                table.entries.pop(name, None)
+                table.drop(name)
             return True
 
     def replace(self, nodes: Iterable[NodeInput]) -> None:
@@ -229,7 +245,7 @@ class NodeStore:
             self._nodes = fresh
             for table in self._tables.values():
                 for name in gone:
-                    table.entries.pop(name, None)
+                    table.drop(name)
             for node in changed:
                 self._judge_everywhere(node)
             self._synced = True
@@ -297,8 +313,10 @@ class _View:
         self.counts = counts
         self.seen = seen
         if positions is None:
+            # By the interned names the node cache stores (see `NodeCache._node_input`), so
+            # that finding a changed name compares identities rather than strings.
             positions = {}
-            for index, name in enumerate(names):
+            for index, name in enumerate(map(sys.intern, names)):
                 positions.setdefault(name, []).append(index)
         self.positions = positions
 
@@ -310,7 +328,8 @@ class _View:
         base = table.changes_base
         if self.seen < base or log_end - self.seen > len(self.names) // 2:
             return None
-        changed = set(changes[self.seen - base : log_end - base])
+        # The latest entry of each name changed (None: dropped), in C.
+        changed = dict(changes[self.seen - base : log_end - base])
         if not changed:
             return _View(
                 self.names,
@@ -324,13 +343,11 @@ class _View:
         tally_ids = self.tally_ids[:]
         counts = dict(self.counts)
         positions = self.positions
-        current = table.entries.get
-        for name in changed:
+        for name, entry in changed.items():
             where = positions.get(name)  # type: ignore[call-overload]
             if where is None:
                 continue
-            entry = current(name)
-            if entry is None:  # deleted: its name is judged as unknown on the full path
+            if entry is None:  # dropped: its name is judged as unknown on the full path
                 return None
             for index in where:
                 old = tally_ids[index]

@@ -101,10 +101,11 @@ class VerdictTable:
 
     def __init__(self, pod_class: PodClass, *, log_changes: bool = False) -> None:
         self.pod_class = pod_class
-        # With `log_changes`, the keys stored, in order (`changes_base` is the position of its
-        # first one in the whole log): a request that asks about the same names as an earlier
-        # one (`views`, owned by the caller) only looks at those changed since.
-        self.changes: list[Hashable] | None = [] if log_changes else None
+        # With `log_changes`, (key, entry) for each entry stored and (key, None) for each one
+        # dropped, in order (`changes_base` is the position of its first item in the whole
+        # log): a request that asks about the same names as an earlier one (`views`, owned by
+        # the caller) only looks at what changed since.
+        self.changes: list[tuple[Hashable, Entry | None]] | None = [] if log_changes else None
         self.changes_base = 0
         self.views: dict[bytes, object] = {}
         self.entries: dict[Hashable, Entry] = {}
@@ -151,9 +152,17 @@ class VerdictTable:
         self.max_from_ts = max(self.max_from_ts, entry.from_ts)
         self.min_until_ts = min(self.min_until_ts, entry.until_ts)
         self.entries[key] = entry
+        self._log(key, entry)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget `key`'s entry (the caller holds the owner's write lock)."""
+        if self.entries.pop(key, None) is not None:
+            self._log(key, None)
+
+    def _log(self, key: Hashable, entry: Entry | None) -> None:
         changes = self.changes
         if changes is not None:
-            changes.append(key)  # after the entry: whoever reads the key finds the entry
+            changes.append((key, entry))  # after the dict: the log never runs ahead of it
             if len(changes) > _LOG_MAX_FACTOR * max(len(self.entries), 1000):
                 self.epoch += 1  # a reader slicing the log across the trim sees it
                 half = len(changes) // 2

@@ -377,11 +377,17 @@ def _case_folded_args(body: Buffer, types: _NodeTypes) -> tuple[Any, Any, Any, B
     return pod, nodes, names, nodes_raw
 
 
-def _names(raw: msgspec.Raw, where: str) -> tuple[str, ...] | None:
+def _names(raw: Buffer, where: str) -> tuple[str, ...] | None:
     try:
         return _NAMES_DECODER.decode(raw)
     except msgspec.DecodeError as exc:
         raise WireError("wrong_type", _msg(exc, where)) from None
+
+
+def decode_node_names(raw: bytes) -> tuple[str, ...]:
+    """A `NodeNames` value (`decode_args(..., decode_names=False)`); `WireError` if it is not a
+    list of strings."""
+    return _names(raw, "$.NodeNames") or ()
 
 
 def decode_args(
@@ -390,10 +396,14 @@ def decode_args(
     gpu_resource_name: str,
     keys: Keys = DEFAULT_KEYS,
     echo: bool = True,
+    decode_names: bool = True,
 ) -> ExtenderRequest:
     """Decode an `ExtenderArgs` body; raise `WireError` (a 400 answer) when it is unusable.
 
     `echo=False` skips locating each Node's bytes (only a filter reply echoes them).
+    `decode_names=False` leaves a names-only request's `node_names` empty and its list only
+    delimited (`node_names_json`), for a caller that has seen the same bytes before
+    (`decode_node_names` reads them).
     """
     types = _node_types(keys.prefix)
     try:
@@ -404,8 +414,13 @@ def decode_args(
         raise WireError("malformed_json", f"malformed JSON: {exc}") from None
     pod, nodes, names_raw = args.Pod, args.Nodes, args.NodeNames  # a struct made by defstruct
     names: Any = UNSET
+    names_json = b""
     if names_raw is not UNSET:
-        names = _names(names_raw, "$.NodeNames")
+        names_json = bytes(names_raw)
+        if not decode_names and names_json.startswith(b"["):
+            names = ()  # a list, read when needed (`decode_node_names`)
+        else:
+            names = _names(names_raw, "$.NodeNames")
     nodes_raw: Buffer | None = None
     folded = UNSET in (pod, nodes, names)
     # The scheduler always sends all three keys, spelled exactly; anything else takes the
@@ -428,7 +443,6 @@ def decode_args(
             pod_input, "nodes", node_names, records=records, echo=node_echo, keys=keys
         )
     if names is not UNSET and names is not None:
-        names_json = b"" if names_raw is UNSET else bytes(names_raw)
         return ExtenderRequest(pod_input, "names", names, names_json, keys=keys)
     return ExtenderRequest(pod_input, "none", keys=keys)
 

@@ -416,6 +416,26 @@ def test_another_policy_object_is_another_class() -> None:
     assert (loose.passed_mask(), tight.passed_mask()) == ([True], [False])
 
 
+@pytest.mark.parametrize("how", ["delete", "relist"])
+def test_a_node_list_asked_again_after_a_node_went_away(how: str) -> None:
+    """The list's kept verdicts are patched with the changes since; a node gone is one."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node(n, utilization=0.95) for n in NAMES])
+    app = _app(store, clock)
+    body = names_body(hinted(), NAMES)
+    assert json.loads(app.handle("filter", body).body)["NodeNames"] == []
+    store.put(gpu_node("n1", utilization=0.1))  # patched into the list's verdicts
+    assert json.loads(app.handle("filter", body).body)["NodeNames"] == ["n1"]
+    if how == "delete":
+        store.delete("n2")
+    else:
+        store.replace(store.lookup([n for n in NAMES if n != "n2"]))
+    reply = json.loads(app.handle("filter", body).body)
+    assert "n2" in reply["NodeNames"]  # unknown now: missing data, passed under lenient
+    assert reply["FailedNodes"].keys() == {"n0", "n3", "n4", "n5"}
+
+
 def test_a_relist_keeps_the_verdicts_of_unchanged_nodes() -> None:
     clock = Clock()
     store = NodeStore(clock=clock)
