@@ -248,13 +248,22 @@ class ScorerApp:
         )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
-        if verb == "prioritize":
-            return Response(200, judgement.prioritize_reply())
-        failed, unresolvable = judgement.rejections()
-        passed = list(compress(request.node_names, judgement.passed_mask()))
-        body = wire.encode_names_filter_reply(passed, failed=failed, unresolvable=unresolvable)
-        # The node store logged the rejected nodes' values when it judged them.
-        self._count_and_log(request, pod_class, judgement, ())
+        replies = judgement.replies  # bytes made earlier from these same entries, if any
+        body = None if replies is None else replies.get(verb)
+        if body is None:
+            if verb == "prioritize":
+                body = judgement.prioritize_reply()
+            else:
+                failed, unresolvable = judgement.rejections()
+                passed = list(compress(judgement.names, judgement.passed_mask()))
+                body = wire.encode_names_filter_reply(
+                    passed, failed=failed, unresolvable=unresolvable
+                )
+            if replies is not None:
+                replies[verb] = body
+        if verb == "filter":
+            # The node store logged the rejected nodes' values when it judged them.
+            self._count_and_log(request, pod_class, judgement, ())
         return Response(200, body)
 
     def _count_and_log(

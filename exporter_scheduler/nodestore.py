@@ -147,6 +147,7 @@ class NodeStore:
                     0,
                     tally_ids=patched.tally_ids,
                     counts=patched.counts,
+                    replies=patched.replies,
                 )
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
@@ -161,7 +162,11 @@ class NodeStore:
         if list_key:
             if len(table.views) >= _VIEWS_PER_CLASS:
                 table.views.clear()
-            table.views[list_key] = _View(names, ready, tally_ids, counts, seen=seen)
+            view = _View(names, ready, tally_ids, counts, seen=seen)
+            table.views[list_key] = view
+            return table.judgement(
+                names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
+            )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
 
     def _table(self, pod_class: PodClass) -> VerdictTable:
@@ -295,7 +300,7 @@ class _View:
     the class's change log they are current to. Immutable: a request that patches it stores a
     new one (several request threads may hold the same view)."""
 
-    __slots__ = ("counts", "entries", "names", "positions", "seen", "tally_ids")
+    __slots__ = ("counts", "entries", "names", "positions", "replies", "seen", "tally_ids")
 
     def __init__(
         self,
@@ -306,12 +311,16 @@ class _View:
         *,
         seen: int,
         positions: dict[str, list[int]] | None = None,
+        replies: dict[str, bytes] | None = None,
     ) -> None:
         self.names = names
         self.entries = entries
         self.tally_ids = tally_ids
         self.counts = counts
         self.seen = seen
+        # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
+        # entries give the same bytes, so a view whose entries did not change keeps them.
+        self.replies: dict[str, bytes] = {} if replies is None else replies
         if positions is None:
             # By the interned names the node cache stores (see `NodeCache._node_input`), so
             # that finding a changed name compares identities rather than strings.
@@ -330,19 +339,20 @@ class _View:
             return None
         # The latest entry of each name changed (None: dropped), in C.
         changed = dict(changes[self.seen - base : log_end - base])
-        if not changed:
+        positions = self.positions
+        if not any(map(positions.__contains__, changed)):  # nothing of this list changed
             return _View(
                 self.names,
                 self.entries,
                 self.tally_ids,
                 self.counts,
                 seen=log_end,
-                positions=self.positions,
+                positions=positions,
+                replies=self.replies,
             )
         entries = self.entries[:]
         tally_ids = self.tally_ids[:]
         counts = dict(self.counts)
-        positions = self.positions
         for name, entry in changed.items():
             where = positions.get(name)  # type: ignore[call-overload]
             if where is None:

@@ -200,6 +200,7 @@ class VerdictTable:
         *,
         tally_ids: list[int] | None = None,
         counts: Mapping[int, int] | None = None,
+        replies: dict[str, bytes] | None = None,
     ) -> Judgement:
         """A request's verdicts from its entries (in request order): the chain resolved."""
         c = self.pod_class
@@ -213,7 +214,14 @@ class VerdictTable:
                 c, None if below == NO_RANK else below, None if passed == NO_RANK else passed
             )
         return Judgement(
-            names, entries, chain, self.tally_keys, judged, tally_ids=tally_ids, counts=counts
+            names,
+            entries,
+            chain,
+            self.tally_keys,
+            judged,
+            tally_ids=tally_ids,
+            counts=counts,
+            replies=replies,
         )
 
 
@@ -225,7 +233,7 @@ class Judgement:
     scattered in memory and every pass over them costs more than the work it does.
     """
 
-    __slots__ = ("_counts", "_ids", "chain", "entries", "judged", "names", "tally_keys")
+    __slots__ = ("_counts", "_ids", "chain", "entries", "judged", "names", "replies", "tally_keys")
 
     def __init__(
         self,
@@ -237,8 +245,12 @@ class Judgement:
         *,
         tally_ids: list[int] | None = None,
         counts: Mapping[int, int] | None = None,
+        replies: dict[str, bytes] | None = None,
     ) -> None:
         self.names = names
+        # Reply bytes by verb already made from these very entries, shared with whoever made
+        # them (None: nothing to share); the caller fills it in.
+        self.replies = replies
         self.entries = entries
         self.chain = chain
         # A copy taken after the entries were read: it holds every index they carry.

@@ -135,6 +135,26 @@ def test_pipelined_requests_and_http_1_0() -> None:
         assert b"connection: close" in data
 
 
+def test_head_and_expect_continue() -> None:
+    with serving(make_app()) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"content-length: 3\r\n" in head
+        assert head.endswith(b"\r\n\r\n")  # the head alone, no body
+        body = args_body(pod(), _mixed_nodes())
+        s.sendall(
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        assert s.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        data = b""
+        while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+            data += s.recv(65536)
+        assert data.startswith(b"HTTP/1.1 200")
+
+
 @pytest.mark.parametrize(
     "head",
     [
