@@ -164,6 +164,11 @@ def _timed(label: str, timings: list[Timed], fn: Callable[[], Any]) -> Any:
     return value
 
 
+# The scorer as it was before verdicts were kept by the node cache (reply cache, verdict memo,
+# uvicorn): the scorer benchmark measures it beside this checkout, from an export of the commit.
+SCORER_BEFORE_REF = "e12c8b2"
+
+
 def run_benchmark(module: str, extra: Sequence[str], timeout_s: float) -> dict[str, Any]:
     """Run `python -m <module> --json ...` and parse its JSON, or say why it could not."""
     argv = [sys.executable, "-m", module, "--json", *extra]
@@ -372,8 +377,8 @@ def fig_fragmentation(results: Mapping[str, PlacementResult], path: Path) -> Non
 
 
 def _latency_rows(data: Any) -> list[dict[str, Any]]:
-    """Flatten the scorer benchmark's JSON into rows with mode, nodes and the medians (ms)."""
-    rows = data.get("rows") or data.get("results") if isinstance(data, dict) else data
+    """The scorer benchmark's rows (one per mode and node count)."""
+    rows = data.get("rows") if isinstance(data, dict) else None
     return [r for r in rows or [] if isinstance(r, dict)]
 
 
@@ -388,38 +393,36 @@ def _pick(row: Mapping[str, Any], *names: str) -> float | None:
 
 
 def fig_scorer_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> bool:
-    series: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for row in rows:
-        mode = str(row.get("mode", "?"))
-        nodes = _pick(row, "nodes", "node_count")
-        if nodes is None:
-            continue
-        for label, keys in (
-            ("server (filter)", ("filter.median_ms", "server_ms.median", "server.median_ms")),
-            (
-                "round trip",
-                ("round_trip_ms.median", "round_trip.median_ms", "round_trip_median_ms"),
-            ),
-            ("floor", ("floor_ms.median", "floor.median_ms", "floor_median_ms")),
-            ("naive", ("naive_ms.median", "naive.median_ms", "naive_median_ms")),
-        ):
-            value = _pick(row, *keys)
-            if value is not None:
-                series.setdefault(mode, {}).setdefault(label, []).append((nodes, value))
-    if not series:
+    """Filter and prioritize server time, before and after, per mode and node count."""
+    groups = [r for r in rows if _pick(r, "after_filter.median_ms") is not None]
+    if not groups:
         return False
-    fig, axes = plt.subplots(1, len(series), figsize=(6 * len(series), 4.2), squeeze=False)
-    styles = {"server (filter)": "o-", "round trip": "^-", "floor": "k--", "naive": "s:"}
-    for ax, (mode, lines) in zip(axes[0], sorted(series.items()), strict=True):
-        for label, points in lines.items():
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], styles[label], label=label)
-        ax.set_xscale("log")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    for ax, verb in zip(axes, ("filter", "prioritize"), strict=True):
+        labels = [f"{r['mode']}\n{r['nodes']:,}" for r in groups]
+        x = np.arange(len(groups))
+        width = 0.38
+        for offset, label, color in ((-width / 2, "before", "#bbbbbb"), (width / 2, "after", "C0")):
+            values = [_pick(r, f"{label}_{verb}.median_ms") for r in groups]
+            if any(v is not None for v in values):
+                ax.bar(
+                    x + offset,
+                    [v if v is not None else 0.0 for v in values],
+                    width,
+                    label=f"{label} ({'earlier version' if label == 'before' else 'this one'})",
+                    color=color,
+                )
+        if verb == "filter":
+            floors = [_pick(r, "floor.median_ms") for r in groups]
+            for i, floor in enumerate(floors):
+                if floor is not None:
+                    ax.hlines(floor, i - width, i + width, colors="k", linestyles="--")
+            ax.plot([], [], "k--", label="floor (typed decode)")
+        ax.set_xticks(x, labels)
         ax.set_yscale("log")
-        ax.set_xlabel("Nodes per request")
-        ax.set_ylabel("Median latency (ms)")
-        ax.set_title(f"Scorer latency: {mode}")
-        ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylabel("Server time over HTTP, median (ms)")
+        ax.set_title(f"{verb}: names only after 100 Nodes changed; full Nodes")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
     _save(fig, path)
     return True
@@ -1020,62 +1023,82 @@ def _scorer_section(bench: Mapping[str, Any], plotted: bool) -> str:
         )
     data = bench["data"]
     rows = _latency_rows(data)
+    trees = data.get("trees", ["after"]) if isinstance(data, dict) else ["after"]
+    before = "before" in trees
 
-    def cell(row: Mapping[str, Any], key: str, digits: int = 2) -> str:
-        value = _pick(row, key)
-        return "n/a" if value is None else _num(value, digits)
+    def ms(row: Mapping[str, Any], key: str) -> str:
+        value = _pick(row, key + ".median_ms")
+        return "n/a" if value is None else _num(value, 2 if value < 10 else 1)
 
-    table_rows = [
-        [
-            str(r.get("mode")),
-            f"{r.get('nodes'):,}" if isinstance(r.get("nodes"), int) else str(r.get("nodes")),
-            _num(float(r.get("body_bytes", math.nan)) / 1e6, 2),
-            cell(r, "floor.median_ms"),
-            cell(r, "filter.median_ms"),
-            cell(r, "filter.p99_ms"),
-            cell(r, "filter_over_floor"),
-            cell(r, "prioritize.median_ms"),
-            cell(r, "naive.median_ms", 1),
-            cell(r, "naive_over_filter", 1),
-            cell(r, "round_trip.median_ms"),
-            cell(r, "round_trip.p99_ms"),
-        ]
-        for r in rows
-    ]
-    body = _table(
-        ["mode", "nodes", "body (MB)", "floor", "filter", "filter p99", "filter / floor",
-         "prioritize", "naive", "naive / filter", "round trip", "round trip p99"],
-        table_rows,
-    )  # fmt: skip
-    names_rows = [r for r in rows if r.get("mode") == "names" and "filter_churn" in r]
-    if names_rows:
+    def ratio(row: Mapping[str, Any], verb: str) -> str:
+        old, new = _pick(row, f"before_{verb}.median_ms"), _pick(row, f"after_{verb}.median_ms")
+        return "n/a" if not old or not new else _num(old / new, 1) + " x"
+
+    table_rows = []
+    for r in rows:
+        for verb in ("filter", "prioritize", "again"):
+            if f"after_{verb}" not in r:
+                continue
+            name = "filter, again" if verb == "again" else verb
+            cells = [str(r["mode"]), f"{r['nodes']:,}", name]
+            if before:
+                cells += [ms(r, f"before_{verb}")]
+            cells += [ms(r, f"after_{verb}"), ms(r, f"after_{verb}_handler")]
+            if before:
+                cells += [ratio(r, verb)]
+            table_rows.append(cells)
+    header = ["mode", "nodes", "request"]
+    header += ["before"] if before else []
+    header += ["after", "after, handler only"]
+    header += ["before / after"] if before else []
+    body = _table(header, table_rows)
+
+    full = [r for r in rows if "floor" in r]
+    if full:
+        floor_rows = []
+        for r in full:
+            cells = [f"{r['nodes']:,}", _num(r["body_bytes"] / 1e6, 1), ms(r, "floor")]
+            if before:
+                cells.append(_num(float(r["before_filter_over_floor"]), 2) + " x")
+            cells.append(_num(float(r["after_filter_over_floor"]), 2) + " x")
+            cells.append(
+                _num(float(r["after_prioritize"]["median_ms"]) / r["floor"]["median_ms"], 2) + " x"
+            )
+            floor_rows.append(cells)
+        floor_header = ["full nodes", "body (MB)", "floor"]
+        floor_header += ["filter / floor, before"] if before else []
+        floor_header += ["filter / floor", "prioritize / floor"]
         body += (
-            "\n\nNames-only mode in more detail: `repeat` is the same request again (the reply "
-            "is reused), `first` a request with nothing memoised, `after churn` a new request "
-            "after `rewritten` nodes were written through the watch (the common case at fleet "
-            "scale, where every agent write changes the cache), with and without the per-node "
-            "verdict memo, side by side in the same run. Filter server time, ms, median (p99).\n\n"
+            "\n\nFull-node requests against the floor (msgspec's typed decode of the same body to "
+            "each Node's name, annotations and managedFields, served by the do-nothing server; "
+            "its server time measured the same way):\n\n" + _table(floor_header, floor_rows)
         )
 
-        def both(row: Mapping[str, Any], key: str) -> str:
-            return f"{cell(row, key + '.median_ms')} ({cell(row, key + '.p99_ms')})"
+    names = [r for r in rows if "after_event_us" in r]
+    if names:
+        event_rows = []
+        for r in names:
+            cells = [f"{r['nodes']:,}"]
+            if before:
+                cells.append(_num(float(r["before_event_us"]), 0))
+            cells.append(_num(float(r["after_event_us"]), 0))
+            cells.append(_num(float(r["classes_event_us"]["after"]), 0))
+            share = float(r["classes_event_us"]["after"]) * 110 / 1e6 * 100
+            cells.append(_num(share, 2) + " %")
+            event_rows.append(cells)
+        event_header = ["cached nodes"]
+        event_header += ["before, µs"] if before else []
+        event_header += [
+            "after, 1 class, µs",
+            "after, 4 classes, µs",
+            "one core at 110 events/s, 4 classes",
+        ]
+        body += (
+            "\n\nThe node cache's cost per watch event (a MODIFIED event of a ~7 KB Node: decode, "
+            "and in this version the verdict for every active pod class), medians over the churn "
+            "events of the run:\n\n" + _table(event_header, event_rows)
+        )
 
-        body += _table(
-            ["nodes", "repeat", "first", "rewritten", "after churn", "after churn, no memo",
-             "memo speed-up"],
-            [
-                [
-                    f"{r.get('nodes'):,}",
-                    both(r, "filter"),
-                    both(r, "filter_miss"),
-                    str(r.get("churn_nodes")),
-                    both(r, "filter_churn"),
-                    both(r, "filter_churn_no_memo"),
-                    cell(r, "churn_memo_speedup", 1) + " x",
-                ]
-                for r in names_rows
-            ],
-        )  # fmt: skip
     checks = data.get("targets", []) if isinstance(data, dict) else []
     if checks:
         body += "\n\n" + "\n".join(
@@ -1084,16 +1107,26 @@ def _scorer_section(bench: Mapping[str, Any], plotted: bool) -> str:
             for c in checks
             if isinstance(c, Mapping)
         )
-    figure = "![scorer latency against node count](img/scorer_latency.png)\n" if plotted else ""
+    figure = "![scorer server time, before and after](img/scorer_latency.png)\n" if plotted else ""
     machine = data.get("machine") if isinstance(data, dict) else None
+    ref = data.get("before") if isinstance(data, dict) else None
+    versions = (
+        f"`before` is the scorer of commit `{ref}` (reply cache, verdict memo, uvicorn), run from "
+        "an export of that commit in the same invocation; `after` is this checkout."
+        if before
+        else "Only this checkout was measured (the earlier version was not available)."
+    )
     return f"""## Scorer latency
 
-Command: `{bench["command"]}`{f" (machine: {machine})" if machine else ""}. Server time
-(`filter`, `prioritize`: the whole handler in-process) and HTTP round trip over loopback at each
-node count, in both modes (`full`: Node objects in the request; `names`: names only, annotations
-from the watch cache), against the decode floor (untyped msgspec decode of the same body) and
-the naive path (the kubernetes client's model deserialization), measured side by side in one
-run. Times in ms, medians unless p99.
+Command: `{bench["command"]}`{f" (machine: {machine})" if machine else ""}. Every server runs in
+its own process on loopback and one client calls them in turn, sample after sample. **Server
+time** is a scorer's HTTP round trip minus the round trip of a do-nothing server (it reads the
+request and answers the scorer's own reply bytes) for the same request in the same sample, the
+median of those differences: everything the scorer adds to moving the bytes, HTTP parsing
+included; `handler only` is measured inside the scorer (decode, verdicts, reply). {versions}
+Names-only rows run under churn: before every sample 100 Nodes are rewritten through each
+scorer's watch-event path; `filter, again` is the same filter right after, with nothing changed
+in between. Times in ms, medians.
 
 {body}
 
@@ -1425,11 +1458,12 @@ def _run_scorer(args: argparse.Namespace, timings: list[Timed], img: Path) -> st
             "command": "python -m benchmarks.scorer_latency --json",
         }
     else:
-        scorer_extra = ["--quick"] if args.quick else []
+        scorer_extra = ["--before", SCORER_BEFORE_REF]
+        scorer_extra += ["--quick"] if args.quick else []
         scorer_bench = _timed(
             "benchmark: scorer latency",
             timings,
-            lambda: run_benchmark("benchmarks.scorer_latency", scorer_extra, 400),
+            lambda: run_benchmark("benchmarks.scorer_latency", scorer_extra, 900),
         )
     plotted = "data" in scorer_bench and fig_scorer_latency(
         _latency_rows(scorer_bench["data"]), img / "scorer_latency.png"

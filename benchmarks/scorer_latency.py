@@ -1,77 +1,85 @@
-"""Scorer latency: what the scheduler waits for on every pod, against two references.
+"""Scorer latency: the server time kube-scheduler waits for, against a floor, before and after.
 
-For 100, 500, 1000 and 5000 realistic Nodes (`gpu_sim.nodes`, ~6-7 KB of JSON each, with the
-agent's annotations and managedFields entry), in both modes:
+Every server runs in its own process (`benchmarks/scorer_child.py`) on loopback, and one client
+calls them in turn on keep-alive connections, sample after sample, so that noise on a shared
+machine hits all of them alike:
 
-- server time: the whole handler in-process (`ScorerApp.handle`: decode, evaluate, encode), for
-  `filter` and `prioritize`. Names-only rows give four figures side by side: a repeat request
-  (the same pod inputs and node list while the node data is unchanged: the reply cache answers,
-  "hit"); a request after churn ("churn": `--churn` of the nodes, 2 % by default, rewritten by
-  their agents since the last request, so the reply cache misses and the verdict memo judges
-  only the rewritten nodes), the same with the verdict memo off ("no memo": every node judged,
-  as before the memo existed), and a first request ("cold": reply cache and memo emptied);
-- round trip: the same request over loopback HTTP to a real uvicorn server, on one keep-alive
-  `http.client` connection, until the last reply byte is read;
-- floor: `msgspec.json.decode(body)` of the same body, untyped (every value becomes a Python
-  object): what merely reading the request costs without a schema;
-- naive: the kubernetes client's model deserialization of the same NodeList into `V1Node`
-  objects (`ApiClient.deserialize`), the obvious way to read Nodes in Python.
+- the scorer built from this checkout, and (`--before REF`) the scorer built from an earlier
+  commit of the same repository, fed the same Nodes and the same watch events;
+- a do-nothing server that reads each request and answers the scorer's own reply bytes;
+- (full-node mode) a floor server: the do-nothing server plus msgspec's typed decode of the body
+  into exactly what a verdict reads (each Node's name, annotations and managedFields).
 
-Each sample of a row is taken back to back with the floor's, so that noise on a shared machine
-hits both; medians and p99 are reported with their ratios.
+**Server time** is a scorer's round trip minus the do-nothing server's round trip for the same
+request in the same sample (the median of those differences): everything the scorer adds to
+reading the request and sending the reply, HTTP parsing included. The handler time measured
+inside the scorer (decode, verdicts, reply, without HTTP) is reported beside it. The floor's
+server time is measured the same way.
 
-    python -m benchmarks.scorer_latency            # table
-    python -m benchmarks.scorer_latency --quick    # smoke run: small sizes, few samples
-    python -m benchmarks.scorer_latency --json     # one JSON object (for benchmarks.figures)
-    python -m benchmarks.scorer_latency --sizes 5000 --modes names   # one row
+Names-only mode runs under churn: before every sample `--churn` Nodes (100 by default) are
+rewritten through each scorer's watch-event path (the agents' writes; at fleet scale every
+request follows some), and the cost of each event in the node cache is recorded, with one and
+with four pod classes active.
 
-Targets: full-node server time <= 1.5 x floor at 500 and 5000 nodes; names-only server time
-<= 0.3 ms at 5000 nodes (a repeat request; the churn and first request's times are reported
-beside it: at fleet scale most requests follow some writes);
-round trip at 500 full nodes <= 3.3 ms (300 pods/s). The round trip repeats one request, so in
-names-only mode it is a reply-cache hit.
+    python -m benchmarks.scorer_latency                       # table, this checkout only
+    python -m benchmarks.scorer_latency --before main --json  # before/after, one JSON object
+    python -m benchmarks.scorer_latency --quick               # smoke run
+
+Targets: names-only filter server time <= 0.3 ms at 500 names and <= 2 ms at 5000 names after
+>= 100 Nodes changed; full-node filter server time <= 1.5 x the floor's at 500 Nodes.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import http.client
+import importlib.util
 import json
-import multiprocessing
 import random
+import shutil
 import socket
 import statistics
-import threading
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
-
-import msgspec
+from pathlib import Path
+from typing import IO, Any, Literal
 
 from benchmarks.machine import machine_description
-from exporter_scheduler.nodecache import NodeCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import RunningServer, ScorerApp, uvicorn_config
 from gpu_contract.schema import Health, NodeGpuState, encode
 from gpu_sim.nodes import gpu_node, with_agent_write
 
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = Path(__file__).resolve().parent / "scorer_child.py"
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)
-SIZES = (100, 500, 1000, 5000)
-QUICK_SIZES = (100, 500)
 PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "Tesla-V100-SXM2-32GB")
 Mode = Literal["full", "names"]
-
-
-def build_nodes(count: int) -> list[dict[str, Any]]:
-    """Nodes with fresh agent data: utilization spread over 0..0.96 so some fail the filter."""
-    return [build_node(i) for i in range(count)]
+# (mode, nodes, samples): the scheduler sends ~10 % of a 5000-node cluster's nodes, twice per pod.
+PLAN: tuple[tuple[Mode, int, int], ...] = (
+    ("names", 500, 60),
+    ("names", 5000, 30),
+    ("full", 500, 30),
+    ("full", 5000, 6),
+)
+QUICK_PLAN: tuple[tuple[Mode, int, int], ...] = (("names", 500, 8), ("full", 500, 5))
+# Pods of four classes (hints, GPU request), for the node cache's upkeep with several active.
+CLASS_PODS = (
+    {},
+    {"gpu-scheduler.example.com/max-utilization": "0.70"},
+    {"gpu-scheduler.example.com/gpu-model-preference": "A100,H100"},
+    {"gpu-scheduler.example.com/min-gpu-memory-mib": "40000"},
+)
 
 
 def build_node(i: int, *, rewrite: int = 0) -> dict[str, Any]:
-    """Node `i`; `rewrite` > 0: as after that many later agent writes (other values, newer)."""
+    """Node `i` (~7 KB, with the agent's annotations and managedFields entry); `rewrite` > 0:
+    as after that many later agent writes (other values, newer times)."""
     moved = timedelta(seconds=rewrite % 4)
     utilization = ((i + 3 * rewrite) % 97) / 100
     state = NodeGpuState(
@@ -88,222 +96,68 @@ def build_node(i: int, *, rewrite: int = 0) -> dict[str, Any]:
     )
     node = gpu_node(f"gpu-node-{i:05d}", product=PRODUCTS[i % len(PRODUCTS)])
     written = NOW - timedelta(seconds=4 + i % 50) + moved
-    return with_agent_write(node, encode(state), written)
+    node = with_agent_write(node, encode(state), written)
+    # As kube-scheduler sends Nodes from its informer cache: no TypeMeta.
+    node.pop("kind", None)
+    node.pop("apiVersion", None)
+    return node
 
 
-POD = {
-    "metadata": {"name": "train-0", "namespace": "ml", "annotations": {}},
-    "spec": {"containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]},
-}
-
-
-def request_body(nodes: list[dict[str, Any]], mode: Mode) -> bytes:
-    """The body as kube-scheduler sends it (Go's encoding/json: compact, no spaces)."""
-    if mode == "full":
-        document = {"Pod": POD, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
-    else:
-        names = [n["metadata"]["name"] for n in nodes]
-        document = {"Pod": POD, "Nodes": None, "NodeNames": names}
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def filled_cache(nodes: list[dict[str, Any]]) -> NodeCache:
-    """A node cache holding `nodes`, fed through its watch-event path (no API server needed)."""
-    cache = NodeCache()
-    for node in nodes:
-        cache._apply(json.dumps({"type": "ADDED", "object": node}).encode())
-    cache._ready.set()
-    return cache
-
-
-class _Body:
-    """What `ApiClient.deserialize` expects: a response with `.data`."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-def naive_decoder() -> Callable[[bytes], object]:
-    from kubernetes import client  # type: ignore[import-untyped]  # noqa: PLC0415
-
-    api = client.ApiClient()
-
-    def decode(node_list: bytes) -> object:
-        return api.deserialize(_Body(node_list), "V1NodeList")
-
-    return decode
-
-
-def _ms(samples_ns: list[int]) -> dict[str, float]:
-    ordered = sorted(samples_ns)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "median_ms": statistics.median(ordered) / 1e6,
-        "p99_ms": p99 / 1e6,
-        "samples": len(ordered),
+        "metadata": {"name": "train-0", "namespace": "ml", "annotations": annotations or {}},
+        "spec": {
+            "containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]
+        },
     }
 
 
-def _timed(fn: Callable[[], object]) -> int:
-    start = time.perf_counter_ns()
-    fn()
-    return time.perf_counter_ns() - start
-
-
-def _timed_handle(app: ScorerApp, verb: Literal["filter", "prioritize"], body: bytes) -> int:
-    start = time.perf_counter_ns()
-    app.handle(verb, body)
-    return time.perf_counter_ns() - start
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    samples: int
-    naive_samples: int
-    http_samples: int
-
-
-def plan_for(count: int, *, quick: bool) -> Plan:
-    if quick:
-        return Plan(samples=5, naive_samples=1, http_samples=5)
-    if count <= 100:
-        return Plan(200, 10, 200)
-    if count <= 500:
-        return Plan(60, 5, 60)
-    if count <= 1000:
-        return Plan(30, 3, 30)
-    return Plan(12, 2, 12)
-
-
-def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> bytes:
-    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    data = response.read()
-    if response.status != 200:
-        raise RuntimeError(f"{path}: HTTP {response.status}: {data[:200]!r}")
-    return data
-
-
-def measure(
-    count: int, nodes: list[dict[str, Any]], mode: Mode, plan: Plan, *, churn: float = 0.02
-) -> dict[str, Any]:
-    body = request_body(nodes, mode)
-    cache = filled_cache(nodes) if mode == "names" else None
-    app = ScorerApp(policy=Policy(), clock=lambda: NOW, node_source=cache)
-    # The same node cache without the verdict memo: every miss judges every node.
-    no_memo = ScorerApp(
-        policy=Policy(), clock=lambda: NOW, node_source=cache, verdict_memo_pod_keys=0
-    )
-    row: dict[str, Any] = {"mode": mode, "nodes": count, "body_bytes": len(body)}
-    churned = max(1, round(churn * count))
-    rng = random.Random(count)
-    rewrites = [0] * count
-
-    # Warm up (the decode memo of the scoring core, allocator, code paths).
-    for verb in ("filter", "prioritize"):
-        assert app.handle(verb, body).status == 200
-        assert no_memo.handle(verb, body).status == 200
-
-    floor_ns: list[int] = []
-    floor_no_gc_ns: list[int] = []
-    filter_ns: list[int] = []
-    prioritize_ns: list[int] = []
-    filter_miss_ns: list[int] = []
-    prioritize_miss_ns: list[int] = []
-    churn_ns: dict[tuple[str, bool], list[int]] = {}
-    reply_cache = app.reply_cache if mode == "names" else None
-    memo = app.verdict_memo
-
-    def miss(verb: Literal["filter", "prioritize"]) -> int:
-        assert reply_cache is not None
-        assert memo is not None
-        reply_cache.clear()  # a first request: nothing to reuse
-        memo.clear()
-        return _timed(lambda: app.handle(verb, body))
-
-    def rewrite_some() -> None:
-        """`churned` agents write new values (through the cache's watch-event path)."""
-        assert cache is not None
-        for i in rng.sample(range(count), churned):
-            rewrites[i] += 1
-            node = build_node(i, rewrite=rewrites[i])
-            cache._apply(json.dumps({"type": "MODIFIED", "object": node}).encode())
-
-    def after_churn(verb: Literal["filter", "prioritize"]) -> None:
-        rewrite_some()  # then both apps answer about the same data (each its first time)
-        for with_memo, the_app in ((True, app), (False, no_memo)):
-            churn_ns.setdefault((verb, with_memo), []).append(_timed_handle(the_app, verb, body))
-
-    for _ in range(plan.samples):
-        floor_ns.append(_timed(lambda: msgspec.json.decode(body)))
-        # The untyped decode allocates enough containers to trigger the cyclic GC, which is
-        # part of its real cost; the GC-off figure shows the decode alone.
-        gc.disable()
-        try:
-            floor_no_gc_ns.append(_timed(lambda: msgspec.json.decode(body)))
-        finally:
-            gc.enable()
-        if reply_cache is not None:
-            filter_miss_ns.append(miss("filter"))
-            prioritize_miss_ns.append(miss("prioritize"))
-            after_churn("filter")
-            after_churn("prioritize")
-            app.handle("filter", body)  # refill: the timed calls below are repeat requests
-            app.handle("prioritize", body)
-        filter_ns.append(_timed(lambda: app.handle("filter", body)))
-        prioritize_ns.append(_timed(lambda: app.handle("prioritize", body)))
-    row["floor"] = _ms(floor_ns)
-    if reply_cache is not None:
-        row["filter_miss"] = _ms(filter_miss_ns)
-        row["prioritize_miss"] = _ms(prioritize_miss_ns)
-        row["churn_nodes"] = churned
-        row["filter_churn"] = _ms(churn_ns["filter", True])
-        row["prioritize_churn"] = _ms(churn_ns["prioritize", True])
-        row["filter_churn_no_memo"] = _ms(churn_ns["filter", False])
-        row["prioritize_churn_no_memo"] = _ms(churn_ns["prioritize", False])
-        row["churn_memo_speedup"] = (
-            row["filter_churn_no_memo"]["median_ms"] / row["filter_churn"]["median_ms"]
-        )
-    row["floor_gc_off"] = _ms(floor_no_gc_ns)
-    row["filter"] = _ms(filter_ns)
-    row["prioritize"] = _ms(prioritize_ns)
-    row["filter_over_floor"] = row["filter"]["median_ms"] / row["floor"]["median_ms"]
-    row["filter_over_floor_gc_off"] = row["filter"]["median_ms"] / row["floor_gc_off"]["median_ms"]
-    row["reply_bytes"] = len(app.handle("filter", body).body)
-
+def request_body(nodes: list[dict[str, Any]], mode: Mode, the_pod: dict[str, Any]) -> bytes:
+    """The body as kube-scheduler sends it (Go's encoding/json: compact, no spaces)."""
     if mode == "full":
-        node_list = json.dumps({"metadata": {}, "items": nodes}, separators=(",", ":")).encode()
-        decode = naive_decoder()
-        naive_ns = [_timed(lambda: decode(node_list)) for _ in range(plan.naive_samples)]
-        row["naive"] = _ms(naive_ns)
-        row["naive_over_filter"] = row["naive"]["median_ms"] / row["filter"]["median_ms"]
-
-    # The server runs in its own process, as in production: a client thread in the same
-    # process would contend with it for the GIL and inflate the round trip.
-    port = _free_port()
-    child = multiprocessing.get_context("spawn").Process(
-        target=_serve_child, args=(count, mode, port), daemon=True
-    )
-    child.start()
-    try:
-        conn = _connect_when_up(port)
-        post(conn, "/filter", body)  # the connection is open and warm from here on
-        rtt_ns = [_timed(lambda: post(conn, "/filter", body)) for _ in range(plan.http_samples)]
-        conn.close()
-    finally:
-        child.terminate()
-        child.join(10)
-    row["round_trip"] = _ms(rtt_ns)
-    return row
+        document = {"Pod": the_pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
+    else:
+        names = [n["metadata"]["name"] for n in nodes]
+        document = {"Pod": the_pod, "Nodes": None, "NodeNames": names}
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _serve_child(count: int, mode: Mode, port: int) -> None:
-    """A fresh interpreter serving the same app (spawned: a forked copy of the benchmark's
-    heap would pay copy-on-write faults inside the measured requests)."""
-    cache = filled_cache(build_nodes(count)) if mode == "names" else None
-    app = ScorerApp(policy=Policy(), clock=lambda: NOW, node_source=cache)
-    RunningServer(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning")).start()
-    threading.Event().wait()
+def _event(kind: str, node: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": node}, separators=(",", ":")).encode()
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    conn: http.client.HTTPConnection | None = None
+
+    def command(self, **command: Any) -> Any:
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None
+        assert stdout is not None
+        stdin.write(json.dumps(command).encode() + b"\n")
+        stdin.flush()
+        return json.loads(stdout.readline())
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        self.conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = self.conn.getresponse()
+        data = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{self.name} {path}: HTTP {response.status}: {data[:200]!r}")
+        return response.status, data
+
+    def timed_post(self, path: str, body: bytes) -> float:
+        started = time.perf_counter()
+        self.post(path, body)
+        return time.perf_counter() - started
 
 
 def _free_port() -> int:
@@ -312,178 +166,274 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _connect_when_up(port: int) -> http.client.HTTPConnection:
-    deadline = time.monotonic() + 30
-    while True:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+def _start(name: str, *argv: str) -> Child:
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(CHILD), *argv, "--port", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    stdout: IO[bytes] | None = process.stdout
+    assert stdout is not None
+    line = stdout.readline()
+    if not line:
+        raise RuntimeError(f"{name} did not start")
+    return Child(name, process, port)
+
+
+@contextmanager
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    try:
+        yield started
+    finally:
+        for child in started:
+            if child.conn is not None:
+                child.conn.close()
+            with contextlib.suppress(OSError, ValueError):  # it may have gone already
+                child.command(cmd="quit")
+            child.process.terminate()
+            child.process.wait(10)
+
+
+@contextmanager
+def source_tree(ref: str | None) -> Iterator[Path | None]:
+    """An export of `ref` of this repository in a temporary folder; None without `--before`,
+    or when it cannot be had (not a git checkout, the commit absent, or uvicorn, which the
+    earlier version served with, not installed)."""
+    if ref is None:
+        yield None
+        return
+    if importlib.util.find_spec("uvicorn") is None:
+        print(
+            f"--before {ref}: uvicorn is not installed; measuring this checkout only",
+            file=sys.stderr,
+        )
+        yield None
+        return
+    folder = Path(tempfile.mkdtemp(prefix="scorer-before-"))
+    try:
         try:
-            conn.request("GET", "/healthz")
-            conn.getresponse().read()
-            return conn
-        except OSError:
-            conn.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", ref], check=True, capture_output=True
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"--before {ref}: cannot export it ({exc}); this checkout only", file=sys.stderr)
+            yield None
+            return
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _ms(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"median_ms": statistics.median(ordered) * 1e3, "p99_ms": p99 * 1e3, "n": len(ordered)}
+
+
+def measure(
+    mode: Mode,
+    count: int,
+    samples: int,
+    *,
+    trees: dict[str, Path],
+    churn: int,
+    scratch: Path,
+) -> dict[str, Any]:
+    nodes = [build_node(i) for i in range(count)]
+    nodes_file = scratch / "nodes.jsonl"
+    nodes_file.write_bytes(b"\n".join(_event("ADDED", n) for n in nodes))
+    rng = random.Random(count)
+    rewrites = [0] * count
+    churn_events: list[bytes] = []
+    for _ in range(samples + 1):
+        for i in rng.sample(range(count), min(churn, count)):
+            rewrites[i] += 1
+            churn_events.append(_event("MODIFIED", build_node(i, rewrite=rewrites[i])))
+    churn_file = scratch / "churn.jsonl"
+    churn_file.write_bytes(b"\n".join(churn_events))
+    body = request_body(nodes, mode, pod())
+    row: dict[str, Any] = {"mode": mode, "nodes": count, "body_bytes": len(body)}
+    verbs = ("filter", "prioritize")
+    with children() as started:
+        scorers: dict[str, Child] = {}
+        for label, tree in trees.items():
+            argv = ["scorer", "--tree", str(tree), "--mode", mode, "--nodes", str(nodes_file)]
+            scorers[label] = _start(label, *argv, "--churn", str(churn_file))
+            started.append(scorers[label])
+        # The pod classes (names only: so that the node cache keeps their verdicts).
+        replies = {verb: scorers["after"].post(f"/{verb}", body)[1] for verb in verbs}
+        for label, child in scorers.items():
+            for verb in verbs:
+                reply = child.post(f"/{verb}", body)[1]
+                if label != "after" and mode == "names" and churn == 0:
+                    assert reply == replies[verb], f"{label} and after differ"
+            child.command(cmd="timings")
+        nothing: dict[str, Child] = {}
+        floor: Child | None = None
+        for verb in verbs:
+            reply_file = scratch / f"{verb}.reply"
+            reply_file.write_bytes(replies[verb])
+            nothing[verb] = _start("nothing", "nothing", "--reply", str(reply_file))
+            started.append(nothing[verb])
+        if mode == "full":
+            floor = _start("floor", "nothing", "--reply", str(scratch / "filter.reply"), "--floor")
+            started.append(floor)
+        # Warm every connection.
+        for child in [*nothing.values(), *([floor] if floor else [])]:
+            child.post("/filter", body)
+
+        # Names only, "again": the same filter once more right after, with nothing changed
+        # in between (the scorer's caches warm again after the churn's work).
+        timed = (*verbs, "again") if mode == "names" else verbs
+        differences: dict[str, dict[str, list[float]]] = {
+            label: {verb: [] for verb in timed} for label in scorers
+        }
+        floor_s: list[float] = []
+        events_s: dict[str, list[float]] = {label: [] for label in scorers}
+        for sample in range(samples):
+            if mode == "names":
+                for label, child in scorers.items():
+                    events_s[label] += child.command(cmd="apply", start=sample * churn, count=churn)
+            for verb in timed:
+                path = "/filter" if verb == "again" else f"/{verb}"
+                base = nothing["filter" if verb == "again" else verb].timed_post(path, body)
+                for label, child in scorers.items():
+                    differences[label][verb].append(child.timed_post(path, body) - base)
+                if floor is not None and verb == "filter":
+                    floor_s.append(floor.timed_post("/filter", body) - base)
+        for label, child in scorers.items():
+            handler = child.command(cmd="timings")
+            # Recorded in call order: filter, prioritize, (again,) filter, ...
+            for index, verb in enumerate(timed):
+                row[f"{label}_{verb}"] = _ms(differences[label][verb])
+                row[f"{label}_{verb}_handler"] = _ms(handler[index :: len(timed)])
+            if mode == "names":
+                row[f"{label}_event_us"] = statistics.median(events_s[label]) * 1e6
+        if floor is not None:
+            row["floor"] = _ms(floor_s)
+            for label in scorers:
+                row[f"{label}_filter_over_floor"] = (
+                    row[f"{label}_filter"]["median_ms"] / row["floor"]["median_ms"]
+                )
+        if mode == "names":
+            row["churn_nodes"] = churn
+            row["classes_event_us"] = _upkeep_with_classes(
+                scorers, nodes, samples * churn, count, churn
+            )
+    return row
+
+
+def _upkeep_with_classes(
+    scorers: dict[str, Child], nodes: list[dict[str, Any]], start: int, count: int, churn: int
+) -> dict[str, float]:
+    """The node cache's cost per watch event with four pod classes active (each kept)."""
+    result = {}
+    for label, child in scorers.items():
+        for hints in CLASS_PODS[1:]:
+            child.post("/filter", request_body(nodes, "names", pod(hints)))
+        spent = child.command(cmd="apply", start=start, count=churn)
+        result[label] = statistics.median(spent) * 1e6
+    return result
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def row(mode: str, count: int) -> dict[str, Any] | None:
-        return next((r for r in rows if r["mode"] == mode and r["nodes"] == count), None)
-
     checks = []
-    for count in (500, 5000):
-        r = row("full", count)
-        if r is not None:
+    for row in rows:
+        if row["mode"] == "names" and row["nodes"] in (500, 5000):
+            limit = 0.3 if row["nodes"] == 500 else 2.0
+            value = row["after_filter"]["median_ms"]
             checks.append(
                 {
-                    "target": f"full-node server time <= 1.5 x floor at {count} nodes",
-                    "value": round(r["filter_over_floor"], 3),
-                    "limit": 1.5,
-                    "met": r["filter_over_floor"] <= 1.5,
+                    "target": (
+                        f"names-only filter server time <= {limit} ms at {row['nodes']} names "
+                        f"after {row['churn_nodes']} nodes changed"
+                    ),
+                    "value": round(value, 3),
+                    "limit": limit,
+                    "met": value <= limit,
                 }
             )
-    r = row("names", 5000)
-    if r is not None:
-        checks.append(
-            {
-                "target": "names-only server time <= 0.3 ms at 5000 nodes (repeat request)",
-                "value": round(r["filter"]["median_ms"], 3),
-                "limit": 0.3,
-                "met": r["filter"]["median_ms"] <= 0.3,
-            }
-        )
-        checks.append(
-            {
-                "target": "names-only server time <= 0.3 ms at 5000 nodes (first request)",
-                "value": round(r["filter_miss"]["median_ms"], 3),
-                "limit": 0.3,
-                "met": r["filter_miss"]["median_ms"] <= 0.3,
-            }
-        )
-        checks.append(
-            {
-                "target": (
-                    "names-only server time <= 0.3 ms at 5000 nodes "
-                    f"(after {r['churn_nodes']} nodes rewritten)"
-                ),
-                "value": round(r["filter_churn"]["median_ms"], 3),
-                "limit": 0.3,
-                "met": r["filter_churn"]["median_ms"] <= 0.3,
-            }
-        )
-    r = row("full", 500)
-    if r is not None:
-        checks.append(
-            {
-                "target": "round trip at 500 full nodes <= 3.3 ms",
-                "value": round(r["round_trip"]["median_ms"], 3),
-                "limit": 3.3,
-                "met": r["round_trip"]["median_ms"] <= 3.3,
-            }
-        )
+        if row["mode"] == "full" and row["nodes"] == 500:
+            value = row["after_filter_over_floor"]
+            checks.append(
+                {
+                    "target": "full-node filter server time <= 1.5 x floor at 500 nodes",
+                    "value": round(value, 2),
+                    "limit": 1.5,
+                    "met": value <= 1.5,
+                }
+            )
     return checks
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"machine: {result['machine']}")
-    print(f"samples: {result['samples_note']}")
-    header = (
-        f"{'mode':<6}{'nodes':>6}{'body MB':>9}{'floor':>9}{'no-gc':>9}{'filter':>9}{'p99':>9}"
-        f"{'x floor':>9}{'prio':>9}{'miss':>9}{'p99':>9}{'prio ms':>9}"
-        f"{'naive':>10}{'naive x':>9}{'HTTP rt':>9}{'p99':>9}"
+    labels = result["trees"]
+    header = f"{'mode':<6}{'nodes':>6}{'verb':>11}" + "".join(
+        f"{label + ' server':>15}{label + ' handler':>16}" for label in labels
     )
     print(header)
     print("-" * len(header))
-    nan = float("nan")
     for r in result["rows"]:
-        naive = r.get("naive")
-        miss = r.get("filter_miss", {})
-        prio_miss = r.get("prioritize_miss", {})
-        print(
-            f"{r['mode']:<6}{r['nodes']:>6}{r['body_bytes'] / 1e6:>9.2f}"
-            f"{r['floor']['median_ms']:>9.2f}{r['floor_gc_off']['median_ms']:>9.2f}"
-            f"{r['filter']['median_ms']:>9.2f}"
-            f"{r['filter']['p99_ms']:>9.2f}{r['filter_over_floor']:>9.2f}"
-            f"{r['prioritize']['median_ms']:>9.2f}"
-            f"{miss.get('median_ms', nan):>9.2f}{miss.get('p99_ms', nan):>9.2f}"
-            f"{prio_miss.get('median_ms', nan):>9.2f}"
-            f"{(naive['median_ms'] if naive else float('nan')):>10.1f}"
-            f"{r.get('naive_over_filter', float('nan')):>9.1f}"
-            f"{r['round_trip']['median_ms']:>9.2f}{r['round_trip']['p99_ms']:>9.2f}"
-        )
-    print(
-        "(ms, medians unless p99; floor = untyped msgspec decode, no-gc = the same with the "
-        "cyclic GC off; 'x floor' = filter / floor; 'naive x' = naive / filter; names rows: "
-        "filter/prio = repeat request (reply cache hit), miss/prio miss = first request)"
-    )
-    names_rows = [r for r in result["rows"] if "filter_churn" in r]
-    if names_rows:
-        print()
-        header = (
-            f"{'nodes':>6}{'churned':>9}{'filter':>9}{'p99':>9}{'no memo':>9}{'p99':>9}"
-            f"{'speedup':>9}{'prio':>9}{'p99':>9}{'no memo':>9}{'p99':>9}"
-        )
-        print(header)
-        print("-" * len(header))
-        for r in names_rows:
-            cells = [
-                r["filter_churn"],
-                r["filter_churn_no_memo"],
-                r["prioritize_churn"],
-                r["prioritize_churn_no_memo"],
-            ]
-            f, fn, p, pn = ((c["median_ms"], c["p99_ms"]) for c in cells)
-            print(
-                f"{r['nodes']:>6}{r['churn_nodes']:>9}{f[0]:>9.2f}{f[1]:>9.2f}{fn[0]:>9.2f}"
-                f"{fn[1]:>9.2f}{r['churn_memo_speedup']:>9.1f}{p[0]:>9.2f}{p[1]:>9.2f}"
-                f"{pn[0]:>9.2f}{pn[1]:>9.2f}"
+        for verb in ("filter", "prioritize", "again"):
+            if f"{labels[0]}_{verb}" not in r:
+                continue
+            cells = "".join(
+                f"{r[f'{label}_{verb}']['median_ms']:>15.3f}"
+                f"{r[f'{label}_{verb}_handler']['median_ms']:>16.3f}"
+                for label in labels
             )
-        print(
-            "(names only, ms: a request after `churned` nodes were rewritten (the reply cache "
-            "misses), with the verdict memo and without it; speedup = filter no memo / filter)"
-        )
+            print(f"{r['mode']:<6}{r['nodes']:>6}{verb:>11}{cells}")
+        if "floor" in r:
+            ratios = ", ".join(
+                f"{label} {r[f'{label}_filter_over_floor']:.2f} x" for label in labels
+            )
+            print(f"{'':<6}{'':>6}{'floor':>11}{r['floor']['median_ms']:>15.3f}   ({ratios})")
+        if "churn_nodes" in r:
+            events = ", ".join(
+                f"{label} {r[f'{label}_event_us']:.0f} us (4 classes: "
+                f"{r['classes_event_us'][label]:.0f} us)"
+                for label in labels
+            )
+            print(f"{'':<12}per watch event: {events}")
+    print("(ms, medians; server = round trip minus the do-nothing server's; handler = inside)")
     for check in result["targets"]:
-        verdict = "met" if check["met"] else "MISSED"
-        print(f"{verdict:>6}: {check['target']} (measured {check['value']})")
+        print(f"{'met' if check['met'] else 'MISSED':>6}: {check['target']} ({check['value']})")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few samples")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--sizes", help="comma-separated node counts (default 100,500,1000,5000; quick 100,500)"
-    )
-    parser.add_argument(
-        "--modes", default="full,names", help="comma-separated modes (default full,names)"
-    )
-    parser.add_argument(
-        "--churn",
-        type=float,
-        default=0.02,
-        help="names only: the share of nodes rewritten before each churn sample (default 0.02)",
-    )
+    parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
+    parser.add_argument("--churn", type=int, default=100, help="nodes rewritten per sample")
+    parser.add_argument("--only", help="mode:nodes[,mode:nodes...] of the plan, e.g. names:500")
     args = parser.parse_args(argv)
-    all_modes: tuple[Mode, ...] = ("full", "names")
-    modes = tuple(m for m in all_modes if m in args.modes.split(","))
-    if args.sizes:
-        sizes = tuple(int(s) for s in args.sizes.split(","))
-    else:
-        sizes = QUICK_SIZES if args.quick else SIZES
-    all_nodes = build_nodes(max(sizes))
+    plan = QUICK_PLAN if args.quick else PLAN
+    if args.only:
+        wanted = set(args.only.split(","))
+        plan = tuple(p for p in plan if f"{p[0]}:{p[1]}" in wanted)
     rows = []
-    gc.collect()
-    for count in sizes:
-        for mode in modes:
-            plan = plan_for(count, quick=args.quick)
-            rows.append(measure(count, all_nodes[:count], mode, plan, churn=args.churn))
+    with source_tree(args.before) as before, tempfile.TemporaryDirectory() as scratch:
+        trees = {"after": ROOT} | ({} if before is None else {"before": before})
+        for mode, count, samples in plan:
+            row = measure(
+                mode, count, samples, trees=trees, churn=args.churn, scratch=Path(scratch)
+            )
+            rows.append(row)
+            print(f"measured {mode} {count}", file=sys.stderr)
     result = {
         "benchmark": "scorer_latency",
         "machine": machine_description(),
         "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "samples_note": "per size: "
-        + ", ".join(f"{c}: {plan_for(c, quick=args.quick).samples}" for c in sizes),
+        "before": args.before,
+        "trees": list(trees),
         "rows": rows,
         "targets": targets(rows),
     }

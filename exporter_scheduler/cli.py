@@ -16,6 +16,7 @@ import logging
 import logging.handlers
 import queue
 import signal
+import ssl
 import sys
 import types
 from collections.abc import Sequence
@@ -24,14 +25,14 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import msgspec
-import uvicorn
 
 from exporter_scheduler import wire
+from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodedata import NodeDataCollector
 from exporter_scheduler.scoring import evaluate
-from exporter_scheduler.server import NodeSource, ScorerApp, uvicorn_config
+from exporter_scheduler.server import HttpServer
 from exporter_scheduler.settings import (
     POLICY_FIELDS,
     ScorerSettings,
@@ -48,10 +49,6 @@ PROG = "gpu-scorer"
 _EXPLAIN_EXTRA = ("policy_file",)
 _NOT_SETTINGS = {"command", "request", "now", "output"}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _after_shutdown(signum: int, frame: types.FrameType | None) -> None:
-    """Stands in for the default action while uvicorn owns the signals (see `_serve`)."""
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -188,22 +185,24 @@ def _serve(args: argparse.Namespace) -> int:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
             metrics.registry.register(NodeDataCollector(cache, policy))
-        node_source: NodeSource | None = cache
         app = ScorerApp(
             policy=policy,
-            node_source=node_source,
+            node_store=None if cache is None else cache.store,
             path_prefix=settings.path_prefix,
             max_body_bytes=settings.max_body_bytes,
             metrics=metrics,
         )
-        config = uvicorn_config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            tls=settings.tls(),
-            keep_alive_s=settings.keep_alive_s,
-            log_level=settings.log_level,
-        )
+        try:
+            server = HttpServer(
+                app,
+                host=settings.host,
+                port=settings.port,
+                tls=settings.tls(),
+                keep_alive_s=settings.keep_alive_s,
+            )
+        except (OSError, ssl.SSLError) as exc:
+            log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc)
+            return 1
         log.info(
             "serving",
             extra={
@@ -216,12 +215,17 @@ def _serve(args: argparse.Namespace) -> int:
                 }
             },
         )
-        # uvicorn handles SIGTERM/SIGINT itself and, once shut down, re-raises the signal to
-        # whatever handler was there before: make that a no-op, so the process exits normally
-        # after the log queue is flushed instead of dying with the last lines still queued.
-        previous = {sig: signal.signal(sig, _after_shutdown) for sig in _STOP_SIGNALS}
+
+        # SIGTERM/SIGINT stop accepting and let requests in progress finish; the process then
+        # exits normally, after the log queue is flushed.
+        def _stop(signum: int, frame: types.FrameType | None) -> None:
+            server.request_stop()
+
+        previous = {sig: signal.signal(sig, _stop) for sig in _STOP_SIGNALS}
         try:
-            uvicorn.Server(config).run()
+            server.serve_forever()
+            server.stop()
+            log.info("shutdown complete")
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

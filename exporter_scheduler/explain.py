@@ -21,7 +21,7 @@ from exporter_scheduler.scoring import (
     PodInput,
     ScoreBreakdown,
 )
-from gpu_contract.schema import NodeGpuState
+from gpu_contract.schema import NodeGpuState, format_timestamp
 
 
 def _time(moment: datetime | None) -> str | None:
@@ -284,3 +284,26 @@ def render_text(explanation: dict[str, Any]) -> str:
     )
     lines.extend(f"  {count} {reason}" for reason, count in summary["reasons"].items())
     return "\n".join(lines) + "\n"
+
+
+def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
+    """The values a verdict read and the data's age, for a log line (unknown ones left out)."""
+    values: dict[str, object] = {}
+    state = verdict.inputs.state
+    if state is not None:
+        read = {
+            "health": state.health.value,
+            "utilization": state.utilization,
+            "temperature_c": state.temperature_c,
+            "memory_largest_free_mib": state.memory_largest_free_mib,
+            "gpu_model": state.gpu_model,
+            "updated_at": format_timestamp(state.updated_at),
+        }
+        values.update((k, v) for k, v in read.items() if v is not None)
+    if verdict.inputs.problems:
+        values["problems"] = list(verdict.inputs.problems)
+    if verdict.age_s is not None:
+        values["age_s"] = round(verdict.age_s, 3)
+    if verdict.server_age_s is not None:
+        values["server_age_s"] = round(verdict.server_age_s, 3)
+    return values

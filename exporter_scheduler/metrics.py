@@ -4,8 +4,7 @@ A fresh `CollectorRegistry` per `ScorerMetrics` keeps tests (and two apps in one
 independent. Per-node outcomes are counted in plain Python first and added to the counters once
 per distinct label set, because a labelled `inc()` per node would cost more than the scoring
 itself at 5000 nodes. The counts of one request are kept as a `VerdictTally` (label children
-already bound), so that a reply served from the reply cache adds the same counts for a few
-microseconds.
+already bound).
 """
 
 from __future__ import annotations
@@ -70,6 +69,8 @@ LATENCY_BUCKETS_S: Final = (
     10.0,
     30.0,
 )
+# A watch event costs tens of microseconds per active pod class.
+EVENT_BUCKETS_S: Final = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
 NODE_COUNT_BUCKETS: Final = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 
@@ -142,11 +143,12 @@ class ScorerMetrics:
             ["verb"],
             registry=r,
         )
-        self.reply_cache_requests = Counter(
-            "gpu_scorer_reply_cache_requests",
-            "Names-only filter/prioritize requests by whether a cached reply was reused "
-            "(hit) or the nodes were evaluated (miss).",
-            ["verb", "result"],
+        self.request_path_judgements = Counter(
+            "gpu_scorer_request_path_judgements",
+            "Nodes a names-only request judged itself instead of finding the node cache's "
+            "verdict current (a new pod class, a node not asked about before for it, a verdict "
+            "whose time window had just ended), by verb.",
+            ["verb"],
             registry=r,
         )
         self.node_cache_size = Gauge(
@@ -165,6 +167,13 @@ class ScorerMetrics:
             ["cause"],
             registry=r,
         )
+        self.node_cache_event_seconds = Histogram(
+            "gpu_scorer_node_cache_event_seconds",
+            "Time the node cache spent on one watch event: decoding the Node and judging it "
+            "for every active pod class.",
+            buckets=EVENT_BUCKETS_S,
+            registry=r,
+        )
         self.node_cache_ready = Gauge(
             "gpu_scorer_node_cache_ready",
             "1 once the node cache holds its first full LIST.",
@@ -174,8 +183,9 @@ class ScorerMetrics:
         # Bound children for the request path: `labels()` takes a lock and builds a key per call.
         self.request_seconds_by_verb = {v: self.request_seconds.labels(v) for v in VERBS}
         self.nodes_per_request_by_verb = {v: self.nodes_per_request.labels(v) for v in VERBS}
-        self.reply_cache_hits = {v: self.reply_cache_requests.labels(v, "hit") for v in VERBS}
-        self.reply_cache_misses = {v: self.reply_cache_requests.labels(v, "miss") for v in VERBS}
+        self.request_path_judgements_by_verb = {
+            v: self.request_path_judgements.labels(v) for v in VERBS
+        }
         for verb in ERROR_VERBS:
             self.internal_errors.labels(verb)
         for verb in VERBS:

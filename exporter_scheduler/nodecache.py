@@ -1,9 +1,11 @@
-"""Names-only mode: an in-memory map of every Node's GPU annotations, kept by list + watch.
+"""Names-only mode: every Node's GPU annotations and verdicts, kept current by list + watch.
 
 With `nodeCacheCapable: true` kube-scheduler sends node names only, so the scorer needs the
 annotations from somewhere, and the request path must never wait on the API server for them.
-A background thread LISTs the Nodes once, then WATCHes from the list's resourceVersion and applies
-each event to the map; requests read the map as it is at that moment.
+A background thread LISTs the Nodes once, then WATCHes from the list's resourceVersion and hands
+each changed Node to a `NodeStore`, which judges it for every active pod class there and then; a
+second thread re-judges verdicts whose time window ends (a node turning stale). Requests read the
+store as it is at that moment.
 
 This is the only scorer module that talks to the Kubernetes API, and it imports the `kubernetes`
 client lazily, so the default full-node mode never loads it. It uses the real client's
@@ -24,62 +26,70 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import is_
-from types import MappingProxyType
 from typing import Any, Final
 
 import msgspec
 
 from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
 from exporter_scheduler.scoring import NodeInput, predecode
-from exporter_scheduler.wire import agent_write_time
+from exporter_scheduler.wire import (
+    ManagedFieldsEntry,
+    agent_write_time,
+    annotations_of,
+    gpu_annotations_type,
+    gpu_keys,
+)
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 log = logging.getLogger("exporter_scheduler.nodecache")
 
-_NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+# The expiry timer wakes at least this often (a window ending sooner is waited for exactly),
+# and at most this often, so that a verdict whose boundary is exactly now (judged again until
+# its clock has moved past it) cannot spin the thread.
+_EXPIRY_POLL_MAX_S: Final = 5.0
+_EXPIRY_POLL_MIN_S: Final = 0.01
 
 
-class _ManagedFieldsEntry(msgspec.Struct):
-    manager: str | None = None
-    time: str | None = None
+class _Decoders:
+    """What is read of a LIST page or a watch event, for one annotation prefix: names,
+    resourceVersions, the annotations under the prefix (the rest of a Node is skipped in C,
+    not built as Python objects), managedFields' manager and time, an ERROR event's Status."""
 
-
-class _Meta(msgspec.Struct):
-    name: str | None = None
-    resourceVersion: str | None = None  # noqa: N815 (Kubernetes JSON name)
-    annotations: dict[str, str] | None = None
-    managedFields: list[_ManagedFieldsEntry] | None = None  # noqa: N815
-    # NodeList only: the token for the next page.
-    # (`continue` is a Python keyword, hence the rename.)
-    continue_: str | None = msgspec.field(default=None, name="continue")
-
-
-class _Object(msgspec.Struct):
-    """A Node, a NodeList's metadata carrier, or a `Status` in an ERROR event."""
-
-    metadata: _Meta | None = None
-    code: int | None = None
-    reason: str | None = None
-    message: str | None = None
-
-
-class _NodeList(msgspec.Struct):
-    metadata: _Meta | None = None
-    items: list[_Object] | None = None
-
-
-class _Event(msgspec.Struct):
-    type: str = ""
-    object: _Object | None = None
-
-
-_LIST_DECODER: Final = msgspec.json.Decoder(_NodeList)
-_EVENT_DECODER: Final = msgspec.json.Decoder(_Event)
+    def __init__(self, keys: Keys) -> None:
+        meta = msgspec.defstruct(
+            "Meta",
+            [
+                ("name", str | None, None),
+                ("resourceVersion", str | None, None),
+                ("annotations", gpu_annotations_type(keys) | None, None),
+                ("managedFields", tuple[ManagedFieldsEntry, ...] | None, None),
+                # NodeList only: the token for the next page (`continue` is a Python keyword).
+                ("continue_", str | None, msgspec.field(default=None, name="continue")),
+            ],
+        )
+        obj = msgspec.defstruct(
+            "Object",  # a Node, a NodeList's metadata carrier, or a Status in an ERROR event
+            [
+                ("metadata", meta | None, None),
+                ("code", int | None, None),
+                ("reason", str | None, None),
+                ("message", str | None, None),
+            ],
+        )
+        node_list = msgspec.defstruct(
+            "NodeList",
+            [("metadata", meta | None, None), ("items", list[obj] | None, None)],  # type: ignore[valid-type]
+        )
+        event = msgspec.defstruct("Event", [("type", str, ""), ("object", obj | None, None)])
+        self.gpu_fields = gpu_keys(keys)
+        self.page: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node_list)
+        self.event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +113,12 @@ class WatchExpiredError(Exception):
 
 
 class NodeCache:
-    """Name -> `NodeInput` for every Node, kept current by a background list + watch.
+    """Keeps a `NodeStore` (`store`) current with every Node, by a background list + watch.
 
-    `lookup()`, `ready()` and `generation` are what the request path reads; none blocks or does
-    I/O. The map is replaced whole after a LIST and changed one key at a time by watch events,
-    both single reference/dict operations that are atomic for readers in other threads. Each
-    node's annotations are decoded when its event arrives (`NodeInput.predecoded`), so requests
-    never decode. `generation` grows after every change of what the scorer reads (a relist, a
-    node added or deleted, a change of a node's agent annotations or agent write time; not the
-    kubelet's status updates, which the scorer does not read): replies cached under one
-    generation are never reused under another.
+    `lookup()`, `ready()`, `names()` and `store` are what the request path and the metrics read;
+    none blocks or does I/O. Each node's annotations are decoded when its event arrives
+    (`NodeInput.predecoded`) and a change the scorer does not read (the kubelet's status
+    updates) leaves the store alone.
     """
 
     def __init__(
@@ -123,55 +129,46 @@ class NodeCache:
         metrics: ScorerMetrics | None = None,
         tuning: CacheTuning | None = None,
         rng: random.Random | None = None,
+        clock: Clock = utc_now,
+        max_classes: int = DEFAULT_MAX_CLASSES,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.keys = keys
         self.metrics = metrics if metrics is not None else ScorerMetrics()
         self.tuning = tuning if tuning is not None else CacheTuning()
+        self.store = NodeStore(clock=clock, max_classes=max_classes)
+        self._decoders = _Decoders(keys)
         self._rng = rng if rng is not None else random.Random()
-        self._nodes: dict[str, NodeInput] = {}
-        self._generation = 0
-        self._ready = threading.Event()
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._resource_version: str | None = None
         self._response: Any = None
         self._api: Any = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ request path
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self.store.ready()
 
     def lookup(self, names: Sequence[str]) -> list[NodeInput]:
-        nodes = self._nodes  # one snapshot for the whole request
-        # `map` over the dict's `get` runs in C; the rare unknown names are filled in after.
-        found: list[NodeInput | None] = list(map(nodes.get, names))
-        # (`None in found` would call each NodeInput's __eq__; `is_` compares identities in C.)
-        if any(map(is_, found, repeat(None))):
-            return [
-                node or NodeInput(name, _NO_ANNOTATIONS, None)
-                for node, name in zip(found, names, strict=True)
-            ]
-        return found  # type: ignore[return-value]  # no None left
-
-    @property
-    def generation(self) -> int:
-        """Changes whenever the data `lookup()` returns may have changed (see the class doc)."""
-        return self._generation
+        return self.store.lookup(names)
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return len(self.store)
 
     def names(self) -> list[str]:
-        return sorted(self._nodes)
+        return self.store.names()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> NodeCache:
-        """Load credentials (raising at once if there are none) and start the background loop."""
+        """Load credentials (raising at once if there are none) and start the background loops."""
         self._api = self._make_api()
-        self._thread = threading.Thread(target=self._run, name="gpu-scorer-nodecache", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name="gpu-scorer-nodecache", daemon=True),
+            threading.Thread(target=self._expire, name="gpu-scorer-verdict-expiry", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -179,8 +176,8 @@ class NodeCache:
         self._interrupt()
         with self._changed:
             self._changed.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for thread in self._threads:
+            thread.join(timeout_s)
 
     def __enter__(self) -> NodeCache:
         return self.start()
@@ -241,7 +238,7 @@ class NodeCache:
         return (self.tuning.connect_timeout_s, read_s)
 
     def _relist(self) -> None:
-        fresh: dict[str, NodeInput] = {}
+        fresh: list[NodeInput] = []
         continue_token: str | None = None
         resource_version: str | None = None
         while True:
@@ -254,29 +251,25 @@ class NodeCache:
                 **kwargs,
             )
             try:
-                page = _LIST_DECODER.decode(response.data)
+                page = self._decoders.page.decode(response.data)
             finally:
                 response.release_conn()
             for item in page.items or ():
                 node = self._node_input(item)
                 if node is not None:
-                    fresh[node.name] = node
-            meta = page.metadata or _Meta()
-            resource_version = meta.resourceVersion
-            continue_token = meta.continue_
+                    fresh.append(node)
+            meta = page.metadata
+            resource_version = None if meta is None else meta.resourceVersion
+            continue_token = None if meta is None else meta.continue_
             if not continue_token:
                 break
-        self._nodes = fresh
-        # Bumped after the map changed: a reader that saw the old generation may have read the
-        # new map, never the reverse, so a reply is never filed under a newer generation than
-        # its data.
-        self._generation += 1
+        first = not self.store.ready()
+        self.store.replace(fresh)  # unchanged nodes keep their verdicts
         self._resource_version = resource_version
         self.metrics.node_cache_relists.inc()
-        self.metrics.node_cache_size.set(len(fresh))
-        if not self._ready.is_set():
-            log.info("node cache synced", extra={"fields": {"nodes": len(fresh)}})
-        self._ready.set()
+        self.metrics.node_cache_size.set(len(self.store))
+        if first:
+            log.info("node cache synced", extra={"fields": {"nodes": len(self.store)}})
         self.metrics.node_cache_ready.set(1)
         self._notify()
 
@@ -302,52 +295,71 @@ class NodeCache:
             response.release_conn()
 
     def _apply(self, line: bytes) -> None:
+        """One watch event: the changed node judged for every active pod class (timed)."""
+        started = time.perf_counter()
         try:
-            event = _EVENT_DECODER.decode(line)
+            event = self._decoders.event.decode(line)
         except msgspec.DecodeError as exc:
             log.warning("undecodable watch event skipped", extra={"fields": {"error": str(exc)}})
             return
-        obj = event.object or _Object()
+        obj = event.object
         if event.type == "ERROR":
-            if obj.code == 410:
-                raise WatchExpiredError(obj.message or "410 Gone")
-            raise RuntimeError(f"watch error event: {obj.code} {obj.reason}: {obj.message}")
-        meta = obj.metadata or _Meta()
+            code, reason, message = (
+                (None, None, None) if obj is None else (obj.code, obj.reason, obj.message)
+            )
+            if code == 410:
+                raise WatchExpiredError(message or "410 Gone")
+            raise RuntimeError(f"watch error event: {code} {reason}: {message}")
+        if obj is None:
+            return
+        meta = obj.metadata
+        if meta is None:
+            return
         if meta.resourceVersion:
             self._resource_version = meta.resourceVersion
         if event.type == "DELETED" and meta.name:
-            if self._nodes.pop(meta.name, None) is not None:
-                self._generation += 1
+            self.store.delete(meta.name)
         elif event.type in ("ADDED", "MODIFIED"):
             node = self._node_input(obj)
             if node is None:
                 return
-            old = self._nodes.get(node.name)
-            # A change the scorer does not read (kubelet status, labels, ...) keeps the entry
-            # and the generation, so cached replies stay usable.
-            if (
-                old is None
-                or old.agent_write_time != node.agent_write_time
-                or old.annotations != node.annotations
-            ):
-                self._nodes[node.name] = node
-                self._generation += 1
+            # A change the scorer does not read (kubelet status, labels, ...) changes nothing.
+            self.store.put(node)
         else:
             # BOOKMARK (a skeleton Node with no name) or a type this client does not know.
             return
-        self.metrics.node_cache_size.set(len(self._nodes))
+        self.metrics.node_cache_size.set(len(self.store))
+        self.metrics.node_cache_event_seconds.observe(time.perf_counter() - started)
         self._notify()
 
-    def _node_input(self, obj: _Object) -> NodeInput | None:
+    def _expire(self) -> None:
+        """Re-judge verdicts when their time window ends, so that requests find them current."""
+        store = self.store
+        while not self._stop.is_set():
+            next_ts = store.next_expiry_ts()
+            wait_s = _EXPIRY_POLL_MAX_S
+            if next_ts is not None:
+                wait_s = next_ts - store.clock().timestamp()
+                wait_s = min(max(wait_s, _EXPIRY_POLL_MIN_S), _EXPIRY_POLL_MAX_S)
+            if self._stop.wait(wait_s):
+                return
+            try:
+                store.refresh_expired()
+            except Exception:  # a bug must not stop the timer: requests still judge themselves
+                log.exception("refreshing expired verdicts failed")
+
+    def _node_input(self, obj: Any) -> NodeInput | None:
         meta = obj.metadata
         if meta is None or not meta.name:
             return None
         prefix = self.keys.prefix
-        # Only the agent's keys are kept: the rest (last-applied-configuration, ...) is memory
-        # the scorer never reads.
-        annotations = {k: v for k, v in (meta.annotations or {}).items() if k.startswith(prefix)}
+        # Only the contract's keys were decoded: the rest (last-applied-configuration, ...) is
+        # memory and time the scorer never needs.
+        annotations = annotations_of(meta.annotations, self._decoders.gpu_fields)
         return NodeInput(
-            name=meta.name,
+            # Interned: every event of a node then carries the same name object, and the node
+            # store's lookups by it compare identities (a request's names are other objects).
+            name=sys.intern(meta.name),
             annotations=annotations,
             agent_write_time=agent_write_time(meta.managedFields),
             predecoded=(prefix, predecode(annotations, self.keys)),

@@ -1,21 +1,19 @@
 """Verdicts: which nodes a pod may use and how much the scorer likes each, from annotations alone.
 
-`evaluate` is the whole decision: a pure function of (pod, nodes, now, policy). It reads each
-node's annotations through the shared contract (`gpu_contract.decode`), judges the data's
-freshness by two clocks, applies the filter rules and the pod's hints, and scores what passes.
-It runs inside the scheduler's wait for every pod, over up to thousands of nodes, so the per-node
-path does only integer arithmetic and shared, precomputed rule outcomes; anything that exists to
-be read by a person (values, ages, breakdowns) is carried in the verdict and rendered later by
-`exporter_scheduler.explain`.
-
-Reason texts are uniform per rule and limit, because kube-scheduler's `FailedScheduling` event
-counts each distinct text: the node's own values live in the verdict, never in its reason.
+The decision is a pure function of (pod, nodes, now, policy), in three public steps that every
+caller shares: `PodClass.of` compiles what is the same for every node (the policy, the pod's
+hints and GPU request), `judge_node` judges one node for that class at `now`, and
+`resolve_chain` is the one step that looks across nodes (the model preference chain). `evaluate`
+runs the three over a node list; the names-only node store runs `judge_node` when a node's
+watch event arrives and the chain per request. Reason texts are uniform per rule and limit
+(kube-scheduler's `FailedScheduling` event counts each distinct text); the node's own values live
+in the verdict and are rendered by `exporter_scheduler.explain`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
@@ -37,7 +35,7 @@ from exporter_scheduler.policy import (
     format_seconds,
     weight_milli,
 )
-from gpu_contract.schema import DecodedAnnotations, Field, Health, Keys, decode
+from gpu_contract.schema import DecodedAnnotations, Field, Health, Keys, NodeGpuState, decode
 
 DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid"]
 RuleName = Literal["health", "utilization", "temperature", "memory", "model"]
@@ -64,7 +62,7 @@ class NodeInput:
     name: str
     annotations: Mapping[str, str]
     # `metadata.managedFields[manager=gpu-scheduler-agent].time`: the API server's clock at the
-    # agent's last change of this Node. `None` when unknown (names-only mode, or no such entry).
+    # agent's last change of this Node. `None` when unknown (no such entry).
     agent_write_time: datetime | None = None
     # `(prefix, predecode(annotations, keys))`, computed ahead of the request by whoever holds the
     # node (the names-only node cache does it when a watch event arrives). Used only when the
@@ -77,7 +75,7 @@ class PodInput:
     namespace: str
     name: str
     annotations: Mapping[str, str]
-    # Sum of the GPU resource over the pod's containers; shown in explanations.
+    # GPUs the pod asks for (`max(sum of containers, largest init container)`).
     gpu_request: int = 0
 
 
@@ -105,7 +103,7 @@ class ScoreBreakdown(msgspec.Struct, frozen=True, gc=False):
 class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     """The decision for one node, with everything an explanation needs.
 
-    A msgspec struct rather than a dataclass: one is built per node per request, and a frozen
+    A msgspec struct rather than a dataclass: one is built per node judged, and a frozen
     dataclass costs about ten times as much to construct.
     """
 
@@ -123,6 +121,9 @@ class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     server_age_s: float | None = None  # scorer clock minus the API server's write time
     agent_write_time: datetime | None = None
     model_rank: int | None = None
+    # Chain only: passed with fresh utilization at or below the chain's fallback threshold, so
+    # its rank counts in the chain's first step (see `resolve_chain`).
+    at_or_below_threshold: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,10 +134,20 @@ class ChainOutcome:
     threshold: float
     chosen_rank: int | None
     basis: ChainBasis
+    # The model rule's outcome for passing nodes of the other ranks (None: no rank kept).
+    not_preferred: RuleOutcome | None = None
 
     @property
     def chosen(self) -> str | None:
         return None if self.chosen_rank is None else self.preference[self.chosen_rank]
+
+    def rejects(self, verdict: NodeVerdict) -> bool:
+        """A node that passed every rule but is of a rank the chain did not keep."""
+        return (
+            verdict.passed
+            and self.chosen_rank is not None
+            and verdict.model_rank != self.chosen_rank
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,22 +188,21 @@ class Evaluation:
 # The same nodes come back in every request and the agent rewrites them at most every few
 # seconds, so decoding is memoised on the values of the contract's keys. `decode` is a pure
 # function of those values (except when `schema-version` is absent: then it looks at every key,
-# and the cache is bypassed), so the cache changes speed, never results.
-_DECODE_CACHE_MAX: Final = 32_768
-_decode_caches: dict[str, dict[tuple[str | None, ...], DecodedAnnotations]] = {}
+# and the memo is bypassed), so the memo changes speed, never results.
+_DECODE_MEMO_MAX: Final = 32_768
+_decode_memos: dict[str, dict[tuple[str | None, ...], DecodedAnnotations]] = {}
 _UNREADABLE: Final = "annotation value unreadable"
-_KEY_ORDER: Final = tuple(Field)
-_VERSION_INDEX: Final = _KEY_ORDER.index(Field.SCHEMA_VERSION)
+_VERSION_INDEX: Final = tuple(Field).index(Field.SCHEMA_VERSION)
 
 
 def clear_decode_cache() -> None:
     """Forget memoised decodes and scores (benchmarks measuring the cold path; tests)."""
-    _decode_caches.clear()
+    _decode_memos.clear()
     _score_memos.clear()
 
 
 def predecode(annotations: Mapping[str, str], keys: Keys) -> DecodedAnnotations:
-    """What `evaluate` reads from a node's annotations; never raises (bad data is a result).
+    """What `judge_node` reads from a node's annotations; never raises (bad data is a result).
 
     For a `NodeInput.predecoded` computed off the request path.
     """
@@ -203,42 +213,62 @@ def predecode(annotations: Mapping[str, str], keys: Keys) -> DecodedAnnotations:
 
 
 class _Decoder:
-    __slots__ = ("cache", "key_tuple", "keys")
+    """`predecode` memoised on the values of the contract's keys (bounded, shared per prefix)."""
+
+    __slots__ = ("key_tuple", "keys", "memo")
 
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
-        self.key_tuple = tuple(keys[f] for f in _KEY_ORDER)
-        cache = _decode_caches.get(keys.prefix)
-        if cache is None or len(cache) > _DECODE_CACHE_MAX:
-            cache = {}
-            _decode_caches[keys.prefix] = cache
-        self.cache = cache
+        self.key_tuple = tuple(keys[f] for f in Field)
+        self.memo = _decode_memos.setdefault(keys.prefix, {})
 
     def __call__(self, annotations: Mapping[str, str]) -> DecodedAnnotations:
         try:
             values = tuple(map(annotations.get, self.key_tuple))
-            hit = self.cache.get(values)
+            hit = self.memo.get(values)
         except TypeError:  # an unhashable value: not what the contract writes
             return predecode(annotations, self.keys)
         if hit is not None:
             return hit
         decoded = predecode(annotations, self.keys)
         if values[_VERSION_INDEX] is not None:
-            self.cache[values] = decoded
+            if len(self.memo) >= _DECODE_MEMO_MAX:
+                self.memo.clear()
+            self.memo[values] = decoded
         return decoded
 
 
-# ----------------------------------------------------------------------------- evaluation
+# ----------------------------------------------------------------------------- the pod class
+
+# What makes two pods the same for every verdict: the policy (by identity), the pod's
+# annotations under the prefix (its hints; nothing else of the pod is read) and its GPU request.
+PodClassKey = tuple[int, tuple[tuple[str, str], ...], int]
 
 
-class _Compiled:
-    """Everything about (policy, pod hints) that is the same for every node of one request."""
+def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
+    prefix = policy.keys.prefix
+    hints = tuple(sorted((k, v) for k, v in pod.annotations.items() if k.startswith(prefix)))
+    return (id(policy), hints, pod.gpu_request)
+
+
+class PodClass:
+    """Everything about (policy, pod hints, GPU request) that is the same for every node.
+
+    Compiled once per class: the limits as integers, every rule outcome and reason text a node
+    can get (shared between nodes), the chain's match patterns. Pods with equal `key`s get equal
+    verdicts on every node, so the names-only node store keeps verdicts per class.
+    """
 
     __slots__ = (
         "any_rank",
         "chain_active",
+        "decode",
+        "gpu_request",
         "health_fail",
         "health_pass",
+        "hint_problem",
+        "hints",
+        "key",
         "lag_tolerance_s",
         "lenient",
         "limit_bp",
@@ -252,6 +282,7 @@ class _Compiled:
         "model_unlisted",
         "not_checked",
         "patterns",
+        "policy",
         "prefix",
         "score_memo",
         "skew_tolerance_s",
@@ -271,7 +302,28 @@ class _Compiled:
         "w_util",
     )
 
-    def __init__(self, policy: Policy, hints: PodHints) -> None:
+    @classmethod
+    def of(cls, pod: PodInput, policy: Policy) -> PodClass:
+        """The class of `pod` under `policy` (hints parsed; a bad hint is kept as the problem)."""
+        parsed = parse_hints(pod.annotations, policy.keys)
+        problem = parsed if isinstance(parsed, HintError) else None
+        hints = NO_HINTS if isinstance(parsed, HintError) else parsed
+        return cls(pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request)
+
+    def __init__(
+        self,
+        key: PodClassKey,
+        policy: Policy,
+        hints: PodHints,
+        hint_problem: HintError | None,
+        gpu_request: int,
+    ) -> None:
+        self.key = key
+        self.policy = policy
+        self.hints = hints
+        self.hint_problem = hint_problem
+        self.gpu_request = gpu_request
+        self.decode = _Decoder(policy.keys)
         lenient = policy.missing_data == "lenient"
         self.lenient = lenient
         self.prefix = policy.keys.prefix
@@ -355,6 +407,11 @@ class _Compiled:
             self.model_skip,
         )
 
+    @property
+    def utilization_limit(self) -> float:
+        """The utilization limit applied: the policy's, or the pod's tighter `max-utilization`."""
+        return self.limit_bp / BASIS_POINTS
+
 
 # The score is a pure function of three node values and four policy numbers, and the values
 # repeat across nodes and requests (two-decimal fractions, whole degrees), so breakdowns are
@@ -376,57 +433,150 @@ def _score_memo(
     return memo
 
 
-def _as_utc(moment: datetime) -> datetime:
-    # Kubernetes times are UTC; a naive datetime from a caller is read as UTC rather than
-    # failing the whole request on a subtraction of naive and aware times.
+def as_utc(moment: datetime) -> datetime:
+    """Kubernetes times are UTC: a naive datetime from a caller is read as UTC rather than failing
+    the whole request on a subtraction of naive and aware times."""
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
+# ----------------------------------------------------------------------------- the three steps
+
+
 def evaluate(
-    pod: PodInput, nodes: Sequence[NodeInput], now: datetime, policy: Policy
+    pod: PodInput,
+    nodes: Sequence[NodeInput],
+    now: datetime,
+    policy: Policy,
+    *,
+    pod_class: PodClass | None = None,
 ) -> Evaluation:
-    """Judge every node for `pod` at `now`. Never raises for any annotation content."""
-    now = _as_utc(now)
-    parsed = parse_hints(pod.annotations, policy.keys)
-    hint_problem: HintError | None = None
-    if isinstance(parsed, HintError):
-        hint_problem, hints = parsed, NO_HINTS
-    else:
-        hints = parsed
-    compiled = _Compiled(policy, hints)
-    decode_node = _Decoder(policy.keys)
+    """Judge every node for `pod` at `now`. Never raises for any annotation content.
 
-    verdicts: list[NodeVerdict] = []
-    # Per node, for the chain: the rank if the node passed with fresh utilization at or below
-    # the fallback threshold, else None.
-    available_rank: list[int | None] = []
-    append = verdicts.append
-    for node in nodes:
-        verdict, available = _judge(node, decode_node, now, compiled)
-        append(verdict)
-        available_rank.append(available)
+    `pod_class` is `PodClass.of(pod, policy)` when the caller has it compiled already.
+    """
+    now = as_utc(now)
+    c = pod_class if pod_class is not None else PodClass.of(pod, policy)
+    verdicts = [judge_node(node, now, c) for node in nodes]
+    valid_until = _valid_until(verdicts, now, c)
+    chain = resolve_chain(c, *best_chain_ranks(verdicts)) if c.chain_active else None
+    if chain is not None and chain.not_preferred is not None:
+        verdicts = [reject_unkept_rank(v, chain) for v in verdicts]
+    problem = c.hint_problem
+    return Evaluation(
+        tuple(verdicts),
+        None if problem is None else problem.reason,
+        problem,
+        c.hints,
+        chain,
+        c.utilization_limit,
+        now,
+        valid_until,
+    )
 
-    limit = compiled.limit_bp / BASIS_POINTS
-    valid_until = _valid_until(verdicts, now, compiled)
-    if hint_problem is not None:
-        reason = hint_problem.reason
-        rejected = tuple(
-            msgspec.structs.replace(
-                v, passed=False, reason=reason, unresolvable=True, score=0, breakdown=None
-            )
-            for v in verdicts
+
+def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
+    """One node's verdict for pod class `c` at `now` (aware), before the model chain.
+
+    Steps: read the annotations, date them by both clocks, then either the missing-data
+    policy (data that cannot be judged) or the rules and the score; last, a pod whose hint is
+    invalid is rejected on every node (with everything else kept for the explanation).
+    """
+    pre = node.predecoded
+    decoded = pre[1] if pre is not None and pre[0] == c.prefix else c.decode(node.annotations)
+    state = decoded.state
+    written = node.agent_write_time
+    server_age_s: float | None = None
+    if written is not None:
+        written = as_utc(written)
+        server_age_s = (now - written).total_seconds()
+    if state is None:
+        verdict = _untimely(
+            node.name, decoded, _unreadable_status(decoded), None, server_age_s, written, c
         )
-        return Evaluation(rejected, reason, hint_problem, NO_HINTS, None, limit, now, valid_until)
+    else:
+        age_s = (now - state.updated_at).total_seconds()
+        status = _freshness(age_s, server_age_s, c)
+        if status == "fresh":
+            verdict = _judge_fresh(node.name, decoded, state, age_s, server_age_s, written, c)
+        else:
+            verdict = _untimely(node.name, decoded, status, age_s, server_age_s, written, c)
+    if c.hint_problem is not None:
+        verdict = _rejected_for_hint(verdict, c.hint_problem)
+    return verdict
 
-    chain: ChainOutcome | None = None
-    if compiled.chain_active:
-        chain = _resolve_chain(verdicts, available_rank, hints, compiled)
-    return Evaluation(tuple(verdicts), None, None, hints, chain, limit, now, valid_until)
 
+def best_chain_ranks(verdicts: Iterable[NodeVerdict]) -> tuple[int | None, int | None]:
+    """The chain's inputs over `verdicts`: the most preferred rank with a node at or below the
+    threshold, and the most preferred rank with any node that passed (each `None` if none)."""
+    below: int | None = None
+    passed: int | None = None
+    for v in verdicts:
+        rank = v.model_rank
+        if not v.passed or rank is None:
+            continue
+        if passed is None or rank < passed:
+            passed = rank
+        if v.at_or_below_threshold and (below is None or rank < below):
+            below = rank
+    return below, passed
+
+
+def resolve_chain(
+    c: PodClass, best_below_threshold: int | None, best_passed: int | None
+) -> ChainOutcome:
+    """Keep the most preferred rank with a node at or below the threshold; reject the other ranks.
+
+    When no rank has such a node, keep the most preferred rank with any node that passed the
+    filter (the pod still fits there; a less preferred model is not better for the pod merely
+    because it is less loaded). The two ranks come from the nodes of one request, so this is the
+    one step of a verdict that depends on other nodes (see `best_chain_ranks`).
+    """
+    preference = c.hints.model_preference
+    threshold = c.threshold_bp / BASIS_POINTS
+    basis: ChainBasis
+    if best_below_threshold is not None:
+        chosen: int | None = best_below_threshold
+        basis = "at-or-below-threshold"
+    else:
+        chosen = best_passed
+        basis = "all-above-threshold" if chosen is not None else "no-candidate"
+    if chosen is None:
+        return ChainOutcome(preference, threshold, None, basis)
+    entry = preference[chosen]
+    label = "any model" if entry == ANY_MODEL else entry
+    not_preferred = RuleOutcome(
+        "model",
+        "fail",
+        ",".join(preference),
+        f"gpu model not preferred ({label} available)",
+        unresolvable=True,
+    )
+    return ChainOutcome(preference, threshold, chosen, basis, not_preferred)
+
+
+def reject_unkept_rank(verdict: NodeVerdict, chain: ChainOutcome) -> NodeVerdict:
+    """`verdict` after the chain: a passing node of a rank not kept is rejected (unresolvable)."""
+    rejection = chain.not_preferred
+    if rejection is None or not chain.rejects(verdict):
+        return verdict
+    return msgspec.structs.replace(
+        verdict,
+        passed=False,
+        reason=rejection.reason,
+        unresolvable=True,
+        score=0,
+        breakdown=None,
+        rules=(*verdict.rules[:4], rejection),
+        at_or_below_threshold=False,
+    )
+
+
+# ----------------------------------------------------------------------------- time windows
 
 # Verdict boundaries are compared in float seconds; stopping a millisecond short of the exact
-# boundary keeps rounding from ever placing a changed verdict inside the validity window.
-_VALIDITY_MARGIN: Final = timedelta(milliseconds=1)
+# boundary keeps rounding from ever placing a changed verdict inside a validity window.
+VALIDITY_MARGIN_S: Final = 0.001
+_VALIDITY_MARGIN: Final = timedelta(seconds=VALIDITY_MARGIN_S)
 
 
 def time_left_s(
@@ -456,7 +606,38 @@ def time_left_s(
     return left_s
 
 
-def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: _Compiled) -> datetime | None:
+def time_since_s(
+    age_s: float | None, server_age_s: float | None, stale_s: float, skew_s: float
+) -> float:
+    """Seconds since the last of the same boundaries (`inf` when none lies behind): going back
+    in time no further than this, the verdict was the same. See `time_left_s`."""
+    since_s = math.inf
+    if age_s is not None:
+        elapsed = age_s - stale_s
+        if 0 <= elapsed < since_s:
+            since_s = elapsed
+        elapsed = age_s + skew_s
+        if 0 <= elapsed < since_s:
+            since_s = elapsed
+    if server_age_s is not None:
+        elapsed = server_age_s - stale_s
+        if 0 <= elapsed < since_s:
+            since_s = elapsed
+    return since_s
+
+
+def validity_window(verdict: NodeVerdict, now_ts: float, c: PodClass) -> tuple[float, float]:
+    """`[from, until)` in POSIX seconds around `now_ts` (when `verdict` was judged) in which
+    time alone cannot change it, a millisecond short of each boundary; unbounded sides are
+    infinite. `now_ts` itself always lies inside, unless a boundary is exactly at `now_ts`."""
+    stale_s, skew_s = c.stale_after_s, c.skew_tolerance_s
+    left_s = time_left_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
+    since_s = time_since_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
+    from_ts = min(now_ts, now_ts - since_s + VALIDITY_MARGIN_S)
+    return from_ts, now_ts + left_s - VALIDITY_MARGIN_S
+
+
+def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: PodClass) -> datetime | None:
     """The earliest time-driven change of any verdict (see `Evaluation.valid_until`)."""
     stale_s = c.stale_after_s
     skew_s = c.skew_tolerance_s
@@ -469,74 +650,44 @@ def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: _Compiled) -
     return now + timedelta(seconds=left_s) - _VALIDITY_MARGIN
 
 
-def _judge(
-    node: NodeInput,
-    decode_node: _Decoder,
-    now: datetime,
-    c: _Compiled,
-) -> tuple[NodeVerdict, int | None]:
-    chain_active = c.chain_active
-    pre = node.predecoded
-    decoded = pre[1] if pre is not None and pre[0] == c.prefix else decode_node(node.annotations)
-    state = decoded.state
-    written = node.agent_write_time
-    server_age_s: float | None = None
-    if written is not None:
-        written = _as_utc(written)
-        server_age_s = (now - written).total_seconds()
+# ----------------------------------------------------------------------------- judge_node's steps
 
-    if state is None:
-        problems = decoded.problems
-        # The record-level problem is the last one (a version-less record notes that first).
-        status: DataStatus = (
-            "invalid"
-            if problems and problems[-1] in ("updated-at unparsable", _UNREADABLE)
-            else "missing"
-        )
-        rank = c.any_rank if chain_active else None
-        return _untimely(
-            node.name,
-            decoded,
-            status,
-            age_s=None,
-            server_age_s=server_age_s,
-            written=written,
-            rank=rank,
-            c=c,
-        ), None
 
-    age_s = (now - state.updated_at).total_seconds()
-    rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if chain_active else None
-    # Clock checks, most specific first. updated-at is the node's clock at sampling; the
-    # managedFields time is the server's clock at the write that followed, so updated-at may
-    # not run ahead of it, and the server's time also bounds how old the data can really be.
+def _unreadable_status(decoded: DecodedAnnotations) -> DataStatus:
+    # The record-level problem is the last one (a version-less record notes that first).
+    problems = decoded.problems
+    if problems and problems[-1] in ("updated-at unparsable", _UNREADABLE):
+        return "invalid"
+    return "missing"
+
+
+def _freshness(age_s: float, server_age_s: float | None, c: PodClass) -> DataStatus:
+    """Clock checks, most specific first. updated-at is the node's clock at sampling; the
+    managedFields time is the server's clock at the write that followed, so updated-at may not
+    run ahead of it, and the server's time also bounds how old the data can really be."""
     if -age_s > c.skew_tolerance_s or (
         server_age_s is not None and server_age_s - age_s > c.lag_tolerance_s
     ):
-        return _untimely(
-            node.name,
-            decoded,
-            "clock-skew",
-            age_s=age_s,
-            server_age_s=server_age_s,
-            written=written,
-            rank=rank,
-            c=c,
-        ), None
+        return "clock-skew"
     if age_s > c.stale_after_s or (server_age_s is not None and server_age_s > c.stale_after_s):
-        return _untimely(
-            node.name,
-            decoded,
-            "stale",
-            age_s=age_s,
-            server_age_s=server_age_s,
-            written=written,
-            rank=rank,
-            c=c,
-        ), None
+        return "stale"
+    return "fresh"
 
+
+def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on the hot path)
+    name: str,
+    decoded: DecodedAnnotations,
+    state: NodeGpuState,
+    age_s: float,
+    server_age_s: float | None,
+    written: datetime | None,
+    c: PodClass,
+) -> NodeVerdict:
+    """Fresh data: the node-level rules in order (the first failure gives the reason), then
+    the score of what passed."""
+    rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if c.chain_active else None
     failed: RuleOutcome | None = None
-    status = "fresh"
+    status: DataStatus = "fresh"
     health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass
     if health is c.health_fail:
         failed = health
@@ -560,20 +711,18 @@ def _judge(
     if failed is None and temp.outcome == "fail":
         failed = temp
 
-    min_memory_mib = c.min_memory_mib
-    if min_memory_mib is None:
-        mem = c.mem_skip
-    else:
+    mem = c.mem_skip
+    if c.min_memory_mib is not None:
         largest = state.memory_largest_free_mib
         if largest is None:
             mem = c.mem_unknown
         else:
-            mem = c.mem_fail if largest < min_memory_mib else c.mem_pass
+            mem = c.mem_fail if largest < c.min_memory_mib else c.mem_pass
         if failed is None and mem.outcome == "fail":
             failed = mem
 
     model = c.model_skip
-    if chain_active:
+    if c.chain_active:
         model = c.model_unlisted if rank is None else c.model_pass
         if failed is None and rank is None:
             failed = model
@@ -581,75 +730,38 @@ def _judge(
     rules = (health, util, temp, mem, model)
     if failed is not None:
         return NodeVerdict(
-            node.name,
-            False,
-            failed.reason,
-            failed.unresolvable,
-            0,
-            status,
-            decoded,
-            rules,
-            None,
-            age_s,
-            server_age_s,
-            written,
-            rank,
-        ), None
-
+            name, False, failed.reason, failed.unresolvable, 0, status, decoded, rules, None,
+            age_s, server_age_s, written, rank,
+        )  # fmt: skip
     if status != "fresh":
         # Lenient on a node whose utilization is unknown: passes, scores lowest, says why.
         return NodeVerdict(
-            node.name,
-            True,
-            c.status_reason[status],
-            False,
-            0,
-            status,
-            decoded,
-            rules,
-            None,
-            age_s,
-            server_age_s,
-            written,
-            rank,
-        ), None
-
-    score_key = (utilization_bp, state.memory_fragmentation, temperature_c)
-    breakdown = c.score_memo.get(score_key)
-    if breakdown is None:
-        breakdown = c.score_memo[score_key] = _score(
-            utilization_bp, state.memory_fragmentation, temperature_c, c
-        )
-    available = rank if chain_active and utilization_bp <= c.threshold_bp else None
+            name, True, c.status_reason[status], False, 0, status, decoded, rules, None,
+            age_s, server_age_s, written, rank,
+        )  # fmt: skip
+    breakdown = _score(utilization_bp, state.memory_fragmentation, temperature_c, c)
+    below = c.chain_active and utilization_bp <= c.threshold_bp
     return NodeVerdict(
-        node.name,
-        True,
-        None,
-        False,
-        breakdown.score,
-        "fresh",
-        decoded,
-        rules,
-        breakdown,
-        age_s,
-        server_age_s,
-        written,
-        rank,
-    ), available
+        name, True, None, False, breakdown.score, "fresh", decoded, rules, breakdown,
+        age_s, server_age_s, written, rank, below,
+    )  # fmt: skip
 
 
-def _untimely(
+def _untimely(  # noqa: PLR0917 (judge_node's locals, passed positionally on the hot path)
     name: str,
     decoded: DecodedAnnotations,
     status: DataStatus,
-    *,
     age_s: float | None,
     server_age_s: float | None,
     written: datetime | None,
-    rank: int | None,
-    c: _Compiled,
+    c: PodClass,
 ) -> NodeVerdict:
     """Data that cannot be judged (missing, invalid, stale, skewed): the missing-data policy."""
+    state = decoded.state
+    rank: int | None = None
+    if c.chain_active:
+        model = None if state is None else state.gpu_model
+        rank = model_rank(model, c.patterns, c.any_rank)
     reason = c.status_reason[status]
     if not c.lenient:
         return NodeVerdict(
@@ -671,13 +783,29 @@ def _untimely(
     )  # fmt: skip
 
 
+def _rejected_for_hint(verdict: NodeVerdict, problem: HintError) -> NodeVerdict:
+    return msgspec.structs.replace(
+        verdict,
+        passed=False,
+        reason=problem.reason,
+        unresolvable=True,
+        score=0,
+        breakdown=None,
+        at_or_below_threshold=False,
+    )
+
+
 def _score(
     utilization_bp: int,
     fragmentation: float | None,
     temperature_c: int | None,
-    c: _Compiled,
+    c: PodClass,
 ) -> ScoreBreakdown:
     """Weighted mean of three headrooms, in integers; an unknown headroom counts as none."""
+    key = (utilization_bp, fragmentation, temperature_c)
+    memoised = c.score_memo.get(key)
+    if memoised is not None:
+        return memoised
     utilization_headroom = BASIS_POINTS - utilization_bp
     fragmentation_headroom = (
         0 if fragmentation is None else BASIS_POINTS - round(fragmentation * BASIS_POINTS)
@@ -699,55 +827,7 @@ def _score(
     percent_bp = (2 * weighted + w_total) // (2 * w_total)
     percent_bp = max(0, min(BASIS_POINTS, percent_bp))
     score = (percent_bp + BASIS_POINTS // (2 * MAX_SCORE)) // (BASIS_POINTS // MAX_SCORE)
-    return ScoreBreakdown(
+    breakdown = c.score_memo[key] = ScoreBreakdown(
         utilization_headroom, fragmentation_headroom, temperature_headroom, percent_bp, score
     )
-
-
-def _resolve_chain(
-    verdicts: list[NodeVerdict],
-    available_rank: list[int | None],
-    hints: PodHints,
-    c: _Compiled,
-) -> ChainOutcome:
-    """Keep the most preferred rank with a node at or below the threshold; reject the other ranks.
-
-    When no rank has such a node, keep the most preferred rank with any node that passed the
-    filter (the pod still fits there; a worse model is not less loaded in a way the pod asked
-    about). Mutates `verdicts` in place, replacing the nodes of the ranks not kept.
-    """
-    preference = hints.model_preference
-    threshold = c.threshold_bp / BASIS_POINTS
-    ranks_available = [r for r in available_rank if r is not None]
-    basis: ChainBasis
-    if ranks_available:
-        chosen: int | None = min(ranks_available)
-        basis = "at-or-below-threshold"
-    else:
-        candidates = [v.model_rank for v in verdicts if v.passed and v.model_rank is not None]
-        chosen = min(candidates) if candidates else None
-        basis = "all-above-threshold" if chosen is not None else "no-candidate"
-    if chosen is None:
-        return ChainOutcome(preference, threshold, None, basis)
-
-    entry = preference[chosen]
-    label = "any model" if entry == ANY_MODEL else entry
-    not_preferred = RuleOutcome(
-        "model",
-        "fail",
-        ",".join(preference),
-        f"gpu model not preferred ({label} available)",
-        unresolvable=True,
-    )
-    for index, verdict in enumerate(verdicts):
-        if verdict.passed and verdict.model_rank != chosen:
-            verdicts[index] = msgspec.structs.replace(
-                verdict,
-                passed=False,
-                reason=not_preferred.reason,
-                unresolvable=True,
-                score=0,
-                breakdown=None,
-                rules=(*verdict.rules[:4], not_preferred),
-            )
-    return ChainOutcome(preference, threshold, chosen, basis)
+    return breakdown

@@ -2,10 +2,12 @@
 
 kube-scheduler posts `ExtenderArgs` (Go type `k8s.io/kube-scheduler/extender/v1`, no JSON tags, so
 the keys are `Pod`, `Nodes` and `NodeNames`) and reads `ExtenderFilterResult` or a
-`HostPriorityList` back. A request with full Node objects is ~6 KB per node, so this module decodes
-only the few fields a verdict needs, into typed msgspec structs (unknown fields are skipped without
-building Python objects), and keeps each Node as the raw bytes it arrived in: the filter reply
-echoes the passing Nodes byte for byte instead of re-encoding them.
+`HostPriorityList` back. A request with full Node objects is ~7 KB per node, so it is read in one
+typed pass that builds only what a verdict reads (each Node's name, its annotations under the
+prefix, its `managedFields` entries' manager and time) and skips the rest in C. A full-node filter
+reply echoes the passing Nodes byte for byte; their places in the body are found by each Node's
+opening as kube-scheduler (Go's encoding/json) writes it, so the echo needs no second parse, and a
+body laid out any other way is read the general way (every Node delimited, then decoded).
 
 Replies are deterministic bytes: maps are written with sorted keys and nodes in request order, so
 the same request at the same `now` gives the same reply.
@@ -13,17 +15,23 @@ the same request at the same `now` gives the same reply.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import starmap
-from typing import Final, Literal, Protocol
+from itertools import compress, groupby, starmap
+from operator import attrgetter
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from exporter_scheduler.scoring import NodeInput, PodInput
-from gpu_contract.schema import FIELD_MANAGER, parse_timestamp
+from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, Keys, parse_timestamp
+
+# What a reply body may be made of: buffers written in order.
+Buffer = bytes | bytearray | memoryview | msgspec.Raw
 
 # --------------------------------------------------------------------------- request structs
 # Field names are the Kubernetes JSON names; everything not named here is skipped by msgspec.
@@ -54,42 +62,106 @@ class _Pod(msgspec.Struct):
     spec: _PodSpec | None = None
 
 
-class _ManagedFieldsEntry(msgspec.Struct):
+class ManagedFieldsEntry(msgspec.Struct, frozen=True, gc=False):
+    """A `metadata.managedFields` entry: who changed the Node, and the server's time of it."""
+
     manager: str | None = None
     time: str | None = None
 
 
-class _NodeMeta(msgspec.Struct):
-    name: str | None = None
-    annotations: dict[str, str] | None = None
-    managedFields: list[_ManagedFieldsEntry] | None = None  # noqa: N815 (Kubernetes JSON name)
+class _NodeTypes:
+    """The typed view of a Node for one annotation prefix: its annotations under the prefix
+    become a frozen (hashable) struct, so a Node's verdict inputs are one hashable tuple."""
+
+    def __init__(self, keys: Keys) -> None:
+        fields = [(f.name.lower(), str | UnsetType, UNSET) for f in Field]
+        self.gpu_fields = tuple(keys[f] for f in Field)
+        gpu = msgspec.defstruct(
+            "GpuAnnotations",
+            fields,
+            rename={f.name.lower(): keys[f] for f in Field},
+            frozen=True,
+            gc=False,
+        )
+        meta = msgspec.defstruct(
+            "NodeMeta",
+            [
+                ("name", str | None, None),
+                ("annotations", gpu | None, None),
+                ("managedFields", tuple[ManagedFieldsEntry, ...] | None, None),
+            ],
+            gc=False,
+        )
+        # The other members are only delimited (kept raw), to find the Node in the body.
+        node = msgspec.defstruct(
+            "Node",
+            [
+                ("kind", msgspec.Raw | UnsetType, UNSET),
+                ("apiVersion", msgspec.Raw | UnsetType, UNSET),
+                ("metadata", meta | None, None),
+                ("spec", msgspec.Raw | UnsetType, UNSET),
+                ("status", msgspec.Raw | UnsetType, UNSET),
+            ],
+            gc=False,
+        )
+        node_list = msgspec.defstruct("NodeList", [("items", list[node] | None, None)])  # type: ignore[valid-type]
+        args = msgspec.defstruct(
+            "ExtenderArgs",
+            [
+                ("Pod", _Pod | UnsetType | None, UNSET),
+                ("Nodes", node_list | UnsetType | None, UNSET),
+                # Kept raw too: its bytes name the node list (`ExtenderRequest.node_names_json`).
+                ("NodeNames", msgspec.Raw | UnsetType, UNSET),
+            ],
+        )
+        self.gpu_annotations = gpu
+        self.args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(args)
+        self.node: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node)
+        self.node_list: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node_list)
 
 
-class _Node(msgspec.Struct):
-    metadata: _NodeMeta | None = None
+@functools.cache
+def _node_types(prefix: str) -> _NodeTypes:
+    return _NodeTypes(Keys.for_prefix(prefix))
 
 
-class _NodeList(msgspec.Struct):
-    # Each item stays raw: it is decoded once more into `_Node` (skipping all but the metadata
-    # we read) and echoed verbatim in the filter reply.
+def gpu_keys(keys: Keys) -> tuple[str, ...]:
+    """The annotation keys a record holds, in the order of its fields (`record_input`)."""
+    return _node_types(keys.prefix).gpu_fields
+
+
+def gpu_annotations_type(keys: Keys) -> Any:
+    """The struct a Node's annotations under the prefix decode to (the rest are skipped)."""
+    return _node_types(keys.prefix).gpu_annotations
+
+
+def annotations_of(gpu: Any, gpu_fields: Sequence[str]) -> dict[str, str]:
+    """A decoded annotations struct as the mapping the contract reads."""
+    if gpu is None:
+        return {}
+    values = msgspec.structs.astuple(gpu)
+    return {k: v for k, v in zip(gpu_fields, values, strict=True) if v is not UNSET}
+
+
+# A Node's verdict inputs, hashable: (name, GPU annotations, managedFields entries).
+NODE_CONTENT: Final = attrgetter("metadata.name", "metadata.annotations", "metadata.managedFields")
+
+
+class _RawNodeList(msgspec.Struct):
+    # Each item stays raw (only delimited), for the echo of a body not laid out as Go writes.
     items: list[msgspec.Raw] | None = None
 
 
-class _Args(msgspec.Struct):
-    """`ExtenderArgs` with the exact capitalised keys the scheduler sends (the fast path)."""
-
-    Pod: _Pod | msgspec.UnsetType | None = msgspec.UNSET
-    Nodes: _NodeList | msgspec.UnsetType | None = msgspec.UNSET
-    # Kept raw (only delimited, not decoded): a names-only reply served from the reply cache is
-    # found by these bytes and never needs the names as Python strings. `null` stays b"null".
-    NodeNames: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+class _RawArgs(msgspec.Struct):
+    Pod: msgspec.Raw | UnsetType = UNSET
+    Nodes: _RawNodeList | UnsetType | None = UNSET
 
 
-_ARGS_DECODER: Final = msgspec.json.Decoder(_Args)
-_NODE_DECODER: Final = msgspec.json.Decoder(_Node)
+_RAW_ARGS_DECODER: Final = msgspec.json.Decoder(_RawArgs)
+_RAW_NODES_DECODER: Final = msgspec.json.Decoder(_RawNodeList)
+_RAW_DECODER: Final = msgspec.json.Decoder(msgspec.Raw)
 _POD_DECODER: Final = msgspec.json.Decoder(_Pod)
-_NODE_LIST_DECODER: Final = msgspec.json.Decoder(_NodeList)
-_NAMES_DECODER: Final = msgspec.json.Decoder(list[str])
+_NAMES_DECODER: Final = msgspec.json.Decoder(tuple[str, ...] | None)
 _TOP_LEVEL_DECODER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 # --------------------------------------------------------------------------- decoded request
@@ -113,19 +185,42 @@ class ExtenderRequest:
     """A decoded `ExtenderArgs`.
 
     `form` says which list the scheduler sent: `nodes` (full Node objects, `nodeCacheCapable:
-    false`; `nodes` and `raw_nodes` are parallel), `names` (`nodeCacheCapable: true`; only
-    `node_names`), or `none` (neither list, answered with an empty reply in both forms).
-    `node_names_json` is the `NodeNames` value exactly as sent (names form only): the reply
-    cache's key. With `decode_args(..., decode_names=False)` the names are left undecoded
-    (`node_names` empty) until `with_node_names` is called.
+    false`), `names` (`nodeCacheCapable: true`), or `none` (neither list, answered with an empty
+    reply in both forms). `node_names` are the nodes' names in request order in both forms. For
+    `nodes`, `records` hold what each Node's verdict reads (`NODE_CONTENT` of a record is its
+    hashable content) and `echo` the Nodes' bytes, when they were asked for.
     """
 
     pod: PodInput
     form: RequestForm
-    nodes: tuple[NodeInput, ...] = ()
-    raw_nodes: tuple[msgspec.Raw, ...] = ()
     node_names: tuple[str, ...] = ()
+    # Names form: the `NodeNames` value byte for byte (the same bytes, the same list).
     node_names_json: bytes = b""
+    records: Sequence[Any] = ()
+    echo: NodeEcho | None = None
+    keys: Keys = DEFAULT_KEYS
+
+    @property
+    def node_count(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def nodes(self) -> tuple[NodeInput, ...]:
+        """The full-node form's Nodes as scorer inputs (built on each call)."""
+        gpu_fields = _node_types(self.keys.prefix).gpu_fields
+        return tuple(record_input(r, gpu_fields) for r in self.records)
+
+    @property
+    def raw_nodes(self) -> tuple[Buffer, ...]:
+        """Each Node's bytes as sent (full-node form, when asked for)."""
+        return () if self.echo is None else self.echo.items()
+
+
+def record_input(record: Any, gpu_fields: Sequence[str]) -> NodeInput:
+    """A decoded Node record as the scorer's input."""
+    meta = record.metadata
+    annotations = annotations_of(meta.annotations, gpu_fields)
+    return NodeInput(meta.name, annotations, agent_write_time(meta.managedFields))
 
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
@@ -216,27 +311,40 @@ def agent_write_time(entries: Sequence[ManagedFieldsLike] | None) -> datetime | 
     return newest
 
 
-def node_input_from_json(data: bytes | msgspec.Raw, *, where: str = "$") -> NodeInput:
-    """Decode one Node object (from a request or a watch event) into the scorer's input."""
+def node_input_from_json(data: bytes | msgspec.Raw, *, keys: Keys = DEFAULT_KEYS) -> NodeInput:
+    """Decode one Node object into the scorer's input (its annotations under the prefix)."""
+    types = _node_types(keys.prefix)
+    return record_input(_node_record(types, data, "$"), types.gpu_fields)
+
+
+def _node_record(types: _NodeTypes, data: Buffer, where: str) -> Any:
     try:
-        node = _NODE_DECODER.decode(data)
+        record = types.node.decode(data)
     except msgspec.DecodeError as exc:
         cause: WireErrorCause = (
             "wrong_type" if isinstance(exc, msgspec.ValidationError) else "malformed_json"
         )
         raise WireError(cause, _msg(exc, where)) from None
-    meta = node.metadata
-    if meta is None or not meta.name:
-        raise WireError("bad_node", f"{where} has no metadata.name")
-    return NodeInput(
-        name=meta.name,
-        annotations=meta.annotations or {},
-        agent_write_time=agent_write_time(meta.managedFields),
-    )
+    _check_named([record], where)
+    return record
 
 
-def _case_folded_args(body: bytes) -> _Args:
-    """Slow path: `ExtenderArgs` keys in any casing (`pod`, `nodeNames`), as Go accepts them."""
+def _check_named(records: Sequence[Any], where: str | None = None) -> tuple[str, ...]:
+    """The records' names; `WireError` naming the first Node without `metadata.name`."""
+    try:
+        names = tuple(map(attrgetter("metadata.name"), records))
+    except AttributeError:  # a Node without metadata
+        names = tuple(None if r.metadata is None else r.metadata.name for r in records)
+    if all(names):
+        return names
+    first = next(i for i, name in enumerate(names) if not name)
+    at = where if where is not None else f"$.Nodes.items[{first}]"
+    raise WireError("bad_node", f"{at} has no metadata.name")
+
+
+def _case_folded_args(body: Buffer, types: _NodeTypes) -> tuple[Any, Any, Any, Buffer | None]:
+    """Slow path: `ExtenderArgs` keys in any casing (`pod`, `nodeNames`), as Go accepts them.
+    Returns (pod, node list, names, the Nodes value's bytes)."""
     try:
         top = _TOP_LEVEL_DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -249,79 +357,238 @@ def _case_folded_args(body: bytes) -> _Args:
         lower = key.lower()
         if lower not in folded or key in ("Pod", "Nodes", "NodeNames"):
             folded[lower] = raw
-    args = _Args()
+    pod: Any = UNSET
+    nodes: Any = UNSET
+    names: Any = UNSET
+    nodes_raw = folded.get("nodes")
+    if nodes_raw is not None and bytes(nodes_raw) == b"null":
+        nodes, nodes_raw = None, None
     try:
         if "pod" in folded:
             pod_raw = folded["pod"]
-            args.Pod = None if bytes(pod_raw) == b"null" else _POD_DECODER.decode(pod_raw)
-        if "nodes" in folded:
-            nodes_raw = folded["nodes"]
-            args.Nodes = (
-                None if bytes(nodes_raw) == b"null" else _NODE_LIST_DECODER.decode(nodes_raw)
-            )
+            pod = None if bytes(pod_raw) == b"null" else _POD_DECODER.decode(pod_raw)
+        if nodes_raw is not None:
+            nodes = types.node_list.decode(nodes_raw)
         if "nodenames" in folded:
-            args.NodeNames = folded["nodenames"]
+            names = _names(folded["nodenames"], "$")
     except msgspec.DecodeError as exc:
+        # Paths are relative to the piece decoded; the general decode below names them fully.
         raise WireError("wrong_type", _msg(exc)) from None
-    return args
+    return pod, nodes, names, nodes_raw
 
 
-def decode_node_names(raw: bytes | msgspec.Raw) -> tuple[str, ...]:
-    """The `NodeNames` list; `WireError` (a 400 answer) when it is not a list of strings."""
+def _names(raw: Buffer, where: str) -> tuple[str, ...] | None:
     try:
-        return tuple(_NAMES_DECODER.decode(raw))
+        return _NAMES_DECODER.decode(raw)
     except msgspec.DecodeError as exc:
-        raise WireError("wrong_type", _msg(exc, "$.NodeNames")) from None
+        raise WireError("wrong_type", _msg(exc, where)) from None
 
 
-def with_node_names(request: ExtenderRequest) -> ExtenderRequest:
-    """`request` with its names decoded (see `decode_args(..., decode_names=False)`)."""
-    if request.form != "names" or request.node_names:
-        return request
-    names = decode_node_names(request.node_names_json)
-    return ExtenderRequest(
-        pod=request.pod, form="names", node_names=names, node_names_json=request.node_names_json
-    )
+def decode_node_names(raw: bytes) -> tuple[str, ...]:
+    """A `NodeNames` value (`decode_args(..., decode_names=False)`); `WireError` if it is not a
+    list of strings."""
+    return _names(raw, "$.NodeNames") or ()
 
 
 def decode_args(
-    body: bytes, *, gpu_resource_name: str, decode_names: bool = True
+    body: Buffer,
+    *,
+    gpu_resource_name: str,
+    keys: Keys = DEFAULT_KEYS,
+    echo: bool = True,
+    decode_names: bool = True,
 ) -> ExtenderRequest:
     """Decode an `ExtenderArgs` body; raise `WireError` (a 400 answer) when it is unusable.
 
-    `decode_names=False` leaves a names-only request's `NodeNames` undecoded and unchecked
-    (`with_node_names` decodes it, raising `WireError` then): a reply found in the reply cache
-    by those bytes never needs them.
+    `echo=False` skips locating each Node's bytes (only a filter reply echoes them).
+    `decode_names=False` leaves a names-only request's `node_names` empty and its list only
+    delimited (`node_names_json`), for a caller that has seen the same bytes before
+    (`decode_node_names` reads them).
     """
+    types = _node_types(keys.prefix)
     try:
-        args = _ARGS_DECODER.decode(body)
+        args = types.args.decode(body)
     except msgspec.ValidationError as exc:
         raise WireError("wrong_type", _msg(exc)) from None
     except msgspec.DecodeError as exc:
         raise WireError("malformed_json", f"malformed JSON: {exc}") from None
+    pod, nodes, names_raw = args.Pod, args.Nodes, args.NodeNames  # a struct made by defstruct
+    names: Any = UNSET
+    names_json = b""
+    if names_raw is not UNSET:
+        names_json = bytes(names_raw)
+        if not decode_names and names_json.startswith(b"["):
+            names = ()  # a list, read when needed (`decode_node_names`)
+        else:
+            names = _names(names_raw, "$.NodeNames")
+    nodes_raw: Buffer | None = None
+    folded = UNSET in (pod, nodes, names)
     # The scheduler always sends all three keys, spelled exactly; anything else takes the
     # slower case-insensitive path.
-    if msgspec.UNSET in (args.Pod, args.Nodes, args.NodeNames):
-        args = _case_folded_args(body)
-    if args.Pod is msgspec.UNSET or args.Pod is None:
+    if folded:
+        pod, nodes, names, nodes_raw = _case_folded_args(body, types)
+    if pod is UNSET or pod is None:
         raise WireError("missing_pod", "request has no Pod")
-    pod = _pod_input(args.Pod, gpu_resource_name)
-
-    names_json = b"" if args.NodeNames is msgspec.UNSET else bytes(args.NodeNames)
-    if names_json == b"null":
-        names_json = b""
-    if isinstance(args.Nodes, _NodeList):
-        if names_json:
-            decode_node_names(names_json)  # still a 400 when it is not a list of strings
-        raws = tuple(args.Nodes.items or ())
-        nodes = tuple(
-            node_input_from_json(raw, where=f"$.Nodes.items[{i}]") for i, raw in enumerate(raws)
+    pod_input = _pod_input(pod, gpu_resource_name)
+    if nodes is not UNSET and nodes is not None:
+        records = nodes.items or []
+        node_names = _check_named(records)
+        node_echo: NodeEcho | None = None
+        if echo and records:
+            if not folded:
+                node_echo = _SpanEcho.find(body, records)
+            if node_echo is None:
+                node_echo = _raw_echo(body if nodes_raw is None else nodes_raw, nodes_raw is None)
+        return ExtenderRequest(
+            pod_input, "nodes", node_names, records=records, echo=node_echo, keys=keys
         )
-        return ExtenderRequest(pod=pod, form="nodes", nodes=nodes, raw_nodes=raws)
-    if names_json:
-        request = ExtenderRequest(pod=pod, form="names", node_names_json=names_json)
-        return with_node_names(request) if decode_names else request
-    return ExtenderRequest(pod=pod, form="none")
+    if names is not UNSET and names is not None:
+        return ExtenderRequest(pod_input, "names", names, names_json, keys=keys)
+    return ExtenderRequest(pod_input, "none", keys=keys)
+
+
+# --------------------------------------------------------------------------- the Nodes' bytes
+
+
+class NodeEcho(Protocol):
+    """Where each Node's bytes are in the request, for the filter reply's echo."""
+
+    def items(self) -> tuple[Buffer, ...]: ...
+
+    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
+        """The passing Nodes' bytes, comma-separated, as buffers to write in order."""
+        ...
+
+
+class _SpanEcho:
+    """Each Node's place in the body, found by its opening as Go's encoding/json writes it:
+    `{` [`"kind":..,"apiVersion":..,`] `"metadata":{"name":"<name>"`, one after the other."""
+
+    __slots__ = ("body", "ends", "starts")
+
+    def __init__(self, body: memoryview, starts: list[int], ends: list[int]) -> None:
+        self.body = body
+        self.starts = starts
+        self.ends = ends
+
+    @classmethod
+    def find(cls, body: Buffer, records: Sequence[Any]) -> _SpanEcho | None:
+        """The places, or None when the body is not laid out as expected (read it generally).
+
+        Checked as it goes: each opening must follow the previous Node's closing `},` (the first
+        one the items' `[`), with the name the typed decode read for that Node, and the last
+        Node must end exactly where the items do (`]},"NodeNames":null}`), verified by
+        delimiting it. A v1.Node has no member named `metadata` below its top level, so in a
+        body kube-scheduler wrote, the opening of Node i+1 can only be found where it begins.
+        """
+        if not isinstance(body, bytes | bytearray):
+            return None
+        find = body.find
+        encode = _ENCODER.encode
+        starts: list[int] = []
+        at = 0
+        for record in records:
+            pattern = b'"metadata":{"name":' + encode(record.metadata.name)
+            found = find(pattern, at)
+            if found < 0:
+                return None
+            start = found - 1
+            if record.kind is not UNSET or record.apiVersion is not UNSET:
+                opening = _type_meta_opening(record)
+                start = found - len(opening)
+                if body[start:found] != opening:
+                    return None
+            elif body[start] != 0x7B:  # "{"
+                return None
+            if starts:
+                if body[start - 2 : start] != b"},":
+                    return None
+            elif body[start - 1] != 0x5B:  # "["
+                return None
+            starts.append(start)
+            # The next Node begins after this one's spec and status at least: no need to scan
+            # them (about half of a Node's bytes).
+            at = found + len(pattern)
+            if record.spec is not UNSET:
+                at += len(record.spec)
+            if record.status is not UNSET:
+                at += len(record.status)
+        if not body.endswith(_ITEMS_END):
+            return None
+        view = memoryview(body)
+        last_end = len(body) - len(_ITEMS_END)  # where the items' `]` is
+        try:
+            _RAW_DECODER.decode(view[starts[-1] : last_end])  # exactly one JSON value
+        except msgspec.DecodeError:
+            return None
+        ends = [s - 1 for s in starts[1:]]
+        ends.append(last_end)
+        return cls(view, starts, ends)
+
+    def items(self) -> tuple[Buffer, ...]:
+        body = self.body
+        return tuple(body[s:e] for s, e in zip(self.starts, self.ends, strict=True))
+
+    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
+        # Consecutive passing Nodes are one slice of the body (their commas included), so the
+        # reply is a few slices, not one piece per node.
+        body, starts, ends = self.body, self.starts, self.ends
+        runs: list[Buffer] = []
+        index = 0
+        for passing, group in groupby(passed):
+            count = sum(1 for _ in group)
+            if passing:
+                runs.append(body[starts[index] : ends[index + count - 1]])
+            index += count
+        return _comma_separated(runs)
+
+
+# The body's end after the items, as kube-scheduler writes a full-node request.
+_ITEMS_END: Final = b']},"NodeNames":null}'
+
+
+def _type_meta_opening(record: Any) -> bytes:
+    """`{"kind":K,"apiVersion":A,` as Go writes a Node with its TypeMeta set (either may be
+    omitted)."""
+    opening = b"{"
+    if record.kind is not UNSET:
+        opening += b'"kind":' + bytes(record.kind) + b","
+    if record.apiVersion is not UNSET:
+        opening += b'"apiVersion":' + bytes(record.apiVersion) + b","
+    return opening
+
+
+class _RawEcho:
+    """Each Node delimited by a second, untyped pass (a body not laid out as Go writes it)."""
+
+    __slots__ = ("raws",)
+
+    def __init__(self, raws: list[msgspec.Raw]) -> None:
+        self.raws = raws
+
+    def items(self) -> tuple[Buffer, ...]:
+        return tuple(self.raws)
+
+    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
+        return _comma_separated(list(compress(self.raws, passed)))
+
+
+def _raw_echo(data: Buffer, whole_body: bool) -> _RawEcho:
+    # The typed decode has accepted the same bytes, so this cannot fail.
+    if whole_body:
+        nodes = _RAW_ARGS_DECODER.decode(data).Nodes
+        raws = [] if not isinstance(nodes, _RawNodeList) else nodes.items or []
+    else:
+        raws = _RAW_NODES_DECODER.decode(data).items or []
+    return _RawEcho(raws)
+
+
+def _comma_separated(pieces: list[Buffer]) -> list[Buffer]:
+    if len(pieces) < 2:
+        return pieces
+    out: list[Buffer] = [b","] * (2 * len(pieces) - 1)
+    out[::2] = pieces
+    return out
 
 
 # --------------------------------------------------------------------------- replies
@@ -338,19 +605,20 @@ _ENCODER: Final = msgspec.json.Encoder(order="sorted")
 _STRUCT_ENCODER: Final = msgspec.json.Encoder()
 
 
-def encode_filter_reply(
+def filter_reply_parts(
     request: ExtenderRequest,
+    passed: Sequence[bool],
     *,
-    passed: Iterable[str],
     failed: Mapping[str, str],
     unresolvable: Mapping[str, str],
     error: str = "",
-) -> bytes:
-    """`ExtenderFilterResult` in the form the scheduler reads for this request.
+) -> list[Buffer]:
+    """`ExtenderFilterResult` in the form the scheduler reads for this request, as buffers.
 
-    Full-node requests get the passing Node objects back verbatim in `Nodes.items` (in that mode
-    the scheduler reads nothing else: a names-only reply counts every node as rejected); name
-    requests get `NodeNames`. A `none` request gets both, empty.
+    `passed` says per node, in request order, whether it passed. Full-node requests get the
+    passing Node objects back byte for byte in `Nodes.items` (in that mode the scheduler reads
+    nothing else: a names-only reply counts every node as rejected), as slices of the request
+    body, not copied; name requests get `NodeNames`. A `none` request gets both, empty.
     """
     tail = b"".join(
         (
@@ -363,29 +631,34 @@ def encode_filter_reply(
             b"}",
         )
     )
-    passed_set = passed if isinstance(passed, set | frozenset) else set(passed)
     if request.form == "nodes":
-        # One join over views of the request body: the reply's Node bytes are copied once.
-        parts: list[bytes | msgspec.Raw] = [b'{"Nodes":{"items":[']
-        for node, raw in zip(request.nodes, request.raw_nodes, strict=True):
-            if node.name in passed_set:
-                parts.append(raw)
-                parts.append(b",")
-        if len(parts) > 1:
-            parts.pop()  # the last comma
-        parts.append(b']},"NodeNames":null')
-        parts.append(tail)
-        return b"".join(parts)
+        echoed = [] if request.echo is None else request.echo.parts(passed)
+        return [b'{"Nodes":{"items":[', *echoed, b']},"NodeNames":null' + tail]
     if request.form == "names":
-        names = [name for name in request.node_names if name in passed_set]
-        return b'{"Nodes":null,"NodeNames":' + _ENCODER.encode(names) + tail
-    return b'{"Nodes":{"items":[]},"NodeNames":[]' + tail
+        names = list(compress(request.node_names, passed))
+        return [b'{"Nodes":null,"NodeNames":' + _ENCODER.encode(names) + tail]
+    return [b'{"Nodes":{"items":[]},"NodeNames":[]' + tail]
+
+
+def encode_filter_reply(
+    request: ExtenderRequest,
+    *,
+    passed: Iterable[str],
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    error: str = "",
+) -> bytes:
+    """`filter_reply_parts` joined, with the passing nodes given by name."""
+    passed_set = passed if isinstance(passed, set | frozenset) else set(passed)
+    mask = [name in passed_set for name in request.node_names]
+    parts = filter_reply_parts(request, mask, failed=failed, unresolvable=unresolvable, error=error)
+    return b"".join(parts)
 
 
 def encode_names_filter_reply(
     passed: list[str], *, failed: Mapping[str, str], unresolvable: Mapping[str, str]
 ) -> bytes:
-    """A names-only `encode_filter_reply` from the passing names already in request order."""
+    """A names-only filter reply from the passing names already in request order."""
     return b"".join(
         (
             b'{"Nodes":null,"NodeNames":',
@@ -405,7 +678,8 @@ def encode_filter_error(request: ExtenderRequest | None, error: str) -> bytes:
         return b'{"Nodes":null,"NodeNames":null,"FailedNodes":{},' + (
             b'"FailedAndUnresolvableNodes":{},"Error":' + _ENCODER.encode(error) + b"}"
         )
-    return encode_filter_reply(request, passed=(), failed={}, unresolvable={}, error=error)
+    nothing = [False] * request.node_count
+    return b"".join(filter_reply_parts(request, nothing, failed={}, unresolvable={}, error=error))
 
 
 def encode_prioritize_reply(scores: Iterable[tuple[str, int]]) -> bytes:

@@ -580,8 +580,12 @@ def free_port() -> int:
 def check_port_free(port: int, what: str) -> None:
     """Raise a clear error when something already listens on `port` (before starting `what`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the servers bind (Go sets SO_REUSEADDR): connections of an earlier run still in
+        # TIME_WAIT do not count, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((LOOPBACK, port))
+            probe.listen(1)
         except OSError:
             raise ClusterError(
                 f"port {port} on {LOOPBACK}, needed by {what}, is already in use: stop what "

@@ -20,9 +20,10 @@ from agent.daemon import Agent, TickLoop, start_jitter_s
 from agent.kube import NodeAnnotator, api_client_for
 from agent.limiter import WritePolicy
 from agent.simulated import SimulatedSource
+from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.nodecache import NodeCache
 from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import NodeSource, RunningServer, ScorerApp, uvicorn_config
+from exporter_scheduler.server import HttpServer
 from gpu_contract.schema import DEFAULT_PREFIX, Field, normalize_model_name
 from gpu_sim.apiserver import ApiServerStandIn
 from gpu_sim.nodes import gpu_node
@@ -194,17 +195,16 @@ def start_scorer(
     `stale_after_s` follows the demo's faster heartbeat (3 x, as the production defaults are).
     """
     policy = Policy(stale_after_s=stale_after_s)
-    source = None
+    store = None
     if node_cache:
-        source = start_node_cache(kubeconfig=kubeconfig, policy=policy, running=running)
-    app = ScorerApp(policy=policy, node_source=source)
-    server = RunningServer(uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning"))
-    server.start()
+        store = start_node_cache(kubeconfig=kubeconfig, policy=policy, running=running).store
+    app = ScorerApp(policy=policy, node_store=store)
+    server = HttpServer(app, host="127.0.0.1", port=0).start()
     running.stops.append(server.stop)
     return server.url
 
 
-def start_node_cache(*, kubeconfig: Path, policy: Policy, running: Running) -> NodeSource:
+def start_node_cache(*, kubeconfig: Path, policy: Policy, running: Running) -> NodeCache:
     """The scorer's own list+watch of Nodes, as `gpu-scorer serve --node-cache` runs it.
 
     Waits for the first LIST, as the scorer's `/readyz` does before the scheduler may call it.

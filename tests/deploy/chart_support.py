@@ -74,9 +74,9 @@ VARIANTS: dict[str, Variant] = {
     "defaults": Variant(),
     "defaults-k8s-1.36": Variant(kube_version="1.36.0"),
     "scheduler-off": Variant({"scheduler": {"enabled": False}}),
-    "node-cache": Variant({"scorer": {"nodeCache": True}}),
+    "full-node": Variant({"scorer": {"nodeCache": False}}),
     "sidecar": Variant({"scorer": {"mode": "sidecar"}}),
-    "sidecar-node-cache": Variant({"scorer": {"mode": "sidecar", "nodeCache": True}}),
+    "sidecar-full-node": Variant({"scorer": {"mode": "sidecar", "nodeCache": False}}),
     "admission-policy-off": Variant({"agent": {"admissionPolicy": {"enabled": False}}}),
     "gpu-data-policy-off": Variant({"gpuDataPolicy": {"enabled": False}}),
     "gpu-data-break-glass": Variant(

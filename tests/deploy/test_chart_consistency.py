@@ -26,9 +26,11 @@ from agent.cli import build_parser as agent_parser
 from agent.settings import AgentSettings, env_names
 from agent.settings import load_settings as load_agent_settings
 from exporter_scheduler import wire
+from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.cli import build_parser as scorer_parser
+from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import RunningServer, ScorerApp, uvicorn_config
+from exporter_scheduler.server import HttpServer
 from exporter_scheduler.settings import POLICY_FIELDS, ScorerSettings, env_name, settings_fields
 from exporter_scheduler.settings import load_settings as load_scorer_settings
 from tests.deploy.chart_support import (
@@ -202,17 +204,11 @@ def test_scorer_settings_from_the_chart_validate(
         assert settings.utilization_limit == values["scorer"]["policy"]["utilization_limit"]
 
 
-class _CapturedNodes:
-    """Names-only mode's node source, holding the Nodes of a real capture (no API server)."""
-
-    def __init__(self, nodes: Sequence[NodeInput]) -> None:
-        self.nodes = {n.name: n for n in nodes}
-
-    def ready(self) -> bool:
-        return True
-
-    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
-        return [self.nodes[n] for n in names if n in self.nodes]
+def _captured_nodes(nodes: Sequence[NodeInput]) -> NodeStore:
+    """Names-only mode's node store, holding the Nodes of a real capture (no API server)."""
+    store = NodeStore()
+    store.replace(nodes)
+    return store
 
 
 def _capture(mode: str, name: str) -> bytes:
@@ -238,7 +234,7 @@ def _get(url: str) -> int:
         return error.code
 
 
-SERVED_VARIANTS = ["defaults", "node-cache", "sidecar", "sidecar-node-cache", "path-prefix-policy"]
+SERVED_VARIANTS = ["defaults", "full-node", "sidecar", "sidecar-full-node", "path-prefix-policy"]
 
 
 @pytest.mark.parametrize("variant", SERVED_VARIANTS)
@@ -253,15 +249,14 @@ def test_scheduler_reaches_the_scorer_at_the_rendered_url(
     ).nodes
     app = ScorerApp(
         policy=settings.policy(),
-        node_source=_CapturedNodes(full_nodes) if settings.node_cache else None,
+        node_store=_captured_nodes(full_nodes) if settings.node_cache else None,
         path_prefix=settings.path_prefix,
         max_body_bytes=settings.max_body_bytes,
     )
-    config = uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning")
     # kube-scheduler calls <urlPrefix>/<verb> (k8s.io/kubernetes pkg/scheduler/extender.go).
     prefix_path = urlsplit(extender["urlPrefix"]).path
     assert urlsplit(extender["urlPrefix"]).port == settings.port
-    with RunningServer(config) as server:
+    with HttpServer(app, host="127.0.0.1", port=0) as server:
         base = server.url
         status, reply = _post(
             f"{base}{prefix_path}/{extender['filterVerb']}", _capture(mode, "0001-filter")

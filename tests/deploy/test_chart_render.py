@@ -155,12 +155,21 @@ def test_scheduler_configuration_check_catches_a_typo() -> None:
     assert _scheduler_config_problems(config) == ["extender.enableHttps"]
 
 
-def test_scheduler_configuration_matches_a_real_v1_36_configuration() -> None:
-    # The fixture is the configuration a real kube-scheduler v1.36 ran with; the chart's must use
+@pytest.mark.parametrize(
+    ("variant", "capture"),
+    [
+        pytest.param("defaults", "sched-extender-nodecache.yaml", id="names-only"),
+        pytest.param("full-node", "sched-extender.yaml", id="full-node"),
+    ],
+)
+def test_scheduler_configuration_matches_a_real_v1_36_configuration(
+    variant: str, capture: str
+) -> None:
+    # The fixtures are configurations a real kube-scheduler v1.36 ran with; the chart's must use
     # the same field names and verb spellings.
     fixture = FIXTURES / "kube-scheduler-v1.36" / "config"
-    real = yaml.safe_load((fixture / "sched-extender.yaml").read_text())
-    ours = render("defaults").scheduler_config()
+    real = yaml.safe_load((fixture / capture).read_text())
+    ours = render(variant).scheduler_config()
     real_extender, our_extender = real["extenders"][0], ours["extenders"][0]
     assert set(real_extender) <= set(our_extender)
     for key in ("filterVerb", "prioritizeVerb", "nodeCacheCapable", "managedResources"):
@@ -283,9 +292,7 @@ def test_agent_rbac_is_get_and_patch_on_nodes_only() -> None:
 def _policy_names(variant: str) -> set[str]:
     rendered = render(variant)
     policies = {m["metadata"]["name"] for m in rendered.of_kind("ValidatingAdmissionPolicy")}
-    bound = {
-        m["spec"]["policyName"] for m in rendered.of_kind("ValidatingAdmissionPolicyBinding")
-    }
+    bound = {m["spec"]["policyName"] for m in rendered.of_kind("ValidatingAdmissionPolicyBinding")}
     assert bound == policies, "every policy has its binding and no binding dangles"
     return policies
 
@@ -310,17 +317,18 @@ def test_admission_policy_toggles(variant: str, expected: set[str]) -> None:
 
 
 def test_scorer_has_no_credentials_in_full_node_mode() -> None:
-    rendered = render("defaults")
+    rendered = render("full-node")
     deployment = rendered.get("Deployment", SCORER)
     assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert rendered.get("ServiceAccount", SCORER)["automountServiceAccountToken"] is False
     assert rendered.maybe("ClusterRole", SCORER) is None
     assert rendered.maybe("ClusterRoleBinding", SCORER) is None
+    assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is False
 
 
 def test_scorer_may_only_list_and_watch_nodes_in_names_only_mode() -> None:
-    rendered = render("node-cache")
+    rendered = render("defaults")  # names only is the default
     pod = rendered.get("Deployment", SCORER)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
     rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
@@ -364,7 +372,7 @@ def test_scheduler_registers_the_extender() -> None:
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "weight": 5,
-        "nodeCacheCapable": False,
+        "nodeCacheCapable": True,
         "ignorable": True,
         "httpTimeout": "2s",
         "enableHTTPS": False,

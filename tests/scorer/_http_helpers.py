@@ -5,19 +5,16 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from exporter_scheduler.app import ScorerApp
+from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import (
-    NodeSource,
-    RunningServer,
-    ScorerApp,
-    TlsFiles,
-    uvicorn_config,
-)
+from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.server import HttpServer, TlsFiles
 from gpu_contract.schema import FIELD_MANAGER, Health, NodeGpuState, encode, format_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
 
@@ -34,28 +31,35 @@ def make_app(
     *,
     policy: Policy | None = None,
     now: datetime = NOW,
-    node_source: NodeSource | None = None,
+    node_store: NodeStore | None = None,
     path_prefix: str = "/",
     max_body_bytes: int = 64 * 1024 * 1024,
 ) -> ScorerApp:
     return ScorerApp(
         policy=policy or Policy(),
         clock=fixed_clock(now),
-        node_source=node_source,
+        node_store=node_store,
         path_prefix=path_prefix,
         max_body_bytes=max_body_bytes,
     )
 
 
+def store_of(nodes: Iterable[NodeInput] | None, *, now: datetime = NOW) -> NodeStore:
+    """A names-only node store holding `nodes` (None: before its first LIST, not ready)."""
+    store = NodeStore(clock=fixed_clock(now))
+    if nodes is not None:
+        store.replace(nodes)
+    return store
+
+
 @contextmanager
-def serving(app: ScorerApp, *, tls: TlsFiles | None = None) -> Iterator[RunningServer]:
-    server = RunningServer(uvicorn_config(app, host="127.0.0.1", port=0, tls=tls))
-    with server:
+def serving(app: ScorerApp, *, tls: TlsFiles | None = None) -> Iterator[HttpServer]:
+    with HttpServer(app, host="127.0.0.1", port=0, tls=tls) as server:
         yield server
 
 
 def connect(
-    server: RunningServer, *, context: ssl.SSLContext | None = None
+    server: HttpServer, *, context: ssl.SSLContext | None = None
 ) -> http.client.HTTPConnection:
     if server.scheme == "https":
         return http.client.HTTPSConnection("127.0.0.1", server.port, timeout=10, context=context)

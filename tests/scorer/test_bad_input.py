@@ -10,10 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler import server as server_module
+from exporter_scheduler import scoring, verdicts
 from exporter_scheduler.metrics import ERROR_VERBS
 from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
 from tests.scorer._http_helpers import (
     args_body,
     call,
@@ -25,6 +24,7 @@ from tests.scorer._http_helpers import (
     node,
     pod,
     serving,
+    store_of,
 )
 
 PREFIX = "gpu-scheduler.example.com/"
@@ -100,14 +100,7 @@ def test_names_request_without_node_cache_is_400() -> None:
     ],
 )
 def test_empty_node_list_gets_a_valid_empty_reply(body: bytes, form: str) -> None:
-    class Empty:
-        def ready(self) -> bool:
-            return True
-
-        def lookup(self, names: Any) -> list[NodeInput]:
-            return []
-
-    app = make_app(node_source=Empty())
+    app = make_app(node_store=store_of([]))
     filtered = app.handle("filter", body)
     assert filtered.status == 200
     assert check_filter_reply(json.loads(filtered.body), given=[], form=form) == []
@@ -152,7 +145,9 @@ def test_an_internal_error_is_never_a_500(verb: Any, monkeypatch: pytest.MonkeyP
     def explode(*args: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(server_module, "evaluate", explode)
+    # Every verdict, in both modes and in explanations, comes from `judge_node`.
+    monkeypatch.setattr(scoring, "judge_node", explode)
+    monkeypatch.setattr(verdicts, "judge_node", explode)
     app = make_app()
     response = app.handle(verb, args_body(pod(), [node("a"), node("b")]))
     assert response.status == 200

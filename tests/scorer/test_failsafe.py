@@ -7,13 +7,12 @@ Neither is ever a 500 or a dropped connection; the scheduler gets a reply it han
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from exporter_scheduler.app import NOT_READY_ERROR, ScorerApp
 from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import NOT_READY_ERROR, ScorerApp
 from tests.scorer._http_helpers import (
     args_body,
     call,
@@ -23,21 +22,12 @@ from tests.scorer._http_helpers import (
     make_app,
     pod,
     serving,
+    store_of,
 )
 
 
-class Syncing:
-    """A node source before (and after) its first LIST."""
-
-    def __init__(self) -> None:
-        self.is_ready = False
-        self.generation = 0
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
-        return [NodeInput(n, gpu_annotations(utilization=0.95), None) for n in names]
+def _hot(*names: str) -> list[NodeInput]:
+    return [NodeInput(n, gpu_annotations(utilization=0.95), None) for n in names]
 
 
 def _metric(app: ScorerApp, line_start: str) -> float:
@@ -48,8 +38,8 @@ def _metric(app: ScorerApp, line_start: str) -> float:
 
 
 def test_names_only_before_the_first_list_is_an_error_not_a_blind_verdict() -> None:
-    source = Syncing()
-    app = make_app(node_source=source)
+    store = store_of(None)  # before its first LIST
+    app = make_app(node_store=store)
     body = args_body(pod(), names=["a", "b"])
 
     filtered = app.handle("filter", body)
@@ -63,7 +53,7 @@ def test_names_only_before_the_first_list_is_an_error_not_a_blind_verdict() -> N
     assert check_prioritize_reply(json.loads(scores.body), given=["a", "b"]) == {"a": 0, "b": 0}
     assert _metric(app, 'gpu_scorer_unready_requests_total{verb="filter"}') == 1
     # Nothing from before the list is reused after it.
-    source.is_ready = True
+    store.replace(_hot("a", "b"))
     after = json.loads(app.handle("filter", body).body)
     assert after["Error"] == ""
     assert after["FailedNodes"] == {
@@ -73,13 +63,13 @@ def test_names_only_before_the_first_list_is_an_error_not_a_blind_verdict() -> N
 
 
 def test_full_node_requests_do_not_wait_for_the_node_cache() -> None:
-    app = make_app(node_source=Syncing())
+    app = make_app(node_store=store_of(None))
     body = args_body(pod(), nodes=[])
     assert json.loads(app.handle("filter", body).body)["Error"] == ""
 
 
 def test_malformed_names_before_the_first_list_are_still_400() -> None:
-    response = make_app(node_source=Syncing()).handle(
+    response = make_app(node_store=store_of(None)).handle(
         "filter", b'{"Pod": {}, "Nodes": null, "NodeNames": [1]}'
     )
     assert response.status == 400

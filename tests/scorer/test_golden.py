@@ -129,7 +129,7 @@ def names_only_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]
         tuning = CacheTuning(backoff_initial_s=0.01, backoff_max_s=0.05)
         with NodeCache(kubeconfig=str(kubeconfig), metrics=metrics, tuning=tuning) as cache:
             assert cache.wait_until(lambda c: c.ready(), 10)
-            with serving(make_app(node_source=cache)) as server:
+            with serving(make_app(node_store=cache.store)) as server:
                 yield server
 
 

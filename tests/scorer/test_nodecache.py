@@ -190,8 +190,8 @@ def test_stop_is_prompt_with_a_watch_open(standin: ApiServerStandIn, tmp_path: P
     # Opening a watch changes nothing the cache signals, so this one wait polls.
     assert _poll(lambda: standin.watch_count == 1, WAIT_S)
     cache.stop(timeout_s=5)
-    assert cache._thread is not None
-    assert not cache._thread.is_alive()
+    assert len(cache._threads) == 2  # the list + watch loop and the expiry timer
+    assert not any(thread.is_alive() for thread in cache._threads)
 
 
 def test_missing_credentials_fail_at_start(tmp_path: Path) -> None:

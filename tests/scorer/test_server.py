@@ -9,20 +9,15 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from exporter_scheduler.app import normalize_path_prefix
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import (
-    DEFAULT_KEEP_ALIVE_S,
-    TlsFiles,
-    normalize_path_prefix,
-    uvicorn_config,
-)
+from exporter_scheduler.server import DEFAULT_KEEP_ALIVE_S, HttpServer, TlsFiles
 from tests.scorer._http_helpers import (
     NOW,
     args_body,
@@ -35,21 +30,8 @@ from tests.scorer._http_helpers import (
     node,
     pod,
     serving,
+    store_of,
 )
-
-
-class FakeSource:
-    """A NodeSource whose readiness the test controls."""
-
-    def __init__(self, nodes: dict[str, NodeInput], *, ready: bool = True) -> None:
-        self.nodes = nodes
-        self.is_ready = ready
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
-        return [self.nodes.get(n) or NodeInput(n, {}, None) for n in names]
 
 
 def _mixed_nodes() -> list[dict[str, object]]:
@@ -109,22 +91,100 @@ def test_keep_alive_reuses_one_connection_after_idling() -> None:
         assert call(conn, "POST", "/filter", body)[0] == 200
         assert conn.sock is sock
         assert sock.getsockname() == local
-        assert len(server.server.server_state.connections) == 1
+        assert len(server.connection_sockets()) == 1
         conn.close()
 
 
 def test_keep_alive_timeout_outlasts_the_schedulers_idle_connections() -> None:
-    config = uvicorn_config(make_app(), host="127.0.0.1", port=0)
-    assert config.timeout_keep_alive == DEFAULT_KEEP_ALIVE_S > 90
-    assert config.http == "httptools"
+    server = HttpServer(make_app(), host="127.0.0.1", port=0)
+    assert server.keep_alive_s == DEFAULT_KEEP_ALIVE_S > 90
+    server.stop()
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    body = args_body(pod(), _mixed_nodes())
+    app = make_app()
+    with HttpServer(app, host="127.0.0.1", port=0, keep_alive_s=0.3) as server:
+        conn = connect(server)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        deadline = time.monotonic() + 5
+        while server.connection_sockets() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connection_sockets() == []
+        conn.close()
+
+
+def test_pipelined_requests_and_http_1_0() -> None:
+    """Two requests in one write are answered in order; an HTTP/1.0 client without keep-alive
+    gets its answer and a closed connection."""
+    with serving(make_app()) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 2 or not data.endswith(b"}"):
+            data += s.recv(4096)
+        first, second = data.split(b"HTTP/1.1 ")[1:]
+        assert first.startswith(b"200")
+        assert first.endswith(b"ok\n")
+        assert second.startswith(b"404")
+    with serving(make_app()) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200")
+        assert b"connection: close" in data
+
+
+def test_head_and_expect_continue() -> None:
+    with serving(make_app()) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"content-length: 3\r\n" in head
+        assert head.endswith(b"\r\n\r\n")  # the head alone, no body
+        body = args_body(pod(), _mixed_nodes())
+        s.sendall(
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        assert s.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        data = b""
+        while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+            data += s.recv(65536)
+        assert data.startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        pytest.param(b"GARBAGE\r\n\r\n", id="request-line"),
+        pytest.param(b"GET /healthz HTTP/2.0\r\n\r\n", id="version"),
+        pytest.param(b"POST /filter HTTP/1.1\r\nContent-Length: x\r\n\r\n", id="length"),
+        pytest.param(
+            b"POST /filter HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            id="two-lengths",
+        ),
+        pytest.param(b"POST /filter HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", id="encoding"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\n Folded: x\r\n\r\n", id="folded-header"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nName : x\r\n\r\n", id="space-before-colon"),
+    ],
+)
+def test_malformed_http_is_400_and_closed(head: bytes) -> None:
+    with serving(make_app()) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400")
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["Error"]
 
 
 def test_accepted_sockets_have_tcp_nodelay() -> None:
     with serving(make_app()) as server:
         conn = connect(server)
         assert call(conn, "GET", "/healthz")[0] == 200
-        (protocol,) = server.server.server_state.connections
-        accepted = protocol.transport.get_extra_info("socket")
+        (accepted,) = server.connection_sockets()
         assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
         conn.close()
 
@@ -155,13 +215,13 @@ def test_path_prefix_routes() -> None:
 
 
 def test_health_readiness_and_metrics() -> None:
-    source = FakeSource({"a": NodeInput("a", gpu_annotations(), None)}, ready=False)
+    store = store_of(None)
     body = args_body(pod(), names=["a", "b"])
-    with serving(make_app(node_source=source)) as server:
+    with serving(make_app(node_store=store)) as server:
         conn = connect(server)
         assert call(conn, "GET", "/healthz")[:1] == (200,)
         assert call(conn, "GET", "/readyz")[0] == 503
-        source.is_ready = True
+        store.replace([NodeInput("a", gpu_annotations(), None)])
         assert call(conn, "GET", "/readyz")[0] == 200
         status, _, data = call(conn, "POST", "/filter", body)
         assert status == 200
@@ -187,8 +247,8 @@ def test_health_readiness_and_metrics() -> None:
 
 
 def test_explain_a_names_only_request_from_the_node_cache() -> None:
-    source = FakeSource({"a": NodeInput("a", gpu_annotations(utilization=0.95), None)})
-    response = make_app(node_source=source).handle(
+    store = store_of([NodeInput("a", gpu_annotations(utilization=0.95), None)])
+    response = make_app(node_store=store).handle(
         "explain", args_body(pod(), names=["a", "b"]), query=b"output=text"
     )
     assert response.status == 200

@@ -227,12 +227,57 @@ def test_filter_error_reply_without_a_request() -> None:
 
 def test_decode_paths_name_the_bad_node() -> None:
     doc = node("a")
-    doc["metadata"]["annotations"] = {"k": 1}
+    doc["metadata"]["annotations"] = {"gpu-scheduler.example.com/utilization": 1}
     body = json.dumps({"Pod": pod(), "Nodes": {"items": [node("ok"), doc]}}).encode()
     with pytest.raises(wire.WireError) as caught:
         wire.decode_args(body, gpu_resource_name=GPU)
     assert caught.value.cause == "wrong_type"
     assert "$.Nodes.items[1]" in str(caught.value)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["as-the-scheduler-sends", "with-typemeta"])
+def test_nodes_written_as_go_does_are_found_in_the_body(typed: bool) -> None:
+    """Go's compact layout: each Node's bytes are a slice of the body (no second parse)."""
+    docs = [node(n, gpu_annotations()) for n in ("a", "b", "c")]
+    if typed:
+        docs = [{"kind": "Node", "apiVersion": "v1", **d} for d in docs]
+    document = {"Pod": pod(), "Nodes": {"metadata": {}, "items": docs}, "NodeNames": None}
+    body = json.dumps(document, separators=(",", ":")).encode()
+    request = wire.decode_args(body, gpu_resource_name=GPU)
+    assert all(isinstance(raw, memoryview) for raw in request.raw_nodes)
+    assert [json.loads(bytes(raw)) for raw in request.raw_nodes] == docs
+    reply = wire.encode_filter_reply(request, passed=["a", "c"], failed={"b": "x"}, unresolvable={})
+    assert reply.startswith(
+        b'{"Nodes":{"items":['
+        + bytes(request.raw_nodes[0])
+        + b","
+        + bytes(request.raw_nodes[2])
+        + b"]}"
+    )
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda b: b.replace(b'"NodeNames":null}', b'"NodeNames":null }'), id="end"),
+        pytest.param(lambda b: b.replace(b'},{"metadata"', b'}, {"metadata"'), id="spacing"),
+        pytest.param(
+            lambda b: b.replace(b'{"metadata":{"name":"b"', b'{"metadata":{"uid":"u","name":"b"'),
+            id="name-not-first",
+        ),
+    ],
+)
+def test_other_layouts_are_read_the_general_way(tamper: Any) -> None:
+    docs = [node(n, gpu_annotations()) for n in ("a", "b", "c")]
+    document = {"Pod": pod(), "Nodes": {"metadata": {}, "items": docs}, "NodeNames": None}
+    body = tamper(json.dumps(document, separators=(",", ":")).encode())
+    request = wire.decode_args(body, gpu_resource_name=GPU)
+    assert all(isinstance(raw, msgspec.Raw) for raw in request.raw_nodes)
+    assert [json.loads(bytes(raw))["metadata"]["name"] for raw in request.raw_nodes] == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 def test_raw_items_are_views_of_the_body_not_reencodings() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import figures
+from benchmarks import figures, real_scheduler
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +34,13 @@ def test_quick_run_writes_the_document(quick_run: Path) -> None:
         "## Scheduling quality",
         "## Agent tick and memory",
         "## Scorer latency",
+        "## The real kube-scheduler's throughput",
     ):
         assert heading in text
     assert "python3 dev.py figures" in text
     assert "Quick smoke run" in text
     # Skipped benchmarks are said to be skipped, not silently left out.
-    assert text.count("skipped (--no-benchmarks)") == 2
+    assert text.count("skipped (--no-benchmarks)") == 3
     for image in ("writes_vs_fleet", "data_age", "storm", "placement", "fragmentation"):
         assert f"(img/{image}.png)" in text
 
@@ -82,31 +83,42 @@ def test_agent_section_renders_the_benchmark_json() -> None:
     assert "python -OO`, `--pod-resources=false`" not in section  # not measured: not shown
 
 
-def test_scorer_latency_figure_from_rows(tmp_path: Path) -> None:
-    rows = [
-        {
-            "mode": mode,
-            "nodes": nodes,
-            "body_bytes": nodes * 6500,
-            "filter": {"median_ms": nodes / 1000, "p99_ms": nodes / 500},
-            "floor": {"median_ms": nodes / 1500, "p99_ms": nodes / 900},
-            "naive": {"median_ms": nodes / 50, "p99_ms": nodes / 40},
-            "round_trip": {"median_ms": nodes / 800, "p99_ms": nodes / 400},
-        }
-        for mode in ("full", "names")
-        for nodes in (100, 500, 1000, 5000)
-    ]
+def _timing(ms: float) -> dict[str, float]:
+    return {"median_ms": ms, "p99_ms": 2 * ms, "n": 10}
+
+
+def test_scorer_latency_figure_and_section_from_rows(tmp_path: Path) -> None:
+    rows: list[dict[str, object]] = []
+    for mode in ("names", "full"):
+        for nodes in (500, 5000):
+            row: dict[str, object] = {"mode": mode, "nodes": nodes, "body_bytes": nodes * 7500}
+            for label, factor in (("after", 1.0), ("before", 3.0)):
+                verbs = ("filter", "prioritize", "again") if mode == "names" else ("filter",)
+                for verb in (*verbs, "prioritize"):
+                    row[f"{label}_{verb}"] = _timing(factor * nodes / 1000)
+                    row[f"{label}_{verb}_handler"] = _timing(factor * nodes / 1100)
+            if mode == "full":
+                row["floor"] = _timing(nodes / 2000)
+                row["after_filter_over_floor"] = 2.0
+                row["before_filter_over_floor"] = 6.0
+            else:
+                row["after_event_us"] = 25.0
+                row["before_event_us"] = 20.0
+                row["classes_event_us"] = {"after": 40.0, "before": 20.0}
+                row["churn_nodes"] = 100
+            rows.append(row)
     path = tmp_path / "latency.png"
     assert figures.fig_scorer_latency(rows, path)
     assert path.stat().st_size > 0
     assert not figures.fig_scorer_latency([{"mode": "full"}], tmp_path / "none.png")
-    targets = [{"target": "round trip <= 3.3 ms", "value": 4.0, "met": False}]
-    section = figures._scorer_section(
-        {"data": {"rows": rows, "targets": targets}, "command": "c"}, plotted=True
-    )
+    targets = [{"target": "names-only filter server time <= 0.3 ms", "value": 0.5, "met": False}]
+    data = {"rows": rows, "targets": targets, "trees": ["after", "before"], "before": "abc123"}
+    section = figures._scorer_section({"data": data, "command": "c"}, plotted=True)
     assert "scorer_latency.png" in section
-    assert "| full | 5,000 | 32.50 | 3.33 | 5.00 | 10.00 |" in section
-    assert "**missed**: round trip <= 3.3 ms (measured 4.0)" in section
+    assert "**missed**: names-only filter server time <= 0.3 ms" in section
+    assert "| names | 500 | filter | 1.50 | 0.50 | 0.45 | 3.0 x |" in section
+    assert "`abc123`" in section
+    assert "0.44 %" in section  # 40 us x 110 events/s of one core
 
 
 def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
@@ -119,7 +131,7 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
     assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
     after = (out / "performance.md").read_text()
     again = figures._kept_sections(after)
-    for name in ("fleet", "placement", "agent", "scorer"):
+    for name in ("fleet", "placement", "agent", "scorer", "scheduler"):
         assert again[name] == kept[name], name
     assert "Partly regenerated" in after
     assert "--sections storm" in after
@@ -133,3 +145,43 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
 def test_a_partial_run_needs_the_other_sections_to_exist(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         figures.main(["--quick", "--out-dir", str(tmp_path), "--sections", "storm"])
+
+
+def test_the_scheduler_section_shows_before_and_now(tmp_path: Path) -> None:
+    """The real-scheduler table from a benchmark document, against an earlier run's."""
+
+    def document(names_pods_per_s: float) -> dict[str, object]:
+        modes = {
+            "none": {"pods_per_s_median": 200.0, "pods_per_s": [200.0], "ratio_to_none": 1.0},
+            "names": {
+                "pods_per_s_median": names_pods_per_s,
+                "pods_per_s": [names_pods_per_s],
+                "ratio_to_none": names_pods_per_s / 200.0,
+                "scorer_ms_median": {"filter": 0.25, "prioritize": 0.2},
+            },
+        }
+        return {
+            "machine": "2 logical CPUs",
+            "measured_at": "2026-12-01 20:00 UTC",
+            "label": "the earlier scorer",
+            "sizes": [
+                {
+                    "config": {"nodes": 300, "pods": 120, "rounds": 3},
+                    "patches_per_s": 6.9,
+                    "modes": modes,
+                }
+            ],
+        }
+
+    before, now = document(150.0), document(190.0)
+    section = real_scheduler.markdown_section(
+        now, command="python -m benchmarks.real_scheduler --json", before=before, plotted=True
+    )
+    row = next(line for line in section.splitlines() if "names only" in line)
+    assert "| 190.0 " in row
+    assert "| 0.95x " in row  # now
+    assert "| 0.75x " in row  # before
+    assert "6.9 patches/s at 300 nodes" in section
+    assert "the earlier scorer (2026-12-01 20:00 UTC)" in section
+    assert real_scheduler.plot(now, tmp_path / "plot.png", before=before)
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"

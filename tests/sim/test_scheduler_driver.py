@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.nodecache import NodeCache
 from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import RunningServer, ScorerApp, uvicorn_config
+from exporter_scheduler.server import HttpServer
 from gpu_contract.schema import Health, NodeGpuState, encode
 from gpu_sim.apiserver import ApiServerStandIn
 from gpu_sim.nodes import gpu_node
@@ -103,8 +104,7 @@ class RecordingLoad:
 @pytest.fixture(scope="module")
 def scorer_url() -> Iterator[str]:
     app = ScorerApp(policy=Policy(), clock=lambda: NOW)
-    server = RunningServer(uvicorn_config(app, host="127.0.0.1", port=0, log_level="warning"))
-    server.start()
+    server = HttpServer(app, host="127.0.0.1", port=0).start()
     try:
         yield server.url
     finally:
@@ -186,13 +186,10 @@ def test_names_only_requests_match_the_captured_shape(tmp_path: Path) -> None:
         api.put_node(node)
     api.start()
     cache = NodeCache(kubeconfig=str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    server = RunningServer(
-        uvicorn_config(
-            ScorerApp(policy=Policy(), clock=lambda: NOW, node_source=cache),
-            host="127.0.0.1",
-            port=0,
-            log_level="warning",
-        )
+    server = HttpServer(
+        ScorerApp(policy=Policy(), clock=lambda: NOW, node_store=cache.store),
+        host="127.0.0.1",
+        port=0,
     )
     client: RecordingClient | None = None
     try:

@@ -1,0 +1,434 @@
+"""The extender's request path: one body in, one reply out, in four stages and with no I/O.
+
+    decode (wire)  ->  pod class (scoring.PodClass, compiled once per class)
+                   ->  verdicts: full nodes: `evaluate`; names only: the node store's entries
+                   ->  reply bytes, then the verdict counters and log lines
+
+kube-scheduler waits for every answer, so nothing here waits on anything: node data in
+names-only mode is the node store's, kept current by the watch thread, and log records go
+through a queue (`cli.configure_logging`). Every input gets a defined answer: an unusable body
+400 (413 from the HTTP edge), a bug while judging a fallback 200 that the scheduler can act on
+(`filter`: `Error` and no node passing; `prioritize`: neutral scores), a names-only request before
+the node cache's first LIST an `Error` rather than a blind verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from itertools import compress
+from typing import Final
+from urllib.parse import parse_qs
+
+from exporter_scheduler import wire
+from exporter_scheduler.explain import explain, render_text, verdict_values
+from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
+from exporter_scheduler.nodestore import NodeStore, describe_pod_class
+from exporter_scheduler.policy import Policy
+from exporter_scheduler.scoring import (
+    NodeInput,
+    NodeVerdict,
+    PodClass,
+    PodClassKey,
+    evaluate,
+    pod_class_key,
+)
+from exporter_scheduler.verdicts import ContentVerdicts, Judgement, TallyKey
+
+# 5000 full Nodes of ~7 KB are ~38 MB; twice that leaves room for bigger Node objects
+# (many images, long annotations) without letting one request exhaust memory.
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+# Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
+_MAX_POD_CLASSES: Final = 256
+
+JSON: Final = b"application/json"
+TEXT: Final = b"text/plain; charset=utf-8"
+NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST pending)"
+
+Clock = Callable[[], datetime]
+Buffer = wire.Buffer
+
+log = logging.getLogger("exporter_scheduler.server")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Response:
+    """A status, a content type and the body as buffers to write in order (a full-node filter
+    reply is mostly slices of the request's own Node bytes, written without joining them)."""
+
+    __slots__ = ("allow", "content_type", "parts", "status")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes | Sequence[Buffer] = b"",
+        content_type: bytes = JSON,
+        *,
+        allow: bytes | None = None,
+    ) -> None:
+        self.status = status
+        self.parts: tuple[Buffer, ...] = (body,) if isinstance(body, bytes) else tuple(body)
+        self.content_type = content_type
+        self.allow = allow  # the `Allow` header of a 405
+
+    @property
+    def body(self) -> bytes:
+        """The whole body as one bytes object (tests, small replies)."""
+        parts = self.parts
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            return parts[0]
+        return b"".join(parts)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.parts))
+
+
+def normalize_path_prefix(prefix: str) -> str:
+    """`/` -> ``, `scheduler/` -> `/scheduler`: the part before `/filter`."""
+    stripped = prefix.strip().strip("/")
+    return f"/{stripped}" if stripped else ""
+
+
+class ScorerApp:
+    """The request path; `respond()` is what the HTTP edge calls, `handle()` one extender call."""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        clock: Clock = utc_now,
+        node_store: NodeStore | None = None,
+        path_prefix: str = "/",
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        metrics: ScorerMetrics | None = None,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.node_store = node_store
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics if metrics is not None else ScorerMetrics()
+        self._classes: dict[PodClassKey, PodClass] = {}
+        self._full_node_verdicts = ContentVerdicts()
+        prefix = normalize_path_prefix(path_prefix)
+        self._verbs: dict[str, Verb] = {
+            f"{prefix}/filter": "filter",
+            f"{prefix}/prioritize": "prioritize",
+            f"{prefix}/explain": "explain",
+        }
+
+    # ------------------------------------------------------------------ routes
+    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response:
+        """Any HTTP request, routed; never raises."""
+        verb = self._verbs.get(path)
+        try:
+            if method == "POST" and verb is not None:
+                return self.handle(verb, body, query=query)
+            return self.handle_get(method, path)
+        except Exception as exc:  # a bug outside the verdicts: still a defined answer, not a 500
+            return self._unexpected(verb, exc)
+
+    def body_too_large(self) -> Response:
+        self.metrics.bad_requests.labels("body_too_large").inc()
+        error = f"request body exceeds {self.max_body_bytes} bytes (max-body-bytes)"
+        return Response(413, wire.encode_json({"Error": error}))
+
+    def handle_get(self, method: str, path: str) -> Response:
+        if path in self._verbs:
+            return _method_not_allowed("POST")
+        if path not in ("/healthz", "/readyz", "/metrics"):
+            return Response(404, wire.encode_json({"Error": f"no such path: {path[:200]}"}))
+        if method not in ("GET", "HEAD"):
+            return _method_not_allowed("GET, HEAD")
+        if path == "/healthz":
+            return Response(200, b"ok\n", TEXT)
+        if path == "/readyz":
+            if self.node_store is None or self.node_store.ready():
+                return Response(200, b"ok\n", TEXT)
+            return Response(503, b"node cache has not completed its first list\n", TEXT)
+        body, content_type = self.metrics.render()
+        return Response(200, body, content_type.encode())
+
+    # ------------------------------------------------------------------ the pipeline
+    def handle(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
+        """Answer one extender call (`filter`, `prioritize` or `explain`) for a request body."""
+        started = time.perf_counter()
+        request = self._decode(verb, body)
+        if isinstance(request, Response):
+            return request
+        if request.form == "names" and verb != "explain" and not self._store_ready():
+            return self._not_ready(verb, request, started)
+        now = self.clock()
+        try:
+            pod_class = self._pod_class(request)
+            if verb == "explain":
+                response = self._explain(request, pod_class, now, query)
+            elif request.form == "names":
+                response = self._names_reply(verb, request, pod_class, now)
+            else:
+                response = self._nodes_reply(verb, request, pod_class, now)
+        except Exception as exc:
+            response = self._internal_error(verb, request, exc)
+        self._observe(verb, request, started)
+        return response
+
+    def _decode(self, verb: Verb, body: Buffer) -> wire.ExtenderRequest | Response:
+        """Stage 1: the body, decoded to what a verdict reads, or the 400 that says why not."""
+        try:
+            request = wire.decode_args(
+                body,
+                gpu_resource_name=self.policy.gpu_resource_name,
+                keys=self.policy.keys,
+                echo=verb == "filter",  # only a filter reply echoes the Nodes
+                # The node store knows the names of the lists it has been asked about.
+                decode_names=self.node_store is None,
+            )
+            if request.form == "names" and self.node_store is not None and not request.node_names:
+                names = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
+                request = dataclasses.replace(request, node_names=names)
+        except wire.WireError as exc:
+            self.metrics.bad_requests.labels(exc.cause).inc()
+            return _bad_request(verb, str(exc))
+        if request.form == "names" and self.node_store is None:
+            self.metrics.bad_requests.labels("names_without_node_cache").inc()
+            return _bad_request(
+                verb,
+                "the request carries NodeNames (nodeCacheCapable: true) but the scorer runs "
+                "without --node-cache",
+            )
+        return request
+
+    def _pod_class(self, request: wire.ExtenderRequest) -> PodClass:
+        """Stage 2: the pod's class, compiled once and reused by every pod with the same hints
+        and GPU request under this policy."""
+        policy = self.policy
+        known = self._classes.get(pod_class_key(request.pod, policy))
+        if known is not None and known.policy is policy:
+            return known
+        pod_class = PodClass.of(request.pod, policy)
+        if len(self._classes) >= _MAX_POD_CLASSES:
+            self._classes = {}
+        self._classes[pod_class.key] = pod_class
+        return pod_class
+
+    def _nodes_reply(
+        self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
+    ) -> Response:
+        """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
+        before for this class, the others judged, the chain, the reply."""
+        gpu_keys = wire.gpu_keys(request.keys)
+        judgement, judged = self._full_node_verdicts.judge(
+            pod_class,
+            request.records,
+            request.node_names,
+            now,
+            lambda record: wire.record_input(record, gpu_keys),
+        )
+        if verb == "prioritize":
+            return Response(200, judgement.prioritize_reply())
+        failed, unresolvable = judgement.rejections()
+        parts = wire.filter_reply_parts(
+            request, judgement.passed_mask(), failed=failed, unresolvable=unresolvable
+        )
+        self._count_and_log(request, pod_class, judgement, judged)
+        return Response(200, parts)
+
+    def _names_reply(
+        self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
+    ) -> Response:
+        """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
+        assert self.node_store is not None  # `_decode` answered 400 otherwise
+        judgement = self.node_store.judge(
+            pod_class, request.node_names, now, list_key=request.node_names_json
+        )
+        if judgement.judged:
+            self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
+        replies = judgement.replies  # bytes made earlier from these same entries, if any
+        body = None if replies is None else replies.get(verb)
+        if body is None:
+            if verb == "prioritize":
+                body = judgement.prioritize_reply()
+            else:
+                failed, unresolvable = judgement.rejections()
+                passed = list(compress(judgement.names, judgement.passed_mask()))
+                body = wire.encode_names_filter_reply(
+                    passed, failed=failed, unresolvable=unresolvable
+                )
+            if replies is not None:
+                replies[verb] = body
+        if verb == "filter":
+            # The node store logged the rejected nodes' values when it judged them.
+            self._count_and_log(request, pod_class, judgement, ())
+        return Response(200, body)
+
+    def _count_and_log(
+        self,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        judgement: Judgement,
+        judged: Sequence[NodeVerdict],
+    ) -> None:
+        """The verdict counters; log lines for the rejected nodes judged in this request (their
+        values), and one for the request."""
+        counts = judgement.tally()
+        tally = self.metrics.tally_counts(counts)
+        self.metrics.add_tally(tally)
+        if not tally.rejected or not log.isEnabledFor(logging.INFO):
+            return
+        pod = _pod_ref(request)
+        problem = pod_class.hint_problem
+        if problem is not None:
+            log.info(
+                "pod rejected on every node",
+                extra={"fields": {"pod": pod, "reason": problem.reason}},
+            )
+            return
+        logged = 0
+        for verdict in judged:
+            if not verdict.passed:
+                logged += 1
+                _log_rejection(pod, verdict)
+        _log_request_rejections(pod, pod_class, counts, tally, logged)
+
+    def _explain(
+        self,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        now: datetime,
+        query: bytes,
+    ) -> Response:
+        evaluation = evaluate(
+            request.pod, self._nodes_of(request), now, self.policy, pod_class=pod_class
+        )
+        document = explain(evaluation, request.pod, now, self.policy)
+        output = parse_qs(query.decode("latin-1")).get("output", ["json"])[-1]
+        if output == "text":
+            return Response(200, render_text(document).encode(), TEXT)
+        return Response(200, wire.encode_json(document))
+
+    def _observe(self, verb: Verb, request: wire.ExtenderRequest, started: float) -> None:
+        metrics = self.metrics
+        metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
+        metrics.nodes_per_request_by_verb[verb].observe(request.node_count)
+
+    # ------------------------------------------------------------------ defined fallbacks
+    def _store_ready(self) -> bool:
+        return self.node_store is not None and self.node_store.ready()
+
+    def _not_ready(self, verb: Verb, request: wire.ExtenderRequest, started: float) -> Response:
+        """Names only, before the node cache's first LIST: no answer rather than a blind one.
+
+        Evaluated now, every node would be "missing data": passed blind (lenient) or rejected
+        as unresolvable (strict, leaving the pod unschedulable until a cluster change). A
+        filter `Error` instead makes the scheduler retry the pod with back-off, by when the
+        LIST is in; prioritize (called only after a filter) gives the neutral 0.
+        """
+        self.metrics.unready_requests.labels(verb).inc()
+        if verb == "filter":
+            response = Response(200, wire.encode_filter_error(request, NOT_READY_ERROR))
+        else:
+            response = Response(
+                200, wire.encode_prioritize_reply((name, 0) for name in request.node_names)
+            )
+        self._observe(verb, request, started)
+        return response
+
+    def _nodes_of(self, request: wire.ExtenderRequest) -> Sequence[NodeInput]:
+        if request.form == "names" and self.node_store is not None:
+            return self.node_store.lookup(request.node_names)
+        return request.nodes
+
+    def _unexpected(self, verb: Verb | None, exc: Exception) -> Response:
+        """The answer when `handle` itself raised (nothing known of the request)."""
+        self.metrics.internal_errors.labels(verb or "other").inc()
+        log.error("request failed", exc_info=exc, extra={"fields": {"verb": verb or "other"}})
+        message = f"gpu scorer internal error: {type(exc).__name__}"
+        if verb == "filter":
+            return Response(200, wire.encode_filter_error(None, message))
+        if verb == "prioritize":
+            # No node named, no score added: the scheduler ranks as without the extender.
+            return Response(200, wire.encode_prioritize_reply(()))
+        if verb == "explain":
+            return Response(200, wire.encode_json({"Error": message}))
+        return Response(503, wire.encode_json({"Error": message}))
+
+    def _internal_error(
+        self, verb: Verb, request: wire.ExtenderRequest, exc: Exception
+    ) -> Response:
+        self.metrics.internal_errors.labels(verb).inc()
+        log.error(
+            "evaluation failed",
+            exc_info=exc,
+            extra={"fields": {"verb": verb, "pod": _pod_ref(request), "nodes": request.node_count}},
+        )
+        message = f"gpu scorer internal error: {type(exc).__name__}"
+        if verb == "filter":
+            return Response(200, wire.encode_filter_error(request, message))
+        if verb == "prioritize":
+            return Response(
+                200, wire.encode_prioritize_reply((name, 0) for name in request.node_names)
+            )
+        return Response(200, wire.encode_json({"Error": message}))
+
+
+def _pod_ref(request: wire.ExtenderRequest) -> str:
+    return f"{request.pod.namespace}/{request.pod.name}"
+
+
+def _log_rejection(pod: str, verdict: NodeVerdict) -> None:
+    """One structured line per rejected node judged: the uniform reason plus what was read."""
+    fields: dict[str, object] = {
+        "pod": pod,
+        "node": verdict.name,
+        "reason": verdict.reason or "",
+        "unresolvable": verdict.unresolvable,
+        "data_status": str(verdict.data_status),
+    }
+    fields.update(verdict_values(verdict))
+    log.info("node rejected", extra={"fields": fields})
+
+
+def _log_request_rejections(
+    pod: str,
+    pod_class: PodClass,
+    counts: Mapping[TallyKey, int],
+    tally: VerdictTally,
+    logged: int,
+) -> None:
+    """One line per filter request with rejections: the counts by reason. The per-node values
+    are in the `node rejected` lines written where each verdict was judged (`judged_rejected`
+    of them by this request)."""
+    reasons: dict[str, int] = {}
+    for (passed, _, reason, _), count in counts.items():
+        if not passed and reason is not None:
+            reasons[reason] = reasons.get(reason, 0) + count
+    log.info(
+        "nodes rejected",
+        extra={
+            "fields": {
+                "pod": pod,
+                "pod_class": describe_pod_class(pod_class),
+                "rejected": tally.rejected,
+                "unresolvable": tally.unresolvable,
+                "judged_rejected": logged,
+                "reasons": dict(sorted(reasons.items())),
+            }
+        },
+    )
+
+
+def _bad_request(verb: Verb, message: str) -> Response:
+    if verb == "filter":
+        # Shaped like an ExtenderFilterResult, so even a lenient reader sees `Error`.
+        return Response(400, wire.encode_filter_error(None, message))
+    return Response(400, wire.encode_json({"Error": message}))
+
+
+def _method_not_allowed(allowed: str) -> Response:
+    body = wire.encode_json({"Error": f"method not allowed; use {allowed}"})
+    return Response(405, body, allow=allowed.encode())

@@ -1,0 +1,394 @@
+"""Names-only mode's node data: every Node's inputs and, per active pod class, each node's verdict
+with its encoded reply fragment, kept current off the request path.
+
+Writers (the node cache's watch thread for each event, its expiry timer when a verdict's time
+window ends) judge the changed node for every active pod class. A request then only looks its
+names up, resolves the model chain (the one cross-node step, `scoring.resolve_chain`) and joins
+the pre-encoded fragments. Replies are the bytes `evaluate` gives for the same node data at the
+same `now`, because an entry is a pure function of (node, class, time window) and a request uses
+an entry only while its window covers `now` (judging any other node itself).
+
+Threads. Every write (`put`, `delete`, `replace`, `refresh_expired`, a request storing what it
+had to judge) holds `_lock`, and keeps the invariant: a class's entry for a name was judged from
+the `NodeInput` the store holds for that name now. Requests read without the lock. Under the
+GIL a single dict store or get is atomic, and entries are immutable, so a request sees each
+node's entry whole, either before or after a concurrent write: the same as reading the node
+cache a moment earlier or later, which is what a request may see anyway. An entry is used only
+if its window covers the request's own `now`: the table's bounds over all its entries say so in
+one comparison (writers narrow them before storing an entry, and bump an epoch before widening
+them, which the request checks; `VerdictTable.store`), else each entry read is checked; so an
+entry a writer judged at another clock than the request's is still used only where it is right.
+A free-threaded Python (no GIL) would need a lock around the request's reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from itertools import repeat
+from operator import is_
+from types import MappingProxyType
+from typing import Final
+
+from exporter_scheduler.explain import verdict_values
+from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
+from exporter_scheduler.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
+
+log = logging.getLogger("exporter_scheduler.nodestore")
+
+# Pod classes kept (an LRU, learned from requests): a few in practice (pods differ in hints and
+# GPU count), each ~200 bytes per node.
+DEFAULT_MAX_CLASSES: Final = 16
+# Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
+_VIEWS_PER_CLASS: Final = 8
+_LISTS_KEPT: Final = 64
+_NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class NodeStore:
+    """Name -> `NodeInput` for every Node, plus per active pod class each node's `Entry`.
+
+    See the module docstring for who writes and why readers need no lock.
+    """
+
+    def __init__(self, *, clock: Clock = utc_now, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
+        if max_classes < 1:
+            raise ValueError("a node store keeps at least one pod class")
+        self.clock = clock
+        self.max_classes = max_classes
+        self._nodes: dict[str, NodeInput] = {}
+        self._tables: dict[PodClassKey, VerdictTable] = {}
+        self._lock = threading.Lock()
+        self._synced = False
+        self._uses = 0
+        self._lists: dict[bytes, tuple[str, ...]] = {}
+
+    # ------------------------------------------------------------------ reads (any thread)
+    def ready(self) -> bool:
+        """True once a full list of the nodes has been given (`replace`)."""
+        return self._synced
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def classes(self) -> int:
+        return len(self._tables)
+
+    def entries(self) -> int:
+        """Entries over all pod classes (memory, tests)."""
+        return sum(len(t.entries) for t in list(self._tables.values()))
+
+    def lookup(self, names: Sequence[str]) -> list[NodeInput]:
+        """One `NodeInput` per name, in order; an unknown name gets one with no annotations."""
+        nodes = self._nodes
+        found = list(map(nodes.get, names))  # in C: one snapshot for the whole list
+        if any(map(is_, found, repeat(None))):
+            return [
+                node or NodeInput(name, _NO_ANNOTATIONS, None)
+                for node, name in zip(found, names, strict=True)
+            ]
+        return found  # type: ignore[return-value]  # no None left
+
+    def list_names(
+        self, list_key: bytes, decode: Callable[[bytes], tuple[str, ...]]
+    ) -> tuple[str, ...]:
+        """The names of the node list `list_key` (a request's `NodeNames` bytes): `decode`d
+        once per list, then remembered (the scheduler repeats its few lists)."""
+        names = self._lists.get(list_key)
+        if names is None:
+            names = tuple(map(sys.intern, decode(list_key)))
+            if len(self._lists) >= _LISTS_KEPT:
+                self._lists = {}
+            self._lists[list_key] = names
+        return names
+
+    def judge(
+        self, pod_class: PodClass, names: Sequence[str], now: datetime, *, list_key: bytes = b""
+    ) -> Judgement:
+        """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them.
+
+        `list_key` names the node list (the request's `NodeNames` bytes: the same key must mean
+        the same names in the same order). A list asked about before for this class is not
+        looked up name by name again: its last entries are patched with the names stored since.
+        """
+        now = as_utc(now)
+        now_ts = now.timestamp()
+        table = self._table(pod_class)
+        self._uses += 1  # a racy counter is fine: it only orders the LRU
+        table.last_used = self._uses
+        epoch = table.epoch  # read before anything of the table (see VerdictTable.store)
+        seen = table.log_end()
+        view = table.views.get(list_key) if list_key else None
+        if isinstance(view, _View):
+            patched = view.patched(table, seen)
+            if (
+                patched is not None
+                and table.max_from_ts <= now_ts < table.min_until_ts
+                and table.epoch == epoch
+            ):
+                table.views[list_key] = patched
+                return table.judgement(
+                    view.names,
+                    patched.entries,
+                    0,
+                    tally_ids=patched.tally_ids,
+                    counts=patched.counts,
+                    replies=patched.replies,
+                )
+        entries: list[Entry | None] = list(map(table.entries.get, names))
+        judged = 0
+        if any(map(is_, entries, repeat(None))) or not (
+            (table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch)
+            or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
+        ):
+            judged = self._complete(table, names, entries, now, now_ts)
+        ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
+        tally_ids = list(map(TALLY, ready))
+        counts = Counter(tally_ids)
+        if list_key:
+            if len(table.views) >= _VIEWS_PER_CLASS:
+                table.views.clear()
+            view = _View(names, ready, tally_ids, counts, seen=seen)
+            table.views[list_key] = view
+            return table.judgement(
+                names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
+            )
+        return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
+
+    def _table(self, pod_class: PodClass) -> VerdictTable:
+        table = self._tables.get(pod_class.key)
+        if table is not None:
+            return table
+        with self._lock:
+            table = self._tables.get(pod_class.key)
+            if table is None:
+                table = VerdictTable(pod_class, log_changes=True)
+                while len(self._tables) >= self.max_classes:
+                    oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
+                    del self._tables[oldest]
+                self._tables[pod_class.key] = table
+            return table
+
+    def _complete(
+        self,
+        table: VerdictTable,
+        names: Sequence[str],
+        entries: list[Entry | None],
+        now: datetime,
+        now_ts: float,
+    ) -> int:
+        """Judge, on the request path, the names without an entry covering `now` (a new pod
+        class, a node not requested for it before, a window that ended before the timer came, a
+        clock that stepped back), and keep what holds for the store's current nodes.
+
+        Under the lock, like every write: the nodes read here are the store's current ones, and
+        the table's tally keys are appended by one thread at a time."""
+        judged = 0
+        with self._lock:
+            nodes = self._nodes
+            for index, entry in enumerate(entries):
+                if entry is not None and entry.holds_at(now_ts):
+                    continue
+                name = names[index]
+                node = nodes.get(name)
+                new, verdict = table.judge(
+                    node or NodeInput(name, _NO_ANNOTATIONS, None), now, now_ts
+                )
+                entries[index] = new
+                judged += 1
+                if node is not None:  # an unknown name is judged, never kept
+                    self._store(table, name, new, verdict)
+        return judged
+
+    # ------------------------------------------------------------------ writes
+    def put(self, node: NodeInput) -> bool:
+        """A node added or changed (a watch event); False when nothing the scorer reads changed."""
+        with self._lock:
+            old = self._nodes.get(node.name)
+            if old is not None and _same_data(old, node):
+                return False
+            self._nodes[node.name] = node
+            self._judge_everywhere(node)
+            return True
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            if self._nodes.pop(name, None) is None:
+                return False
+            for table in self._tables.values():
+                table.drop(name)
+            return True
+
+    def replace(self, nodes: Iterable[NodeInput]) -> None:
+        """Every node at once (a LIST): unchanged nodes keep their entries."""
+        with self._lock:
+            old = self._nodes
+            fresh: dict[str, NodeInput] = {}
+            changed: list[NodeInput] = []
+            for node in nodes:
+                kept = old.get(node.name)
+                if kept is not None and _same_data(kept, node):
+                    fresh[node.name] = kept
+                else:
+                    fresh[node.name] = node
+                    changed.append(node)
+            gone = [name for name in old if name not in fresh]
+            self._nodes = fresh
+            for table in self._tables.values():
+                for name in gone:
+                    table.drop(name)
+            for node in changed:
+                self._judge_everywhere(node)
+            self._synced = True
+
+    def next_expiry_ts(self) -> float | None:
+        """When the earliest window of an active class may end (POSIX seconds), for the timer."""
+        earliest = min((t.min_until_ts for t in list(self._tables.values())), default=math.inf)
+        return None if earliest == math.inf else earliest
+
+    def refresh_expired(self) -> int:
+        """Judge again every entry whose window has ended, in each class whose earliest window
+        has; the number of entries judged again."""
+        with self._lock:
+            now = as_utc(self.clock())
+            now_ts = now.timestamp()
+            refreshed = 0
+            for table in self._tables.values():
+                if table.min_until_ts > now_ts:
+                    continue
+                for name, entry in list(table.entries.items()):
+                    node = self._nodes.get(name)  # type: ignore[call-overload]
+                    if node is not None and entry.until_ts <= now_ts:
+                        new, verdict = table.judge(node, now, now_ts)
+                        self._store(table, name, new, verdict)  # type: ignore[arg-type]
+                        refreshed += 1
+                table.rebuild_window()
+            return refreshed
+
+    def _judge_everywhere(self, node: NodeInput) -> None:
+        """Under the lock: `node` judged for every active class."""
+        now = as_utc(self.clock())
+        now_ts = now.timestamp()
+        for table in self._tables.values():
+            entry, verdict = table.judge(node, now, now_ts)
+            self._store(table, node.name, entry, verdict)
+
+    def _store(self, table: VerdictTable, name: str, entry: Entry, verdict: NodeVerdict) -> None:
+        old = table.entries.get(name)
+        table.store(name, entry)
+        changed = old is None or not old.rejected or old.reason != entry.reason
+        if entry.rejected and changed and log.isEnabledFor(logging.INFO):
+            _log_rejection(table.pod_class, verdict)
+
+
+class _View:
+    """One node list's entries for one pod class as a request left them, with the position in
+    the class's change log they are current to. Immutable: a request that patches it stores a
+    new one (several request threads may hold the same view)."""
+
+    __slots__ = ("counts", "entries", "names", "positions", "replies", "seen", "tally_ids")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        entries: list[Entry],
+        tally_ids: list[int],
+        counts: dict[int, int],
+        *,
+        seen: int,
+        positions: dict[str, list[int]] | None = None,
+        replies: dict[str, bytes] | None = None,
+    ) -> None:
+        self.names = names
+        self.entries = entries
+        self.tally_ids = tally_ids
+        self.counts = counts
+        self.seen = seen
+        # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
+        # entries give the same bytes, so a view whose entries did not change keeps them.
+        self.replies: dict[str, bytes] = {} if replies is None else replies
+        if positions is None:
+            # By the interned names the node cache stores (see `NodeCache._node_input`), so
+            # that finding a changed name compares identities rather than strings.
+            positions = {}
+            for index, name in enumerate(map(sys.intern, names)):
+                positions.setdefault(name, []).append(index)
+        self.positions = positions
+
+    def patched(self, table: VerdictTable, log_end: int) -> _View | None:
+        """This view with the entries stored since `seen` (up to `log_end`, read before), or
+        None when that is no cheaper than looking every name up (or a node went away)."""
+        changes = table.changes
+        assert changes is not None
+        base = table.changes_base
+        if self.seen < base or log_end - self.seen > len(self.names) // 2:
+            return None
+        # The latest entry of each name changed (None: dropped), in C.
+        changed = dict(changes[self.seen - base : log_end - base])
+        positions = self.positions
+        if not any(map(positions.__contains__, changed)):  # nothing of this list changed
+            return _View(
+                self.names,
+                self.entries,
+                self.tally_ids,
+                self.counts,
+                seen=log_end,
+                positions=positions,
+                replies=self.replies,
+            )
+        entries = self.entries[:]
+        tally_ids = self.tally_ids[:]
+        counts = dict(self.counts)
+        for name, entry in changed.items():
+            where = positions.get(name)  # type: ignore[call-overload]
+            if where is None:
+                continue
+            if entry is None:  # dropped: its name is judged as unknown on the full path
+                return None
+            for index in where:
+                old = tally_ids[index]
+                if old != entry.tally:
+                    counts[old] -= 1
+                    counts[entry.tally] = counts.get(entry.tally, 0) + 1
+                    tally_ids[index] = entry.tally
+                entries[index] = entry
+        return _View(self.names, entries, tally_ids, counts, seen=log_end, positions=positions)
+
+
+def _same_data(a: NodeInput, b: NodeInput) -> bool:
+    """Nothing a verdict reads differs (kubelet status updates change neither)."""
+    return a.agent_write_time == b.agent_write_time and a.annotations == b.annotations
+
+
+def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
+    """The pod class in a log line: the hint annotations and the GPU request that define it."""
+    _, hints, gpu_request = pod_class.key
+    return {"hints": dict(hints), "gpu_request": gpu_request}
+
+
+def _log_rejection(pod_class: PodClass, verdict: NodeVerdict) -> None:
+    """A node's verdict for a pod class turned to a rejection (or another one): its values once,
+    where they were read; requests then log one summary line each."""
+    fields: dict[str, object] = {
+        "pod_class": describe_pod_class(pod_class),
+        "node": verdict.name,
+        "reason": verdict.reason or "",
+        "unresolvable": verdict.unresolvable,
+        "data_status": str(verdict.data_status),
+    }
+    fields.update(verdict_values(verdict))
+    log.info("node rejected", extra={"fields": fields})

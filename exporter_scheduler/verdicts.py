@@ -1,0 +1,395 @@
+"""Verdicts packed for replies: a node's verdict for one pod class, kept with its time window and
+its encoded `HostPriority` fragment, and a request's verdicts assembled from them.
+
+Both modes keep a `VerdictTable` per pod class: the names-only node store by node name (kept
+current by the watch thread), full-node requests by the node's content (what a verdict reads of
+it), filled on the request path. A request then makes a `Judgement` of its entries: the model
+chain (the one cross-node step) and the reply pieces, without a Python step per node where C
+can do it (`map`, `compress`, `min` over attribute getters).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from datetime import datetime
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_, ne
+from typing import Final
+
+import msgspec
+
+from exporter_scheduler.scoring import (
+    ChainOutcome,
+    NodeInput,
+    NodeVerdict,
+    PodClass,
+    judge_node,
+    resolve_chain,
+    validity_window,
+)
+from exporter_scheduler.wire import NODE_CONTENT, encode_host_priority
+
+# Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
+NO_RANK: Final = 1 << 30
+# A table's change log is halved when it holds this many times its entries.
+_LOG_MAX_FACTOR: Final = 8
+
+# (passed, unresolvable, reason, data_status): what the verdict counters read.
+TallyKey = tuple[bool, bool, str | None, str]
+
+
+class Entry(msgspec.Struct, frozen=True, gc=False):
+    """One node's verdict for one pod class, before the chain, as a reply needs it.
+
+    Not tracked by the cyclic GC (it holds no cycles): there are thousands, and tracked objects
+    would set off collections over the whole heap.
+    """
+
+    node: NodeInput  # the input it was judged from
+    from_ts: float  # the verdict holds for POSIX times in [from_ts, until_ts)
+    until_ts: float
+    passed: bool
+    rejected: bool
+    unresolvable: bool
+    reason: str | None
+    passed_rank: int  # its model rank if it passed (chain active), else NO_RANK
+    below_rank: int  # its model rank if at or below the chain's threshold, else NO_RANK
+    tally: int  # index of its TallyKey in the table's `tally_keys` (ints count fastest)
+    priority: bytes  # its `HostPriority` entry, score before the chain
+
+    def holds_at(self, now_ts: float) -> bool:
+        return self.from_ts <= now_ts < self.until_ts
+
+
+FROM: Final = attrgetter("from_ts")
+UNTIL: Final = attrgetter("until_ts")
+_PASSED_RANK: Final = attrgetter("passed_rank")
+_BELOW_RANK: Final = attrgetter("below_rank")
+TALLY: Final = attrgetter("tally")
+_PRIORITY: Final = attrgetter("priority")
+
+
+def all_hold(entries: Sequence[Entry], now_ts: float) -> bool:
+    """Every entry's window covers `now_ts` (two passes in C)."""
+    if not entries:
+        return True
+    latest_from: float = max(map(FROM, entries))
+    earliest_until: float = min(map(UNTIL, entries))
+    return latest_from <= now_ts < earliest_until
+
+
+class VerdictTable:
+    """One pod class's entries, by a key the owner chooses (a node name, or a node's content)."""
+
+    __slots__ = (
+        "_tally_lock",
+        "changes",
+        "changes_base",
+        "entries",
+        "epoch",
+        "last_used",
+        "max_from_ts",
+        "min_until_ts",
+        "pod_class",
+        "tally_ids",
+        "tally_keys",
+        "views",
+    )
+
+    def __init__(self, pod_class: PodClass, *, log_changes: bool = False) -> None:
+        self.pod_class = pod_class
+        # With `log_changes`, (key, entry) for each entry stored and (key, None) for each one
+        # dropped, in order (`changes_base` is the position of its first item in the whole
+        # log): a request that asks about the same names as an earlier one (`views`, owned by
+        # the caller) only looks at what changed since.
+        self.changes: list[tuple[Hashable, Entry | None]] | None = [] if log_changes else None
+        self.changes_base = 0
+        self.views: dict[bytes, object] = {}
+        self.entries: dict[Hashable, Entry] = {}
+        # Bounds over every entry stored since the last `rebuild_window`: every entry in the
+        # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
+        # numbers instead of reading every entry's window (entries are scattered in memory,
+        # and reading them all costs more than the rest of the request). `store` only ever
+        # narrows the bounds; `rebuild_window` widens them and bumps `epoch` first, so that a
+        # request that read entries across a rebuild sees the epoch change.
+        self.max_from_ts = -math.inf
+        self.min_until_ts = math.inf
+        self.epoch = 0
+        self.tally_ids: dict[TallyKey, int] = {}
+        # Append-only: an entry's index is in it before the entry is stored, so readers index
+        # it without a lock.
+        self.tally_keys: list[TallyKey] = []
+        self.last_used = 0
+        self._tally_lock = threading.Lock()
+
+    def judge(self, node: NodeInput, now: datetime, now_ts: float) -> tuple[Entry, NodeVerdict]:
+        """`node`'s entry at `now` (`now_ts` its POSIX time), and the full verdict behind it."""
+        c = self.pod_class
+        verdict = judge_node(node, now, c)
+        from_ts, until_ts = validity_window(verdict, now_ts, c)
+        rank = NO_RANK if verdict.model_rank is None else verdict.model_rank
+        entry = Entry(
+            node,
+            from_ts,
+            until_ts,
+            verdict.passed,
+            not verdict.passed,
+            verdict.unresolvable,
+            verdict.reason,
+            rank if verdict.passed else NO_RANK,
+            rank if verdict.at_or_below_threshold else NO_RANK,
+            self._tally_id(verdict),
+            encode_host_priority(node.name, verdict.score),
+        )
+        return entry, verdict
+
+    def store(self, key: Hashable, entry: Entry) -> None:
+        """Keep `entry` (the caller holds the owner's write lock): bounds first, then the entry,
+        so that whoever reads the entry finds the bounds covering it."""
+        self.max_from_ts = max(self.max_from_ts, entry.from_ts)
+        self.min_until_ts = min(self.min_until_ts, entry.until_ts)
+        self.entries[key] = entry
+        self._log(key, entry)
+
+    def drop(self, key: Hashable) -> None:
+        """Forget `key`'s entry (the caller holds the owner's write lock)."""
+        if self.entries.pop(key, None) is not None:
+            self._log(key, None)
+
+    def _log(self, key: Hashable, entry: Entry | None) -> None:
+        changes = self.changes
+        if changes is not None:
+            changes.append((key, entry))  # after the dict: the log never runs ahead of it
+            if len(changes) > _LOG_MAX_FACTOR * max(len(self.entries), 1000):
+                self.epoch += 1  # a reader slicing the log across the trim sees it
+                half = len(changes) // 2
+                del changes[:half]
+                self.changes_base += half
+
+    def log_end(self) -> int:
+        """The position after the last logged change."""
+        assert self.changes is not None
+        return self.changes_base + len(self.changes)
+
+    def rebuild_window(self) -> None:
+        """The bounds over the entries as they are (the caller holds the write lock)."""
+        self.epoch += 1
+        entries = list(self.entries.values())
+        self.min_until_ts = min(map(UNTIL, entries), default=math.inf)
+        self.max_from_ts = max(map(FROM, entries), default=-math.inf)
+
+    def _tally_id(self, verdict: NodeVerdict) -> int:
+        tally = (verdict.passed, verdict.unresolvable, verdict.reason, verdict.data_status)
+        found = self.tally_ids.get(tally)
+        if found is None:
+            with self._tally_lock:  # tables are judged from more than one thread
+                found = self.tally_ids.get(tally)
+                if found is None:
+                    self.tally_keys.append(tally)
+                    found = self.tally_ids[tally] = len(self.tally_keys) - 1
+        return found
+
+    def judgement(
+        self,
+        names: Sequence[str],
+        entries: list[Entry],
+        judged: int,
+        *,
+        tally_ids: list[int] | None = None,
+        counts: Mapping[int, int] | None = None,
+        replies: dict[str, bytes] | None = None,
+    ) -> Judgement:
+        """A request's verdicts from its entries (in request order): the chain resolved."""
+        c = self.pod_class
+        chain = None
+        if c.chain_active:
+            below = min(map(_BELOW_RANK, entries), default=NO_RANK)
+            passed = NO_RANK
+            if below == NO_RANK:
+                passed = min(map(_PASSED_RANK, entries), default=NO_RANK)
+            chain = resolve_chain(
+                c, None if below == NO_RANK else below, None if passed == NO_RANK else passed
+            )
+        return Judgement(
+            names,
+            entries,
+            chain,
+            self.tally_keys,
+            judged,
+            tally_ids=tally_ids,
+            counts=counts,
+            replies=replies,
+        )
+
+
+class Judgement:
+    """One request's verdicts: the entries in request order, and the chain over them.
+
+    A filter reads each entry once (its tally index: what the counters, the passing mask and the
+    rejection maps all derive from, through the few distinct tally keys), because entries are
+    scattered in memory and every pass over them costs more than the work it does.
+    """
+
+    __slots__ = ("_counts", "_ids", "chain", "entries", "judged", "names", "replies", "tally_keys")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        entries: list[Entry],
+        chain: ChainOutcome | None,
+        tally_keys: list[TallyKey],
+        judged: int,
+        *,
+        tally_ids: list[int] | None = None,
+        counts: Mapping[int, int] | None = None,
+        replies: dict[str, bytes] | None = None,
+    ) -> None:
+        self.names = names
+        # Reply bytes by verb already made from these very entries, shared with whoever made
+        # them (None: nothing to share); the caller fills it in.
+        self.replies = replies
+        self.entries = entries
+        self.chain = chain
+        # A copy taken after the entries were read: it holds every index they carry.
+        self.tally_keys = tally_keys[:]
+        self.judged = judged  # entries this request had to judge itself
+        self._ids = tally_ids  # the entries' tally indexes, when the caller has them
+        self._counts = counts  # and their counts
+
+    def _chosen(self) -> int | None:
+        return None if self.chain is None else self.chain.chosen_rank
+
+    def _tally_ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = list(map(TALLY, self.entries))
+        return self._ids
+
+    def passed_mask(self) -> list[bool]:
+        """Per node, in request order: does it pass, after the chain."""
+        chosen = self._chosen()
+        if chosen is None:
+            passed_by_id = [key[0] for key in self.tally_keys]
+            return list(map(passed_by_id.__getitem__, self._tally_ids()))
+        return list(map(eq, map(_PASSED_RANK, self.entries), repeat(chosen)))
+
+    def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
+        """`FailedNodes` and `FailedAndUnresolvableNodes`, after the chain."""
+        keys, ids = self.tally_keys, self._tally_ids()
+        rejected_by_id = [not key[0] for key in keys]
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, i in compress(
+            zip(self.names, ids, strict=False), map(rejected_by_id.__getitem__, ids)
+        ):
+            _, cannot_cure, reason, _ = keys[i]
+            (unresolvable if cannot_cure else failed)[name] = reason or ""
+        chosen = self._chosen()
+        if chosen is not None:
+            reason = self._not_preferred()
+            for e in self._unkept(chosen):
+                unresolvable[e.node.name] = reason
+        return failed, unresolvable
+
+    def prioritize_reply(self) -> bytes:
+        """The bytes `wire.encode_prioritize_reply(evaluation.scores())` gives."""
+        entries, chosen = self.entries, self._chosen()
+        if chosen is None:  # no chain, or nothing passed (every score is 0 already)
+            return b"[" + b",".join(map(_PRIORITY, entries)) + b"]"
+        zero = encode_host_priority
+        pieces = [
+            zero(e.node.name, 0) if e.passed and e.passed_rank != chosen else e.priority
+            for e in entries
+        ]
+        return b"[" + b",".join(pieces) + b"]"
+
+    def tally(self) -> dict[TallyKey, int]:
+        """Node counts per `(passed, unresolvable, reason, data_status)`, after the chain."""
+        keys = self.tally_keys
+        by_id = self._counts if self._counts is not None else Counter(self._tally_ids())
+        counts = {keys[i]: n for i, n in by_id.items() if n}
+        chosen = self._chosen()
+        if chosen is not None:
+            reason = self._not_preferred()
+            for e in self._unkept(chosen):
+                key = keys[e.tally]
+                counts[key] -= 1
+                moved = (False, True, reason, key[3])
+                counts[moved] = counts.get(moved, 0) + 1
+            counts = {k: n for k, n in counts.items() if n}
+        return counts
+
+    def _not_preferred(self) -> str:
+        rejection = None if self.chain is None else self.chain.not_preferred
+        return "" if rejection is None else rejection.reason or ""
+
+    def _unkept(self, chosen: int) -> list[Entry]:
+        """Passing entries of a rank the chain did not keep."""
+        entries = self.entries
+        others = compress(entries, map(ne, map(_PASSED_RANK, entries), repeat(chosen)))
+        return [e for e in others if e.passed]
+
+
+# Entries a full-node table holds before it starts afresh: every rewrite of a Node is a new
+# content key, and old ones are dropped this way.
+MAX_CONTENT_ENTRIES: Final = 50_000
+DEFAULT_CONTENT_CLASSES: Final = 16
+
+
+class ContentVerdicts:
+    """Full-node requests: a `VerdictTable` per pod class, keyed by each Node's content.
+
+    The same Nodes come back in request after request, and a verdict is a pure function of
+    what it reads of a Node (name, GPU annotations, managedFields entries: `wire.NODE_CONTENT`,
+    hashed in C), the pod class and the time window; so a request judges only the Nodes whose
+    content it has not seen for this class, or whose window has ended. Safe from several
+    request threads: entries are immutable and stored with single dict operations.
+    """
+
+    def __init__(self, max_classes: int = DEFAULT_CONTENT_CLASSES) -> None:
+        self.max_classes = max_classes
+        self._tables: dict[Hashable, VerdictTable] = {}
+        self._lock = threading.Lock()
+        self._uses = 0
+
+    def judge(
+        self,
+        pod_class: PodClass,
+        records: Sequence[object],
+        names: Sequence[str],
+        now: datetime,
+        to_input: Callable[[object], NodeInput],
+    ) -> tuple[Judgement, list[NodeVerdict]]:
+        """The request's verdicts, and the full verdicts of the Nodes it judged itself."""
+        table = self._table(pod_class)
+        now_ts = now.timestamp()
+        memo = table.entries
+        keys = list(map(NODE_CONTENT, records))
+        entries: list[Entry | None] = list(map(memo.get, keys))
+        judged: list[NodeVerdict] = []
+        if any(map(is_, entries, repeat(None))) or not all_hold(entries, now_ts):  # type: ignore[arg-type]
+            if len(memo) > MAX_CONTENT_ENTRIES:
+                memo.clear()
+            for index, entry in enumerate(entries):
+                if entry is not None and entry.holds_at(now_ts):
+                    continue
+                new, verdict = table.judge(to_input(records[index]), now, now_ts)
+                memo[keys[index]] = entries[index] = new
+                judged.append(verdict)
+        return table.judgement(names, entries, len(judged)), judged  # type: ignore[arg-type]
+
+    def _table(self, pod_class: PodClass) -> VerdictTable:
+        self._uses += 1  # racy, and only orders the LRU
+        table = self._tables.get(pod_class.key)
+        if table is None:
+            with self._lock:
+                table = self._tables.get(pod_class.key)
+                if table is None:
+                    while len(self._tables) >= self.max_classes:
+                        oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
+                        del self._tables[oldest]
+                    table = self._tables[pod_class.key] = VerdictTable(pod_class)
+        table.last_used = self._uses
+        return table
