@@ -89,6 +89,7 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
             "clock_skew_tolerance_s": policy.clock_skew_tolerance_s,
             "managed_fields_lag_tolerance_s": policy.managed_fields_lag_tolerance_s,
             "missing_data": policy.missing_data,
+            "require_agent_writer": policy.require_agent_writer,
             "weights": {
                 "utilization": w_util / 1000,
                 "fragmentation": w_frag / 1000,
@@ -175,6 +176,12 @@ def _node(v: NodeVerdict) -> dict[str, Any]:
         "agent_write_time": _time(v.agent_write_time),
         # updated-at minus the API server's write time: positive means the node clock runs ahead.
         "updated_at_minus_write_time_s": clock_ahead_s,
+        # Untrusted data: the other field manager that set GPU annotations, and when.
+        "foreign_writer": (
+            None
+            if v.foreign_writer is None
+            else {"manager": v.foreign_writer.manager, "time": _time(v.foreign_writer.time)}
+        ),
         "schema_version": v.inputs.schema_version,
         "inputs": None if state is None else _inputs(state),
         "problems": list(v.inputs.problems),
@@ -214,7 +221,8 @@ def render_text(explanation: dict[str, Any]) -> str:
         f"policy: utilization limit {_show(policy['effective_utilization_limit'])}"
         f" (cluster {_show(policy['utilization_limit'])}), "
         f"temperature limit {policy['temperature_limit_c']}C, "
-        f"stale after {policy['stale_after_s']:g}s, missing data {policy['missing_data']}",
+        f"stale after {policy['stale_after_s']:g}s, missing data {policy['missing_data']}"
+        + (", only the agent's writes trusted" if policy["require_agent_writer"] else ""),
     ]
     error = explanation["hint_error"]
     if error is not None:
@@ -250,6 +258,13 @@ def render_text(explanation: dict[str, Any]) -> str:
         if node["updated_at_minus_write_time_s"] is not None:
             ages += f", updated-at minus write time {node['updated_at_minus_write_time_s']:g}s"
         lines.append(ages)
+        foreign = node["foreign_writer"]
+        if foreign is not None:
+            lines.append(
+                f"  gpu annotations also set by field manager {foreign['manager']!r} at "
+                f"{foreign['time'] or 'an unknown time'}, not before the agent's last write "
+                f"({node['agent_write_time'] or 'none recorded'})"
+            )
         inputs = node["inputs"]
         if inputs is not None:
             lines.append(

@@ -39,11 +39,12 @@ from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
 from exporter_scheduler.scoring import NodeInput, predecode
 from exporter_scheduler.wire import (
-    ManagedFieldsEntry,
     agent_write_time,
     annotations_of,
+    foreign_writer,
     gpu_annotations_type,
     gpu_keys,
+    managed_fields_entry_type,
 )
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
@@ -68,7 +69,7 @@ class _Decoders:
                 ("name", str | None, None),
                 ("resourceVersion", str | None, None),
                 ("annotations", gpu_annotations_type(keys) | None, None),
-                ("managedFields", tuple[ManagedFieldsEntry, ...] | None, None),
+                ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
                 # NodeList only: the token for the next page (`continue` is a Python keyword).
                 ("continue_", str | None, msgspec.field(default=None, name="continue")),
             ],
@@ -363,6 +364,7 @@ class NodeCache:
             annotations=annotations,
             agent_write_time=agent_write_time(meta.managedFields),
             predecoded=(prefix, predecode(annotations, self.keys)),
+            foreign_writer=foreign_writer(meta.managedFields),
         )
 
     def _interrupt(self) -> None:

@@ -25,7 +25,7 @@ NODES_BY_STATUS: Final = "gpu_scorer_node_cache_data_nodes"
 OLDEST_AGE: Final = "gpu_scorer_node_cache_oldest_data_age_seconds"
 _NODES_HELP: Final = (
     "Nodes in the node cache by the state of their GPU data at scrape time, as a filter would "
-    "judge it now (fresh, stale, missing, invalid, clock-skew); missing includes nodes "
+    "judge it now (fresh, stale, missing, invalid, clock-skew, untrusted); missing includes nodes "
     "without an agent."
 )
 _AGE_HELP: Final = (

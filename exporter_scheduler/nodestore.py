@@ -371,7 +371,11 @@ class _View:
 
 def _same_data(a: NodeInput, b: NodeInput) -> bool:
     """Nothing a verdict reads differs (kubelet status updates change neither)."""
-    return a.agent_write_time == b.agent_write_time and a.annotations == b.annotations
+    return (
+        a.agent_write_time == b.agent_write_time
+        and a.annotations == b.annotations
+        and a.foreign_writer == b.foreign_writer
+    )
 
 
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 
@@ -37,7 +37,7 @@ from exporter_scheduler.policy import (
 )
 from gpu_contract.schema import DecodedAnnotations, Field, Health, Keys, NodeGpuState, decode
 
-DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid"]
+DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid", "untrusted"]
 RuleName = Literal["health", "utilization", "temperature", "memory", "model"]
 Outcome = Literal["pass", "fail", "unknown", "not-checked"]
 ChainBasis = Literal["at-or-below-threshold", "all-above-threshold", "no-candidate"]
@@ -55,6 +55,15 @@ BASIS_POINTS: Final = 10_000
 MAX_SCORE: Final = 10  # kube-scheduler's MaxExtenderPriority
 
 
+class ForeignWriter(NamedTuple):
+    """A field manager other than the agent that owns GPU annotation keys of a Node."""
+
+    manager: str
+    # The API server's time of that manager's last change of the Node (any field); None when
+    # its entry has none.
+    time: datetime | None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInput:
     """One node as the scorer sees it: its name, its annotations, and the server's write time."""
@@ -68,6 +77,9 @@ class NodeInput:
     # node (the names-only node cache does it when a watch event arrives). Used only when the
     # prefix is the policy's; otherwise, and when `None`, the annotations are decoded here.
     predecoded: tuple[str, DecodedAnnotations] | None = None
+    # From managedFields: the newest manager other than the agent that owns one of the
+    # contract's annotation keys (it set that key's current value). None when none does.
+    foreign_writer: ForeignWriter | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +136,8 @@ class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     # Chain only: passed with fresh utilization at or below the chain's fallback threshold, so
     # its rank counts in the chain's first step (see `resolve_chain`).
     at_or_below_threshold: bool = False
+    # Untrusted data only: who set GPU annotations after the agent's last write.
+    foreign_writer: ForeignWriter | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +298,7 @@ class PodClass:
         "patterns",
         "policy",
         "prefix",
+        "require_writer",
         "score_memo",
         "skew_tolerance_s",
         "stale_after_s",
@@ -339,6 +354,7 @@ class PodClass:
         self.stale_after_s = policy.stale_after_s
         self.skew_tolerance_s = policy.clock_skew_tolerance_s
         self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
+        self.require_writer = policy.require_agent_writer
         self.min_memory_mib = hints.min_gpu_memory_mib
         self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
         self.w_total = self.w_util + self.w_frag + self.w_temp
@@ -348,6 +364,7 @@ class PodClass:
             "invalid": "gpu data invalid",
             "stale": f"gpu data stale (older than {format_seconds(policy.stale_after_s)}s)",
             "clock-skew": "gpu data clock skew",
+            "untrusted": "gpu data not written by the agent",
         }
 
         util_limit = format_fraction_limit(limit)
@@ -493,6 +510,10 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
         verdict = _untimely(
             node.name, decoded, _unreadable_status(decoded), None, server_age_s, written, c
         )
+    elif c.require_writer and not written_by_agent(node):
+        age_s = (now - state.updated_at).total_seconds()
+        verdict = _untimely(node.name, decoded, "untrusted", age_s, server_age_s, written, c)
+        verdict = msgspec.structs.replace(verdict, foreign_writer=node.foreign_writer)
     else:
         age_s = (now - state.updated_at).total_seconds()
         status = _freshness(age_s, server_age_s, c)
@@ -503,6 +524,24 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
     if c.hint_problem is not None:
         verdict = _rejected_for_hint(verdict, c.hint_problem)
     return verdict
+
+
+def written_by_agent(node: NodeInput) -> bool:
+    """Whether the Node's GPU annotations are the agent's, by the API server's managedFields.
+
+    They are when the agent has an entry and no other manager owning a contract key changed the
+    Node since the agent's last write: the agent's merge patch states every key it publishes, so
+    after it the values are the agent's even where another manager still owns a key whose value
+    the agent wrote unchanged. A foreign change in the same second as the agent's write cannot
+    be ordered and counts against it (the agent's next write settles it).
+    """
+    agent_time = node.agent_write_time
+    if agent_time is None:
+        return False
+    foreign = node.foreign_writer
+    if foreign is None:
+        return True
+    return foreign.time is not None and as_utc(foreign.time) < as_utc(agent_time)
 
 
 def best_chain_ranks(verdicts: Iterable[NodeVerdict]) -> tuple[int | None, int | None]:

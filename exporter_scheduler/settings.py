@@ -44,6 +44,7 @@ POLICY_FIELDS: Final = (
     "clock_skew_tolerance_s",
     "managed_fields_lag_tolerance_s",
     "missing_data",
+    "require_agent_writer",
     "weight_utilization",
     "weight_fragmentation",
     "weight_temperature",
@@ -146,6 +147,11 @@ class ScorerSettings(BaseSettings):
         _DEFAULT_POLICY.missing_data,
         description="lenient: missing/stale data passes with score 0; strict: it fails.",
     )
+    require_agent_writer: bool = Field(
+        _DEFAULT_POLICY.require_agent_writer,
+        description="Treat a Node's GPU annotations as unknown data (the missing-data policy) "
+        "unless its managedFields show the agent wrote them.",
+    )
     weight_utilization: float = Field(
         _DEFAULT_POLICY.weight_utilization,
         ge=0.0,
@@ -228,6 +234,7 @@ class ScorerSettings(BaseSettings):
             clock_skew_tolerance_s=self.clock_skew_tolerance_s,
             managed_fields_lag_tolerance_s=self.managed_fields_lag_tolerance_s,
             missing_data=self.missing_data,
+            require_agent_writer=self.require_agent_writer,
             weight_utilization=self.weight_utilization,
             weight_fragmentation=self.weight_fragmentation,
             weight_temperature=self.weight_temperature,

@@ -27,7 +27,7 @@ from typing import Any, Final, Literal, Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from exporter_scheduler.scoring import NodeInput, PodInput
+from exporter_scheduler.scoring import ForeignWriter, NodeInput, PodInput
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, Keys, parse_timestamp
 
 # What a reply body may be made of: buffers written in order.
@@ -62,11 +62,59 @@ class _Pod(msgspec.Struct):
     spec: _PodSpec | None = None
 
 
-class ManagedFieldsEntry(msgspec.Struct, frozen=True, gc=False):
-    """A `metadata.managedFields` entry: who changed the Node, and the server's time of it."""
+class _Owned(msgspec.Struct, frozen=True, gc=False):
+    """A field a manager owns (`{}` in fieldsV1): only its presence is read."""
 
-    manager: str | None = None
-    time: str | None = None
+
+class _ManagedTypes:
+    """`metadata.managedFields` entries typed for one annotation prefix: who changed the Node,
+    the server's time of it, and which of the contract's annotation keys that manager owns
+    (fieldsV1 `f:metadata.f:annotations.f:<key>`; everything else in fieldsV1 is skipped).
+    Frozen, so a Node's entries stay part of its hashable verdict inputs."""
+
+    def __init__(self, keys: Keys) -> None:
+        names = {f.name.lower(): f"f:{keys[f]}" for f in Field}
+        owned = msgspec.defstruct(
+            "OwnedAnnotations",
+            [(name, _Owned | UnsetType, UNSET) for name in names],
+            rename=names,
+            frozen=True,
+            gc=False,
+        )
+        fields_metadata = msgspec.defstruct(
+            "FieldsMetadata",
+            [("annotations", owned | None, None)],
+            rename={"annotations": "f:annotations"},
+            frozen=True,
+            gc=False,
+        )
+        fields_v1 = msgspec.defstruct(
+            "FieldsV1",
+            [("metadata", fields_metadata | None, None)],
+            rename={"metadata": "f:metadata"},
+            frozen=True,
+            gc=False,
+        )
+        self.entry = msgspec.defstruct(
+            "ManagedFieldsEntry",
+            [
+                ("manager", str | None, None),
+                ("time", str | None, None),
+                ("fieldsV1", fields_v1 | None, None),
+            ],
+            frozen=True,
+            gc=False,
+        )
+
+
+def managed_fields_entry_type(keys: Keys) -> Any:
+    """The struct a `metadata.managedFields` entry decodes to (see `_ManagedTypes`)."""
+    return _managed_types(keys.prefix).entry
+
+
+@functools.cache
+def _managed_types(prefix: str) -> _ManagedTypes:
+    return _ManagedTypes(Keys.for_prefix(prefix))
 
 
 class _NodeTypes:
@@ -88,7 +136,7 @@ class _NodeTypes:
             [
                 ("name", str | None, None),
                 ("annotations", gpu | None, None),
-                ("managedFields", tuple[ManagedFieldsEntry, ...] | None, None),
+                ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
             ],
             gc=False,
         )
@@ -220,7 +268,13 @@ def record_input(record: Any, gpu_fields: Sequence[str]) -> NodeInput:
     """A decoded Node record as the scorer's input."""
     meta = record.metadata
     annotations = annotations_of(meta.annotations, gpu_fields)
-    return NodeInput(meta.name, annotations, agent_write_time(meta.managedFields))
+    entries = meta.managedFields
+    return NodeInput(
+        meta.name,
+        annotations,
+        agent_write_time(entries),
+        foreign_writer=foreign_writer(entries),
+    )
 
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
@@ -309,6 +363,28 @@ def agent_write_time(entries: Sequence[ManagedFieldsLike] | None) -> datetime | 
         if moment is not None and (newest is None or moment > newest):
             newest = moment
     return newest
+
+
+def foreign_writer(entries: Sequence[Any] | None) -> ForeignWriter | None:
+    """The field manager other than the agent that owns one of the contract's annotation keys,
+    with the server's time of its last change (the newest such manager); None when none does.
+
+    An owner is the manager that last changed a key's value (an `Update` that sets the same
+    value takes nothing over), so this is who may have set GPU data behind the agent's back.
+    """
+    found: ForeignWriter | None = None
+    for entry in entries or ():
+        if entry.manager == FIELD_MANAGER:
+            continue
+        fields = entry.fieldsV1
+        metadata = None if fields is None else fields.metadata
+        owned = None if metadata is None else metadata.annotations
+        if owned is None or all(v is UNSET for v in msgspec.structs.astuple(owned)):
+            continue
+        moment = None if entry.time is None else parse_timestamp(entry.time)
+        if found is None or (moment is not None and (found.time is None or moment > found.time)):
+            found = ForeignWriter(entry.manager or "", moment)
+    return found
 
 
 def node_input_from_json(data: bytes | msgspec.Raw, *, keys: Keys = DEFAULT_KEYS) -> NodeInput:

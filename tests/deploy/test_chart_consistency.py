@@ -306,7 +306,12 @@ def test_scorer_ports_and_probes_match_its_settings(variant: str) -> None:
 
 
 def test_policy_values_are_the_scorers_policy_fields() -> None:
-    # scorer.policy becomes --policy-file; the prefix and staleness come from their own values.
+    # scorer.policy becomes --policy-file; the prefix, the staleness and the writer check come
+    # from their own values.
     schema = json.loads((CHART / "values.schema.json").read_text())
     policy = schema["properties"]["scorer"]["properties"]["policy"]["properties"]
-    assert set(policy) == set(POLICY_FIELDS) - {"annotation_prefix", "stale_after_s"}
+    assert set(policy) == set(POLICY_FIELDS) - {
+        "annotation_prefix",
+        "stale_after_s",
+        "require_agent_writer",
+    }

@@ -30,6 +30,7 @@ from tests.deploy.chart_support import (
     lint,
     notes,
     openapi_errors,
+    parse_manifests,
     render,
     template,
 )
@@ -314,6 +315,27 @@ def test_admission_policy_toggles(variant: str, expected: set[str]) -> None:
 
 
 # ---------------------------------------------------------------------- the scorer
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({}, "true", id="follows-the-gpu-data-policy"),
+        pytest.param({"gpuDataPolicy": {"enabled": False}}, "false", id="policy-off"),
+        pytest.param(
+            {"gpuDataPolicy": {"enabled": False}, "scorer": {"requireAgentWriter": True}},
+            "true",
+            id="on-without-the-policy",
+        ),
+        pytest.param({"scorer": {"requireAgentWriter": False}}, "false", id="off-with-the-policy"),
+    ],
+)
+def test_scorer_requires_the_agents_writes_where_only_the_agent_may_write(
+    values: dict[str, Any], expected: str
+) -> None:
+    rendered = Rendered(text="", manifests=parse_manifests(template(values)))
+    scorer = containers(rendered.get("Deployment", SCORER))["scorer"]
+    assert env_of(scorer, rendered)["GPU_SCORER_REQUIRE_AGENT_WRITER"] == expected
 
 
 def test_scorer_has_no_credentials_in_full_node_mode() -> None:

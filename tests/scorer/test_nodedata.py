@@ -22,7 +22,7 @@ from gpu_sim.apiserver import ApiServerStandIn
 from gpu_sim.nodes import gpu_node, with_agent_write
 from tests.scorer.scoring_builders import NOW, node
 
-ZERO = {"fresh": 0, "stale": 0, "missing": 0, "invalid": 0, "clock-skew": 0}
+ZERO = {"fresh": 0, "stale": 0, "missing": 0, "invalid": 0, "clock-skew": 0, "untrusted": 0}
 CPU_NODE = NodeInput("cpu-1", {})
 UPDATED_AT = DEFAULT_KEYS[Field.UPDATED_AT]
 

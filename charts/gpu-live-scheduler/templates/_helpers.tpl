@@ -171,6 +171,15 @@ GPU_AGENT_SEED: {{ .Values.agent.simulated.seed | toString | quote }}
 {{- end -}}
 
 {{/* Environment of the scorer: GPU_SCORER_<FLAG_UPPER_SNAKE>, as `gpu-scorer serve` reads it. */}}
+{{/* Trust only the agent's writes: by default exactly when only the agent may write them. */}}
+{{- define "gls.scorer.requireAgentWriter" -}}
+{{- if kindIs "bool" .Values.scorer.requireAgentWriter -}}
+{{- .Values.scorer.requireAgentWriter | toString -}}
+{{- else -}}
+{{- .Values.gpuDataPolicy.enabled | toString -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gls.scorer.config" -}}
 GPU_SCORER_HOST: {{ .Values.scorer.host | quote }}
 GPU_SCORER_PORT: {{ .Values.scorer.port | toString | quote }}
@@ -179,6 +188,7 @@ GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
 GPU_SCORER_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
 GPU_SCORER_STALE_AFTER_S: {{ include "gls.scorer.staleAfterSeconds" . | quote }}
+GPU_SCORER_REQUIRE_AGENT_WRITER: {{ include "gls.scorer.requireAgentWriter" . | quote }}
 {{- if .Values.scorer.policy }}
 GPU_SCORER_POLICY_FILE: {{ printf "%s/policy.json" (include "gls.scorer.policyDir" .) | quote }}
 {{- end }}
