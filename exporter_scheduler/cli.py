@@ -27,7 +27,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import msgspec
 
 from exporter_scheduler import wire
-from exporter_scheduler.app import ScorerApp
+from exporter_scheduler.app import ObservabilityApp, ScorerApp
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodedata import NodeDataCollector
@@ -200,8 +200,13 @@ def _serve(args: argparse.Namespace) -> int:
                 tls=settings.tls(),
                 keep_alive_s=settings.keep_alive_s,
             )
+            observability = None
+            if settings.metrics_port is not None:
+                observability = HttpServer(
+                    ObservabilityApp(app), host=settings.host, port=settings.metrics_port
+                )
         except (OSError, ssl.SSLError) as exc:
-            log.error("cannot listen on %s:%s: %s", settings.host, settings.port, exc)
+            log.error("cannot listen on %s: %s", settings.host, exc)
             return 1
         log.info(
             "serving",
@@ -209,6 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "fields": {
                     "host": settings.host,
                     "port": settings.port,
+                    "metrics_port": settings.metrics_port,
                     "path_prefix": settings.path_prefix,
                     "mode": "names-only (node cache)" if cache else "full nodes",
                     "tls": settings.tls() is not None,
@@ -220,11 +226,17 @@ def _serve(args: argparse.Namespace) -> int:
         # exits normally, after the log queue is flushed.
         def _stop(signum: int, frame: types.FrameType | None) -> None:
             server.request_stop()
+            if observability is not None:
+                observability.request_stop()
 
         previous = {sig: signal.signal(sig, _stop) for sig in _STOP_SIGNALS}
         try:
+            if observability is not None:
+                observability.start()
             server.serve_forever()
             server.stop()
+            if observability is not None:
+                observability.stop()
             log.info("shutdown complete")
         finally:
             for sig, handler in previous.items():

@@ -27,11 +27,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 from urllib.parse import unquote
 
 from exporter_scheduler import wire
-from exporter_scheduler.app import Response, ScorerApp
+from exporter_scheduler.app import Response
 
 # Longer than kube-scheduler's 90 s idle-connection timeout (Go's default transport).
 DEFAULT_KEEP_ALIVE_S: Final = 120
@@ -64,6 +64,17 @@ def tls_context(tls: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+class HttpApp(Protocol):
+    """What the edge serves: a `ScorerApp`, or `ObservabilityApp` on a metrics port."""
+
+    @property
+    def max_body_bytes(self) -> int: ...
+
+    def respond(self, method: str, path: str, query: bytes, body: wire.Buffer) -> Response: ...
+
+    def body_too_large(self) -> Response: ...
+
+
 class _BadRequestError(Exception):
     """The request cannot be read as HTTP/1.1; answered 400 and the connection closed."""
 
@@ -82,7 +93,7 @@ class HttpServer:
 
     def __init__(
         self,
-        app: ScorerApp,
+        app: HttpApp,
         *,
         host: str,
         port: int,

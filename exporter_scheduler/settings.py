@@ -85,6 +85,13 @@ class ScorerSettings(BaseSettings):
     # -- serving
     host: str = Field("0.0.0.0", description="Address to listen on.")
     port: int = Field(8888, ge=1, le=65535, description="TCP port to listen on.")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="A second port, plain HTTP, serving only /metrics, /healthz and /readyz "
+        "(so a NetworkPolicy can let a scraper reach them and not the extender verbs).",
+    )
     path_prefix: str = Field("/", description="URL path before /filter, /prioritize, /explain.")
     max_body_bytes: int = Field(
         DEFAULT_MAX_BODY_BYTES,

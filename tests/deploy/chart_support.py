@@ -79,6 +79,23 @@ VARIANTS: dict[str, Variant] = {
     "sidecar-full-node": Variant({"scorer": {"mode": "sidecar", "nodeCache": False}}),
     "admission-policy-off": Variant({"agent": {"admissionPolicy": {"enabled": False}}}),
     "gpu-data-policy-off": Variant({"gpuDataPolicy": {"enabled": False}}),
+    "network-policy-off": Variant({"networkPolicy": {"enabled": False}}),
+    "network-policy-extra-extender": Variant(
+        {
+            "scheduler": {"enabled": False},
+            "networkPolicy": {
+                "extenderFrom": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                        },
+                        "podSelector": {"matchLabels": {"component": "kube-scheduler"}},
+                    }
+                ],
+                "metricsFrom": [],
+            },
+        }
+    ),
     "gpu-data-break-glass": Variant(
         {"gpuDataPolicy": {"breakGlass": {"users": ["alice"], "groups": ["gpu-oncall"]}}}
     ),
@@ -107,7 +124,7 @@ VARIANTS: dict[str, Variant] = {
     "mtls-service-monitor": Variant(
         {
             "scorer": {"tls": MTLS},
-            "serviceMonitor": {"enabled": True, "tlsConfig": {"insecureSkipVerify": True}},
+            "serviceMonitor": {"enabled": True},
         }
     ),
     "sidecar-tls": Variant({"scorer": {"mode": "sidecar", "tls": TLS}}),

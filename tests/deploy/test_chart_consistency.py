@@ -294,15 +294,18 @@ def test_scorer_ports_and_probes_match_its_settings(variant: str) -> None:
     rendered = render(variant)
     container = _scorer_container(rendered)
     env = env_of(container, rendered)
-    (port,) = container["ports"]
-    assert port["containerPort"] == int(env["GPU_SCORER_PORT"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {
+        "http": int(env["GPU_SCORER_PORT"]),
+        "metrics": int(env["GPU_SCORER_METRICS_PORT"]),
+    }
     service = rendered.get("Service", f"{FULLNAME}-scorer")
-    assert service["spec"]["ports"][0]["port"] == port["containerPort"]
-    probe = container["readinessProbe"]
-    target = probe.get("httpGet", probe.get("tcpSocket"))
-    assert target["port"] == port["name"]
-    if "httpGet" in probe:
-        assert probe["httpGet"]["path"] == "/readyz"
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+    # Probes on the plain metrics port: reachable by the kubelet even with mutual TLS.
+    for probe_name, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        probe = container[probe_name]["httpGet"]
+        assert (probe["port"], probe["path"]) == ("metrics", path)
+        assert probe.get("scheme", "HTTP") == "HTTP"
 
 
 def test_policy_values_are_the_scorers_policy_fields() -> None:

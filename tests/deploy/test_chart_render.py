@@ -144,7 +144,8 @@ def _scheduler_config_problems(config: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "variant", [v for v in VARIANTS if v not in ("scheduler-off", "agent-only")]
+    "variant",
+    [v for v in VARIANTS if VARIANTS[v].values.get("scheduler", {}).get("enabled", True)],
 )
 def test_scheduler_configuration_uses_only_known_fields(variant: str) -> None:
     assert _scheduler_config_problems(render(variant).scheduler_config()) == []
@@ -474,7 +475,8 @@ def test_tls_makes_the_scheduler_verify_the_scorer() -> None:
     assert extender["tlsConfig"]["caFile"].endswith("/ca/ca.crt")
     assert "certFile" not in extender["tlsConfig"]
     scorer = containers(rendered.get("Deployment", SCORER))["scorer"]
-    assert scorer["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    # Probes use the plain metrics port, which serves no extender verb.
+    assert scorer["readinessProbe"]["httpGet"]["port"] == "metrics"
     env = env_of(scorer, rendered)
     assert env["GPU_SCORER_TLS_CERT_FILE"].endswith("/tls.crt")
     assert "GPU_SCORER_TLS_CLIENT_CA_FILE" not in env
@@ -487,8 +489,8 @@ def test_mutual_tls_gives_the_scheduler_a_client_certificate() -> None:
     assert tls["keyFile"].endswith("/client/tls.key")
     scorer = containers(rendered.get("Deployment", SCORER))["scorer"]
     assert "GPU_SCORER_TLS_CLIENT_CA_FILE" in env_of(scorer, rendered)
-    # The kubelet has no client certificate: probes fall back to TCP.
-    assert scorer["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    # The kubelet has no client certificate: probes use the plain metrics port.
+    assert scorer["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     volumes = rendered.get("Deployment", SCHEDULER)["spec"]["template"]["spec"]["volumes"]
     secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
     assert secrets == {"gpu-scorer-tls", "gpu-scheduler-client-tls"}
@@ -515,8 +517,11 @@ def test_service_monitors_for_both_metrics_endpoints() -> None:
     assert headless["spec"]["clusterIP"] == "None"
     port_names = {p["name"] for p in headless["spec"]["ports"]}
     assert monitors[AGENT]["spec"]["endpoints"][0]["port"] in port_names
+    # With mutual TLS on the extender port the scorer is still scraped on its plain metrics port.
     tls_monitor = render("mtls-service-monitor").get("ServiceMonitor", SCORER)
-    assert tls_monitor["spec"]["endpoints"][0]["scheme"] == "https"
+    endpoint = tls_monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] == "metrics"
+    assert "scheme" not in endpoint
 
 
 @pytest.mark.parametrize(
@@ -622,3 +627,49 @@ def test_values_schema_rejects_unknown_keys_everywhere() -> None:
 
     walk(schema, "")
     assert open_objects == []
+
+
+# ---------------------------------------------------------------------- network policies
+
+
+def _ingress_by_port(rendered: Rendered, name: str) -> dict[str, list[Manifest]]:
+    policy = rendered.get("NetworkPolicy", name)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy["spec"].get("ingress") or []
+    return {rule["ports"][0]["port"]: rule["from"] for rule in rules}
+
+
+PROMETHEUS_PEER = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def test_only_the_scheduler_reaches_the_extender_and_only_the_scraper_the_metrics() -> None:
+    rendered = render("defaults")
+    scorer = _ingress_by_port(rendered, SCORER)
+    scheduler_pods = {
+        "matchLabels": {
+            "app.kubernetes.io/name": "gpu-live-scheduler",
+            "app.kubernetes.io/instance": "gls",
+            "app.kubernetes.io/component": "scheduler",
+        }
+    }
+    assert scorer == {"http": [{"podSelector": scheduler_pods}], "metrics": [PROMETHEUS_PEER]}
+    assert _ingress_by_port(rendered, AGENT) == {"metrics": [PROMETHEUS_PEER]}
+    # The policies select the pods they mean to protect.
+    deployment = rendered.get("Deployment", SCORER)
+    selector = rendered.get("NetworkPolicy", SCORER)["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_network_policy_variants() -> None:
+    assert not render("network-policy-off").of_kind("NetworkPolicy")
+    # Sidecar: the scheduler calls the scorer on 127.0.0.1; only the agent gets a policy.
+    assert [p["metadata"]["name"] for p in render("sidecar").of_kind("NetworkPolicy")] == [AGENT]
+    extra = render("network-policy-extra-extender")
+    scorer = _ingress_by_port(extra, SCORER)
+    assert list(scorer) == ["http"]
+    assert scorer["http"][0]["podSelector"] == {"matchLabels": {"component": "kube-scheduler"}}
+    # No scraper listed: nothing may reach the agent.
+    assert extra.get("NetworkPolicy", AGENT)["spec"]["ingress"] is None

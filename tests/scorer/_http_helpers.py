@@ -14,7 +14,7 @@ from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import HttpServer, TlsFiles
+from exporter_scheduler.server import HttpApp, HttpServer, TlsFiles
 from gpu_contract.schema import FIELD_MANAGER, Health, NodeGpuState, encode, format_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
 
@@ -53,7 +53,7 @@ def store_of(nodes: Iterable[NodeInput] | None, *, now: datetime = NOW) -> NodeS
 
 
 @contextmanager
-def serving(app: ScorerApp, *, tls: TlsFiles | None = None) -> Iterator[HttpServer]:
+def serving(app: HttpApp, *, tls: TlsFiles | None = None) -> Iterator[HttpServer]:
     with HttpServer(app, host="127.0.0.1", port=0, tls=tls) as server:
         yield server
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter_scheduler.app import normalize_path_prefix
+from exporter_scheduler.app import ObservabilityApp, normalize_path_prefix
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput
 from exporter_scheduler.server import DEFAULT_KEEP_ALIVE_S, HttpServer, TlsFiles
@@ -343,4 +343,21 @@ def test_https_with_and_without_client_certificates(tmp_path: Path) -> None:
         with_cert.load_cert_chain(str(pki["cli"]), str(pki["cli-key"]))
         conn = connect(server, context=with_cert)
         assert call(conn, "POST", "/filter", body)[0] == 200
+        conn.close()
+
+
+def test_metrics_port_serves_only_metrics_and_probes() -> None:
+    app = make_app()
+    with serving(ObservabilityApp(app)) as metrics_server:
+        conn = connect(metrics_server)
+        assert call(conn, "GET", "/healthz")[0] == 200
+        assert call(conn, "GET", "/readyz")[0] == 200
+        status, _, data = call(conn, "GET", "/metrics")
+        assert status == 200
+        assert b"gpu_scorer_request_duration_seconds" in data
+        # The extender verbs are not there: a scraper allowed onto this port cannot call them.
+        for path in ("/filter", "/prioritize", "/explain"):
+            status, _, data = call(conn, "POST", path, args_body(pod(), names=["a"]))
+            assert status == 404, path
+            assert b"no such path" in data
         conn.close()

@@ -183,6 +183,7 @@ GPU_AGENT_SEED: {{ .Values.agent.simulated.seed | toString | quote }}
 {{- define "gls.scorer.config" -}}
 GPU_SCORER_HOST: {{ .Values.scorer.host | quote }}
 GPU_SCORER_PORT: {{ .Values.scorer.port | toString | quote }}
+GPU_SCORER_METRICS_PORT: {{ .Values.scorer.metricsPort | toString | quote }}
 GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
@@ -201,31 +202,19 @@ GPU_SCORER_TLS_CLIENT_CA_FILE: {{ printf "%s/ca.crt" (include "gls.scorer.tlsDir
 {{- end }}
 {{- end -}}
 
-{{/* Probes of the scorer: kubelet cannot present a client certificate, so mTLS falls back to TCP. */}}
+{{/* Probes of the scorer, on its plain-HTTP metrics port: kubelet presents no client
+certificate, so with mutual TLS on the extender port that is where /readyz stays reachable. */}}
 {{- define "gls.scorer.probes" -}}
-{{- if and .Values.scorer.tls.enabled .Values.scorer.tls.clientAuth }}
-livenessProbe:
-  tcpSocket:
-    port: http
-  {{- toYaml .Values.scorer.livenessProbe | nindent 2 }}
-readinessProbe:
-  tcpSocket:
-    port: http
-  {{- toYaml .Values.scorer.readinessProbe | nindent 2 }}
-{{- else }}
 livenessProbe:
   httpGet:
     path: /healthz
-    port: http
-    scheme: {{ ternary "HTTPS" "HTTP" .Values.scorer.tls.enabled }}
+    port: metrics
   {{- toYaml .Values.scorer.livenessProbe | nindent 2 }}
 readinessProbe:
   httpGet:
     path: /readyz
-    port: http
-    scheme: {{ ternary "HTTPS" "HTTP" .Values.scorer.tls.enabled }}
+    port: metrics
   {{- toYaml .Values.scorer.readinessProbe | nindent 2 }}
-{{- end }}
 {{- end -}}
 
 {{/* The scorer container, shared by the Deployment and the scheduler's sidecar. */}}
@@ -249,6 +238,9 @@ readinessProbe:
   ports:
     - name: http
       containerPort: {{ .Values.scorer.port }}
+      protocol: TCP
+    - name: metrics
+      containerPort: {{ .Values.scorer.metricsPort }}
       protocol: TCP
   {{- include "gls.scorer.probes" . | trim | nindent 2 }}
   resources:
