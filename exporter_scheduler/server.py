@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -51,6 +52,51 @@ class TlsFiles:
     cert_file: str
     key_file: str
     client_ca_file: str | None = None
+
+
+class _TlsContexts:
+    """The server's SSL context, rebuilt when its files change on disk.
+
+    Mounted Secrets are updated in place when a certificate is renewed (cert-manager renews well
+    before expiry), so a long-running scorer must pick the new files up without a restart. The
+    files' modification times are looked at most every `check_every_s`, on a new connection; a
+    set of files that fails to load (caught mid-update) keeps the previous context.
+    """
+
+    def __init__(self, tls: TlsFiles, *, check_every_s: float = 30.0) -> None:
+        self._tls = tls
+        self._check_every_s = check_every_s
+        self._lock = threading.Lock()
+        self._stamp = self._mtimes()
+        self.context = tls_context(tls)
+        self._checked_at = time.monotonic()
+
+    def _mtimes(self) -> tuple[float, ...]:
+        tls = self._tls
+        paths = [tls.cert_file, tls.key_file] + ([tls.client_ca_file] if tls.client_ca_file else [])
+        stamps = []
+        for path in paths:
+            try:
+                stamps.append(os.stat(path).st_mtime)
+            except OSError:
+                stamps.append(-1.0)
+        return tuple(stamps)
+
+    def current(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if now - self._checked_at < self._check_every_s:
+            return self.context
+        with self._lock:
+            self._checked_at = now
+            stamp = self._mtimes()
+            if stamp != self._stamp:
+                try:
+                    self.context = tls_context(self._tls)
+                    self._stamp = stamp
+                    log.info("TLS certificate files changed; reloaded")
+                except (OSError, ssl.SSLError) as exc:
+                    log.warning("TLS certificate files changed but do not load yet: %s", exc)
+            return self.context
 
 
 def tls_context(tls: TlsFiles) -> ssl.SSLContext:
@@ -101,12 +147,13 @@ class HttpServer:
         keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        tls_check_every_s: float = 30.0,
     ) -> None:
         self.app = app
         self.keep_alive_s = keep_alive_s
         self.request_timeout_s = request_timeout_s
         self.scheme: Literal["http", "https"] = "https" if tls else "http"
-        self._tls = tls_context(tls) if tls is not None else None
+        self._tls = _TlsContexts(tls, check_every_s=tls_check_every_s) if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -206,7 +253,7 @@ class HttpServer:
         if self._tls is None:
             return sock
         sock.settimeout(self.request_timeout_s)
-        return self._tls.wrap_socket(sock, server_side=True)
+        return self._tls.current().wrap_socket(sock, server_side=True)
 
     def stopping(self) -> bool:
         return self._stopping.is_set()

@@ -128,6 +128,20 @@ VARIANTS: dict[str, Variant] = {
         }
     ),
     "sidecar-tls": Variant({"scorer": {"mode": "sidecar", "tls": TLS}}),
+    "cert-manager-mtls": Variant(
+        {
+            "scorer": {
+                "tls": {
+                    "enabled": True,
+                    "clientAuth": True,
+                    "certManager": {
+                        "enabled": True,
+                        "issuerRef": {"name": "gpu-ca", "kind": "ClusterIssuer"},
+                    },
+                }
+            }
+        }
+    ),
     "simulated-custom-prefix": Variant(
         {
             "annotationPrefix": "gpu.acme.io",
@@ -266,6 +280,7 @@ def env_of(container: Manifest, rendered: Rendered) -> dict[str, str]:
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
 }
 
 

@@ -541,7 +541,8 @@ def test_notes_tell_how_to_see_annotations_opt_in_and_check_the_scorer(variant: 
         assert f"http://{SCORER}.{NAMESPACE}.svc:8888" in text
     if variant == "sidecar-tls":
         assert f"deploy/{SCHEDULER} -c scorer" in text
-        assert "https://127.0.0.1:8888/metrics" in text
+        # The metrics port is plain HTTP whatever the extender port uses.
+        assert "http://127.0.0.1:9401/metrics" in text
 
 
 # ---------------------------------------------------------------------- refusals
@@ -673,3 +674,39 @@ def test_network_policy_variants() -> None:
     assert scorer["http"][0]["podSelector"] == {"matchLabels": {"component": "kube-scheduler"}}
     # No scraper listed: nothing may reach the agent.
     assert extra.get("NetworkPolicy", AGENT)["spec"]["ingress"] is None
+
+
+def test_cert_manager_issues_both_certificates_into_the_secrets_the_pods_mount() -> None:
+    rendered = render("cert-manager-mtls")
+    certificates = {c["metadata"]["name"]: c["spec"] for c in rendered.of_kind("Certificate")}
+    serving = certificates[SCORER]
+    client = certificates[f"{FULLNAME}-scheduler-extender-client"]
+    assert serving["usages"] == ["digital signature", "key encipherment", "server auth"]
+    assert client["usages"] == ["digital signature", "key encipherment", "client auth"]
+    assert (
+        serving["issuerRef"]
+        == client["issuerRef"]
+        == {
+            "name": "gpu-ca",
+            "kind": "ClusterIssuer",
+            "group": "cert-manager.io",
+        }
+    )
+    # The name kube-scheduler verifies is among the serving certificate's names.
+    extender = rendered.scheduler_config()["extenders"][0]
+    assert extender["tlsConfig"]["serverName"] in serving["dnsNames"]
+    # The pods mount exactly the Secrets cert-manager writes.
+    scorer_volumes = rendered.get("Deployment", SCORER)["spec"]["template"]["spec"]["volumes"]
+    scheduler_volumes = rendered.get("Deployment", f"{FULLNAME}-scheduler")["spec"]["template"][
+        "spec"
+    ]["volumes"]
+    mounted = {
+        v["secret"]["secretName"] for v in scorer_volumes + scheduler_volumes if "secret" in v
+    }
+    assert mounted == {serving["secretName"], client["secretName"]}
+
+
+def test_cert_manager_needs_an_issuer() -> None:
+    values = {"scorer": {"tls": {"enabled": True, "certManager": {"enabled": True}}}}
+    with pytest.raises(HelmError, match=r"issuerRef\.name"):
+        template(values)

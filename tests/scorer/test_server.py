@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 import ssl
@@ -361,3 +362,29 @@ def test_metrics_port_serves_only_metrics_and_probes() -> None:
             assert status == 404, path
             assert b"no such path" in data
         conn.close()
+
+
+def test_renewed_certificate_files_are_picked_up_without_a_restart(tmp_path: Path) -> None:
+    from gpu_sim.cluster import Pki  # noqa: PLC0415  (cryptography, a development dependency)
+
+    old, new = Pki(tmp_path / "old").generate(), Pki(tmp_path / "new").generate()
+    cert, key = old.issue_serving_cert("serving", ["127.0.0.1"])
+    renewed_cert, renewed_key = new.issue_serving_cert("serving", ["127.0.0.1"])
+    trusts_old = ssl.create_default_context(cafile=str(old.ca_cert))
+    trusts_new = ssl.create_default_context(cafile=str(new.ca_cert))
+    body = args_body(pod(), _mixed_nodes())
+    tls = TlsFiles(str(cert), str(key))
+    with HttpServer(make_app(), host="127.0.0.1", port=0, tls=tls, tls_check_every_s=0) as server:
+        conn = connect(server, context=trusts_old)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        # A renewal rewrites the mounted files; a half-written set keeps the old context.
+        cert.write_bytes(renewed_cert.read_bytes())
+        conn = connect(server, context=trusts_old)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        key.write_bytes(renewed_key.read_bytes())
+        os.utime(key, (time.time() + 5, time.time() + 5))
+        conn = connect(server, context=trusts_new)
+        assert call(conn, "POST", "/filter", body)[0] == 200
+        stale = connect(server, context=trusts_old)
+        with pytest.raises(ssl.SSLError):
+            call(stale, "POST", "/filter", body)

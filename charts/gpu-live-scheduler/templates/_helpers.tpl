@@ -140,6 +140,24 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 {{- end -}}
 {{- end -}}
 
+{{/* The Secrets with the scorer's serving certificate and the scheduler's client certificate:
+as set, or, when cert-manager issues them, named after the release. */}}
+{{- define "gls.scorer.tlsSecretName" -}}
+{{- if .Values.scorer.tls.secretName -}}
+{{- .Values.scorer.tls.secretName -}}
+{{- else if .Values.scorer.tls.certManager.enabled -}}
+{{- printf "%s-tls" (include "gls.scorer.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gls.scorer.tlsClientSecretName" -}}
+{{- if .Values.scorer.tls.clientSecretName -}}
+{{- .Values.scorer.tls.clientSecretName -}}
+{{- else if .Values.scorer.tls.certManager.enabled -}}
+{{- printf "%s-extender-client-tls" (include "gls.scheduler.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Mount points inside the containers. */}}
 {{- define "gls.scorer.tlsDir" -}}/etc/gpu-scorer/tls{{- end -}}
 {{- define "gls.scorer.policyDir" -}}/etc/gpu-scorer/policy{{- end -}}
@@ -274,7 +292,7 @@ readinessProbe:
 {{- if .Values.scorer.tls.enabled }}
 - name: scorer-tls
   secret:
-    secretName: {{ required "scorer.tls.secretName is required when scorer.tls.enabled is true" .Values.scorer.tls.secretName }}
+    secretName: {{ required "scorer.tls.secretName (or scorer.tls.certManager.enabled) is required when scorer.tls.enabled is true" (include "gls.scorer.tlsSecretName" .) }}
 {{- end }}
 {{- end -}}
 
@@ -286,8 +304,11 @@ readinessProbe:
 {{- if and .Values.scorer.tls.clientAuth (not .Values.scorer.tls.enabled) -}}
 {{- fail "scorer.tls.clientAuth needs scorer.tls.enabled=true" -}}
 {{- end -}}
-{{- if and .Values.scorer.tls.clientAuth .Values.scheduler.enabled (not .Values.scorer.tls.clientSecretName) -}}
-{{- fail "scorer.tls.clientAuth needs scorer.tls.clientSecretName: the Secret with the client certificate (tls.crt, tls.key) kube-scheduler presents to the scorer" -}}
+{{- if and .Values.scorer.tls.clientAuth .Values.scheduler.enabled (not (include "gls.scorer.tlsClientSecretName" .)) -}}
+{{- fail "scorer.tls.clientAuth needs scorer.tls.clientSecretName (or scorer.tls.certManager.enabled): the Secret with the client certificate (tls.crt, tls.key) kube-scheduler presents to the scorer" -}}
+{{- end -}}
+{{- if and .Values.scorer.tls.certManager.enabled (not .Values.scorer.tls.certManager.issuerRef.name) -}}
+{{- fail "scorer.tls.certManager.enabled needs scorer.tls.certManager.issuerRef.name: the cert-manager Issuer or ClusterIssuer that signs both certificates" -}}
 {{- end -}}
 {{- end -}}
 
