@@ -24,7 +24,7 @@ from typing import Final
 from urllib.parse import parse_qs
 
 from exporter_scheduler import wire
-from exporter_scheduler.explain import explain, render_text, verdict_values
+from exporter_scheduler.explain import explain, rejection_fields, render_text
 from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
 from exporter_scheduler.nodestore import NodeStore, describe_pod_class
 from exporter_scheduler.policy import Policy
@@ -382,14 +382,7 @@ def _pod_ref(request: wire.ExtenderRequest) -> str:
 
 def _log_rejection(pod: str, verdict: NodeVerdict) -> None:
     """One structured line per rejected node judged: the uniform reason plus what was read."""
-    fields: dict[str, object] = {
-        "pod": pod,
-        "node": verdict.name,
-        "reason": verdict.reason or "",
-        "unresolvable": verdict.unresolvable,
-        "data_status": str(verdict.data_status),
-    }
-    fields.update(verdict_values(verdict))
+    fields = {"pod": pod, **rejection_fields(verdict)}
     log.info("node rejected", extra={"fields": fields})
 
 

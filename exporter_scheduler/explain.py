@@ -322,3 +322,16 @@ def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
     if verdict.server_age_s is not None:
         values["server_age_s"] = round(verdict.server_age_s, 3)
     return values
+
+
+def rejection_fields(verdict: NodeVerdict) -> dict[str, object]:
+    """A rejected node's log fields: its uniform reason, then the values it read."""
+    fields: dict[str, object] = {
+        "node": verdict.name,
+        "reason": verdict.reason or "",
+        "unresolvable": verdict.unresolvable,
+        "data_status": str(verdict.data_status),
+    }
+    fields.update(verdict_values(verdict))
+    return fields
+

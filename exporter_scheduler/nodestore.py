@@ -35,7 +35,7 @@ from operator import is_
 from types import MappingProxyType
 from typing import Final
 
-from exporter_scheduler.explain import verdict_values
+from exporter_scheduler.explain import rejection_fields
 from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
 from exporter_scheduler.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
@@ -387,12 +387,5 @@ def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
 def _log_rejection(pod_class: PodClass, verdict: NodeVerdict) -> None:
     """A node's verdict for a pod class turned to a rejection (or another one): its values once,
     where they were read; requests then log one summary line each."""
-    fields: dict[str, object] = {
-        "pod_class": describe_pod_class(pod_class),
-        "node": verdict.name,
-        "reason": verdict.reason or "",
-        "unresolvable": verdict.unresolvable,
-        "data_status": str(verdict.data_status),
-    }
-    fields.update(verdict_values(verdict))
+    fields = {"pod_class": describe_pod_class(pod_class), **rejection_fields(verdict)}
     log.info("node rejected", extra={"fields": fields})

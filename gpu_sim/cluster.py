@@ -204,115 +204,27 @@ class Pki:
 
     def generate(self) -> Pki:
         """Write a fresh PKI (ECDSA P-256; a year of validity)."""
-        from cryptography import x509  # noqa: PLC0415  (a development dependency)
-        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
         from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
 
         self.root.mkdir(parents=True, exist_ok=True)
-        now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-        until = now + dt.timedelta(days=365)
-
-        def write_key(name: str, key: ec.EllipticCurvePrivateKey) -> None:
-            target = self.path(name)
-            target.write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            )
-            target.chmod(0o600)
-
-        def subject(common_name: str, organization: str | None = None) -> x509.Name:
-            parts = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-            if organization:
-                parts.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-            return x509.Name(parts)
-
-        def certificate(
-            name: str,
-            common_name: str,
-            *,
-            issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-            organization: str | None = None,
-            server_names: Sequence[str] = (),
-            client: bool = False,
-        ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-            key = ec.generate_private_key(ec.SECP256R1())
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(subject(common_name, organization))
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now)
-                .not_valid_after(until)
-            )
-            if issuer is None:  # a CA, self-signed
-                builder = builder.issuer_name(subject(common_name)).add_extension(
-                    x509.BasicConstraints(ca=True, path_length=None), critical=True
-                )
-                builder = builder.add_extension(
-                    x509.KeyUsage(
-                        digital_signature=True,
-                        content_commitment=False,
-                        key_encipherment=False,
-                        data_encipherment=False,
-                        key_agreement=False,
-                        key_cert_sign=True,
-                        crl_sign=True,
-                        encipher_only=False,
-                        decipher_only=False,
-                    ),
-                    critical=True,
-                )
-                signer = key
-            else:
-                builder = builder.issuer_name(issuer[0].subject).add_extension(
-                    x509.BasicConstraints(ca=False, path_length=None), critical=True
-                )
-                usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
-                if server_names:
-                    usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-                    sans: list[x509.GeneralName] = []
-                    for server_name in server_names:
-                        try:
-                            sans.append(x509.IPAddress(ipaddress.ip_address(server_name)))
-                        except ValueError:
-                            sans.append(x509.DNSName(server_name))
-                    builder = builder.add_extension(
-                        x509.SubjectAlternativeName(sans), critical=False
-                    )
-                builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-                signer = issuer[1]
-            cert = builder.sign(signer, hashes.SHA256())
-            self.path(f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-            write_key(f"{name}.key", key)
-            return cert, key
-
-        ca = certificate("ca", "loopback-cluster-ca", issuer=None)
-        certificate(
-            "apiserver",
-            "kube-apiserver",
-            issuer=ca,
-            server_names=(
-                LOOPBACK,
-                "localhost",
-                FIRST_SERVICE_IP,
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ),
+        self._issue("ca", "loopback-cluster-ca", ca=None)
+        apiserver_names = (
+            LOOPBACK,
+            "localhost",
+            FIRST_SERVICE_IP,
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
         )
-        certificate(
-            "admin", "loopback-admin", issuer=ca, organization="system:masters", client=True
-        )
-        certificate("scheduler", "system:kube-scheduler", issuer=ca, client=True)
-        front_proxy = certificate("front-proxy-ca", "front-proxy-ca", issuer=None)
-        certificate("front-proxy-client", "front-proxy-client", issuer=front_proxy, client=True)
+        self._issue("apiserver", "kube-apiserver", ca="ca", server_names=apiserver_names)
+        self._issue("admin", "loopback-admin", ca="ca", client=True, groups=("system:masters",))
+        self._issue("scheduler", "system:kube-scheduler", ca="ca", client=True)
+        self._issue("front-proxy-ca", "front-proxy-ca", ca=None)
+        self._issue("front-proxy-client", "front-proxy-client", ca="front-proxy-ca", client=True)
         signing = ec.generate_private_key(ec.SECP256R1())
-        write_key("sa.key", signing)
+        self._write_key("sa.key", signing)
         self.path("sa.pub").write_bytes(
             signing.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -322,73 +234,105 @@ class Pki:
 
     def issue_serving_cert(self, name: str, server_names: Sequence[str]) -> tuple[Path, Path]:
         """A serving certificate from the cluster CA (for an extender's TLS in tests)."""
-        return self._issue(name, server_names[0], server_names=server_names, client=False)
+        return self._issue(name, server_names[0], ca="ca", server_names=server_names)
 
     def issue_client_cert(
         self, name: str, common_name: str, *, groups: Sequence[str] = ()
     ) -> tuple[Path, Path]:
         """A client certificate: the API server reads the user from CN and groups from O."""
-        return self._issue(name, common_name, server_names=(), client=True, groups=groups)
+        return self._issue(name, common_name, ca="ca", client=True, groups=groups)
 
-    def _issue(
-        self,
-        name: str,
-        common_name: str,
-        *,
-        server_names: Sequence[str],
-        client: bool,
-        groups: Sequence[str] = (),
-    ) -> tuple[Path, Path]:
-        from cryptography import x509  # noqa: PLC0415
-        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
-        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+    def _write_key(self, name: str, key: Any) -> Path:
+        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
 
-        ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
-        ca_key = serialization.load_pem_private_key(self.path("ca.key").read_bytes(), None)
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ClusterError("the cluster CA key is not an EC key")
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(
-                x509.Name(
-                    [
-                        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-                        *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
-                    ]
-                )
-            )
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
-            .not_valid_after(now + dt.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        )
-        if server_names:
-            sans: list[x509.GeneralName] = []
-            for server_name in server_names:
-                try:
-                    sans.append(x509.IPAddress(ipaddress.ip_address(server_name)))
-                except ValueError:
-                    sans.append(x509.DNSName(server_name))
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        cert_path, key_path = self.path(f"{name}.crt"), self.path(f"{name}.key")
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        key_path.write_bytes(
+        target = self.path(name)
+        target.write_bytes(
             key.private_bytes(
                 serialization.Encoding.PEM,
                 serialization.PrivateFormat.PKCS8,
                 serialization.NoEncryption(),
             )
         )
-        key_path.chmod(0o600)
-        return cert_path, key_path
+        target.chmod(0o600)
+        return target
+
+    def _issue(
+        self,
+        name: str,
+        common_name: str,
+        *,
+        ca: str | None,
+        server_names: Sequence[str] = (),
+        client: bool = False,
+        groups: Sequence[str] = (),
+    ) -> tuple[Path, Path]:
+        """Write `<name>.crt` and `<name>.key`: signed by the CA files `<ca>.*`, or, with
+        `ca=None`, a self-signed CA."""
+        from cryptography import x509  # noqa: PLC0415
+        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
+            ]
+        )
+        now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(x509.BasicConstraints(ca=ca is None, path_length=None), critical=True)
+        )
+        if ca is None:
+            issuer_name, signer = subject, key
+            builder = builder.add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+        else:
+            issuer = x509.load_pem_x509_certificate(self.path(f"{ca}.crt").read_bytes())
+            loaded = serialization.load_pem_private_key(self.path(f"{ca}.key").read_bytes(), None)
+            if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+                raise ClusterError(f"the key of CA {ca} is not an EC key")
+            issuer_name, signer = issuer.subject, loaded
+            usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+            if server_names:
+                usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+                builder = builder.add_extension(
+                    x509.SubjectAlternativeName([_general_name(n) for n in server_names]),
+                    critical=False,
+                )
+            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        cert = builder.issuer_name(issuer_name).sign(signer, hashes.SHA256())
+        cert_path = self.path(f"{name}.crt")
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return cert_path, self._write_key(f"{name}.key", key)
+
+
+def _general_name(name: str) -> Any:
+    from cryptography import x509  # noqa: PLC0415
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def write_kubeconfig(

@@ -18,7 +18,6 @@ from typing import Any, Final
 from agent.metrics import AgentMetrics
 from gpu_contract.schema import normalize_model_name
 from gpu_sim.cluster import (
-    GPU_RESOURCE,
     ClusterError,
     ControlPlane,
     ExtenderConfig,
@@ -27,7 +26,7 @@ from gpu_sim.cluster import (
     SchedulerConfig,
     missing_binaries_reason,
 )
-from gpu_sim.cluster_workload import apply, register_node
+from gpu_sim.cluster_workload import apply, gpu_pod, register_node
 from gpu_sim.nodes import gpu_node
 from gpu_sim.scheduler_driver import Allocation, Attempt, Binding, LoadSink, NoLoad, PodSpec
 
@@ -128,33 +127,14 @@ class RealSchedulerDriver:
         self._seen_events: set[str] = set()
 
     def submit(self, pod: PodSpec, *, now_s: float) -> None:
-        quantity = str(pod.gpus)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod.name,
-                "namespace": NAMESPACE,
-                "labels": {"app": "gpu-demo"},
-                "annotations": dict(pod.annotations),
-            },
-            "spec": {
-                "schedulerName": SCHEDULER_NAME,
-                "automountServiceAccountToken": False,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 0,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "pause:3.10",
-                        "resources": {
-                            "requests": {"cpu": "100m", "memory": "64Mi", GPU_RESOURCE: quantity},
-                            "limits": {"memory": "64Mi", GPU_RESOURCE: quantity},
-                        },
-                    }
-                ],
-            },
-        }
+        body = gpu_pod(
+            pod.name,
+            scheduler_name=SCHEDULER_NAME,
+            gpus=pod.gpus,
+            annotations=pod.annotations,
+            namespace=NAMESPACE,
+        )
+        body["metadata"]["labels"] = {"app": "gpu-demo"}
         self._cluster.api().create(f"/api/v1/namespaces/{NAMESPACE}/pods", body)
         self._waiting[pod.name] = pod
         self._submitted_at[pod.name] = now_s

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_sim.cluster import ControlPlane, KubeApi, running_control_plane
-from tests.e2e.support import Scope, require_control_plane
+from gpu_sim.cluster import ControlPlane, KubeApi
+from tests.e2e.support import Scope, require_control_plane, started_control_plane
 
 _HERE = Path(__file__).resolve().parent
 _counter = itertools.count(1)
@@ -36,8 +36,7 @@ def control_plane_built() -> None:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    require_control_plane()
-    with running_control_plane(tmp_path_factory.mktemp("control-plane")) as plane:
+    with started_control_plane(tmp_path_factory, "control-plane") as plane:
         yield plane
 
 

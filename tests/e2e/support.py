@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpu_sim.cluster import SERVICE_ACCOUNT_ISSUER, BuildSpec, KubeApi, missing_binaries_reason
+from gpu_sim.cluster import (
+    SERVICE_ACCOUNT_ISSUER,
+    BuildSpec,
+    ControlPlane,
+    KubeApi,
+    missing_binaries_reason,
+    running_control_plane,
+)
 from gpu_sim.cluster_workload import (
     apply,
     delete_nodes,
@@ -24,6 +31,16 @@ from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
 
 # Watch events reach every watcher on loopback within milliseconds; this leaves a wide margin.
 SETTLE_S = 0.5
+
+
+@contextlib.contextmanager
+def started_control_plane(factory: pytest.TempPathFactory, name: str) -> Iterator[ControlPlane]:
+    """A control plane under a fresh temporary directory: the suite's, or a test module's own
+    (for tests that stop parts of it, or install a policy that would refuse other tests'
+    writes). Skipped without the binaries locally, failed in CI."""
+    require_control_plane()
+    with running_control_plane(factory.mktemp(name)) as plane:
+        yield plane
 
 
 def require_control_plane() -> None:

@@ -20,7 +20,6 @@ from gpu_sim.cluster import (
     KubeApi,
     SchedulerConfig,
     free_port,
-    running_control_plane,
 )
 from gpu_sim.cluster_workload import (
     agent_process,
@@ -32,15 +31,14 @@ from gpu_sim.cluster_workload import (
     scorer_process,
     wait_for,
 )
-from tests.e2e.support import Scope, require_control_plane
+from tests.e2e.support import Scope, started_control_plane
 
 OUTAGE_S = 4.0
 
 
 @pytest.fixture(scope="module")
 def own_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    require_control_plane()
-    with running_control_plane(tmp_path_factory.mktemp("fault-plane")) as plane:
+    with started_control_plane(tmp_path_factory, "fault-plane") as plane:
         yield plane
 
 

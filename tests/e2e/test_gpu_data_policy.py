@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import pytest
 
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, Field
-from gpu_sim.cluster import ControlPlane, KubeApi, free_port, running_control_plane
+from gpu_sim.cluster import ControlPlane, KubeApi, free_port
 from gpu_sim.cluster_workload import apply, gpu_state, publish, wait_for
 from gpu_sim.nodes import gpu_node
 from tests.deploy.chart_support import FULLNAME
-from tests.e2e.support import AgentIdentity, Scope, installed_agent, require_control_plane
+from tests.e2e.support import AgentIdentity, Scope, installed_agent, started_control_plane
 
 BREAK_GLASS_GROUP = "gpu-oncall"
 POLICY = f"{FULLNAME}-gpu-data-writers"
@@ -30,8 +30,7 @@ MERGE = "application/merge-patch+json"
 
 @pytest.fixture(scope="module")
 def own_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    require_control_plane()
-    with running_control_plane(tmp_path_factory.mktemp("policy-plane")) as plane:
+    with started_control_plane(tmp_path_factory, "policy-plane") as plane:
         yield plane
 
 
