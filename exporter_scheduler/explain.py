@@ -334,4 +334,3 @@ def rejection_fields(verdict: NodeVerdict) -> dict[str, object]:
     }
     fields.update(verdict_values(verdict))
     return fields
-
