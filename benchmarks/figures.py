@@ -1479,7 +1479,9 @@ def _run_scheduler(
     args: argparse.Namespace, timings: list[Timed], img: Path, summary: dict[str, Any]
 ) -> str:
     """Pods/s of the real kube-scheduler (needs `python3 dev.py cluster build`)."""
-    extra = ["--nodes", "50", "--pods", "30", "--rounds", "1"] if args.quick else []
+    # Every mode, the null extenders included: they show what any extender costs the scheduler.
+    extra = ["--modes", ",".join(real_scheduler.ALL_MODES)]
+    extra += ["--nodes", "50", "--pods", "30", "--rounds", "1"] if args.quick else []
     if args.no_benchmarks:
         bench: dict[str, Any] = {
             "error": "skipped (--no-benchmarks)",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -45,19 +46,26 @@ from gpu_sim.cluster import (
     ControlPlane,
     ExtenderConfig,
     SchedulerConfig,
+    free_port,
     running_control_plane,
 )
 from gpu_sim.cluster_workload import (
+    BinaryProcess,
     ScorerProcess,
     apply,
     gpu_pod,
     gpu_state,
     register_node,
     scorer_process,
+    wait_for,
 )
 from gpu_sim.nodes import gpu_node
 
 MODES: Final = ("none", "names", "full")
+# Extenders that decide nothing, to split the extender's cost (`--modes`): compiled Go (the
+# mechanism's own cost), and Python on the scorer's HTTP edge (that edge's cost).
+NULL_MODES: Final = ("null-go-names", "null-py-names", "null-go-full")
+ALL_MODES: Final = (*MODES, *NULL_MODES)
 NAMESPACE: Final = "bench"
 # The fleet simulation's write rate before per-GPU data: 11.5 % of one write per 5 s sample, or
 # ~110 patches/s at 5,000 nodes. Today's defaults write 9.6 %, so this churn is a little heavier.
@@ -82,6 +90,7 @@ class Config:
     writes_per_node_s: float = FLEET_WRITES_PER_NODE_S
     seed: int = 7
     timeout_s: float = 180.0
+    modes: tuple[str, ...] = MODES
 
     @property
     def patch_rate_per_s(self) -> float:
@@ -196,12 +205,62 @@ class Patcher:
 # ----------------------------------------------------------------------------- one measurement
 
 
-def scheduler_config(mode: str, scorers: dict[str, ScorerProcess]) -> SchedulerConfig:
+@dataclass
+class Extender:
+    """One mode's extender process: the scorer, or a null extender."""
+
+    url: str
+    names_only: bool
+    process: BinaryProcess
+    # The scorer's /metrics has its own request times; the null extenders have none.
+    scorer: ScorerProcess | None = None
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        if self.scorer is not None:
+            self.scorer.wait_ready(timeout_s=timeout_s)
+            return
+        port = int(self.url.rsplit(":", 1)[1])
+
+        def listening() -> bool:
+            if not self.process.alive():
+                raise RuntimeError(f"{self.process.name} exited:\n{self.process.log()}")
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(f"{self.process.name} to listen", listening, timeout_s=timeout_s)
+
+
+def extenders(plane: ControlPlane, logs: Path, modes: Sequence[str]) -> dict[str, Extender]:
+    made: dict[str, Extender] = {}
+    for mode in modes:
+        if mode == "none":
+            continue
+        names_only = mode.endswith("names")
+        if mode in ("names", "full"):
+            scorer = scorer_process(
+                logs,
+                kubeconfig=plane.admin_kubeconfig if names_only else None,
+                name=f"scorer-{mode}",
+            )
+            made[mode] = Extender(scorer.url, names_only, scorer, scorer)
+            continue
+        port = free_port()
+        if mode.startswith("null-go"):
+            argv = [str(plane.spec.bin_dir / "null-extender"), f"--listen=127.0.0.1:{port}"]
+        else:
+            argv = [sys.executable, "-m", "benchmarks.null_extender", f"--port={port}"]
+        process = BinaryProcess(
+            mode, argv, logs / f"{mode}.log", env={"PYTHONPATH": str(Path.cwd())}
+        )
+        made[mode] = Extender(f"http://127.0.0.1:{port}", names_only, process)
+    return made
+
+
+def scheduler_config(mode: str, made: dict[str, Extender]) -> SchedulerConfig:
     extender = None
     if mode != "none":
-        extender = ExtenderConfig(
-            scorers[mode].url, node_cache_capable=mode == "names", ignorable=False
-        )
+        chosen = made[mode]
+        extender = ExtenderConfig(chosen.url, node_cache_capable=chosen.names_only, ignorable=False)
     return SchedulerConfig(
         f"bench-{mode}", extender, client_qps=SCHEDULER_QPS, client_burst=SCHEDULER_BURST
     )
@@ -228,7 +287,7 @@ def measure(
     mode: str,
     round_index: int,
     config: Config,
-    scorers: dict[str, ScorerProcess],
+    made: dict[str, Extender],
 ) -> Round:
     label = f"r{round_index}-{mode}"
     names = [f"{label}-{i:04d}" for i in range(config.pods)]
@@ -255,8 +314,9 @@ def measure(
 
     watcher = threading.Thread(target=watch_binds, name="bind-watch", daemon=True)
     watcher.start()
+    scorers = {m: e.scorer for m, e in made.items() if e.scorer is not None}
     before = {m: scorer_totals(s) for m, s in scorers.items()}
-    scheduler = plane.start_scheduler(scheduler_config(mode, scorers), name=f"sched-{label}")
+    scheduler = plane.start_scheduler(scheduler_config(mode, made), name=f"sched-{label}")
     try:
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
@@ -268,7 +328,7 @@ def measure(
     times = sorted(bind_times.values())
     span_s = times[-1] - times[0]
     result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
-    if mode != "none":
+    if mode in scorers:
         for verb, (seconds, count) in after[mode].items():
             requests = count - before[mode][verb][1]
             result.scorer_requests[verb] = requests
@@ -322,36 +382,34 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                 namespace=NAMESPACE,
             )
         progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
-        logs = Path(scratch) / "logs"
-        scorers = {
-            "names": scorer_process(logs, kubeconfig=plane.admin_kubeconfig, name="scorer-names"),
-            "full": scorer_process(logs, kubeconfig=None, name="scorer-full"),
-        }
+        made = extenders(plane, Path(scratch) / "logs", config.modes)
         patcher = Patcher(plane, config)
         try:
-            for scorer in scorers.values():
-                scorer.start().wait_ready(timeout_s=120)
+            for extender in made.values():
+                extender.process.start()
+                extender.wait_ready()
             patcher.start()
             rounds: list[Round] = []
+            modes = config.modes
             for index in range(config.rounds):
-                order = MODES[index % len(MODES) :] + MODES[: index % len(MODES)]
+                order = modes[index % len(modes) :] + modes[: index % len(modes)]
                 for mode in order:
-                    result = measure(plane, mode, index, config, scorers)
+                    result = measure(plane, mode, index, config, made)
                     rounds.append(result)
                     progress(
-                        f"  {config.nodes} nodes, {mode:5s} round {index}: "
+                        f"  {config.nodes} nodes, {mode:13s} round {index}: "
                         f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
                     )
         finally:
             patcher.stop()
-            for scorer in scorers.values():
-                scorer.kill()
+            for extender in made.values():
+                extender.process.kill()
     return summarize(config, rounds, patcher)
 
 
 def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict[str, Any]:
     by_mode: dict[str, dict[str, Any]] = {}
-    for mode in MODES:
+    for mode in config.modes:
         mine = [r for r in rounds if r.mode == mode]
         if not mine:
             continue
@@ -366,7 +424,7 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
             "scorer_requests_per_pod": {
                 verb: statistics.median(r.scorer_requests[verb] / config.pods for r in mine)
                 for verb in ("filter", "prioritize")
-                if mode != "none"
+                if all(verb in r.scorer_requests for r in mine)
             },
         }
     baseline = by_mode.get("none", {}).get("pods_per_s_median") or 0.0
@@ -390,6 +448,9 @@ MODE_LABELS: Final = {
     "none": "no extender",
     "names": "names only (`nodeCacheCapable: true`)",
     "full": "full nodes (`nodeCacheCapable: false`)",
+    "null-go-names": "names only, null extender in Go",
+    "null-py-names": "names only, null extender on the scorer's HTTP edge",
+    "null-go-full": "full nodes, null extender in Go",
 }
 
 
@@ -508,16 +569,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=FLEET_WRITES_PER_NODE_S,
         help="annotation patches per node per second during the run",
     )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"comma-separated, of {', '.join(ALL_MODES)} (null-*: extenders that decide nothing)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = sorted(set(modes) - set(ALL_MODES))
+    if unknown or "none" not in modes:
+        parser.error(f"--modes: choose from {', '.join(ALL_MODES)}, with none (the baseline)")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
     results = [
         run(
-            Config(n, pods=args.pods, rounds=args.rounds, writes_per_node_s=args.writes_per_node_s),
+            Config(
+                n,
+                pods=args.pods,
+                rounds=args.rounds,
+                writes_per_node_s=args.writes_per_node_s,
+                modes=modes,
+            ),
             progress=progress,
         )
         for n in sizes

@@ -45,7 +45,7 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 GO_MODULE: Final = ROOT / "tools" / "k8s"
 TOOLS_K8S: Final = ROOT / ".tools" / "k8s"
 DEFAULT_STATE_DIR: Final = ROOT / ".tools" / "cluster"
-BINARIES: Final = ("etcd", "kube-apiserver", "kube-scheduler")
+BINARIES: Final = ("etcd", "kube-apiserver", "kube-scheduler", "null-extender")
 LOOPBACK: Final = "127.0.0.1"
 SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CLUSTER_IP_RANGE: Final = "10.96.0.0/16"
@@ -138,7 +138,8 @@ def build(spec: BuildSpec | None = None, *, out: Any = sys.stderr) -> Path:
     staging.mkdir(parents=True)
     print(
         f"building etcd {spec.etcd_version}, kube-apiserver and kube-scheduler "
-        f"{spec.kubernetes_version} (cold: several minutes) ...",
+        f"{spec.kubernetes_version}, and the benchmark's null extender (cold: several "
+        "minutes) ...",
         file=out,
         flush=True,
     )
@@ -154,6 +155,7 @@ def build(spec: BuildSpec | None = None, *, out: Any = sys.stderr) -> Path:
         "k8s.io/kubernetes/cmd/kube-apiserver",
         "k8s.io/kubernetes/cmd/kube-scheduler",
         "./cmd/etcd",
+        "./cmd/null-extender",
     ]
     env = dict(os.environ)
     env.setdefault("GOFLAGS", "-mod=readonly")

@@ -1,0 +1,66 @@
+"""A kube-scheduler extender that decides nothing, on the scorer's own HTTP edge.
+
+    python -m benchmarks.null_extender --port 8890
+
+filter passes every node it is sent, prioritize scores each 0. The real-scheduler benchmark runs
+it beside the scorer to split the extender's cost: what the scorer's HTTP edge costs in Python
+(this) against what its verdicts add (the scorer), next to what the mechanism itself costs with
+a compiled server (`tools/k8s/cmd/null-extender`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from exporter_scheduler.app import Response
+from exporter_scheduler.server import HttpServer
+from exporter_scheduler.wire import Buffer
+
+
+class _Args(msgspec.Struct):
+    NodeNames: list[str] | None = None
+
+
+_DECODE: Final = msgspec.json.Decoder(_Args).decode
+_ENCODE: Final = msgspec.json.Encoder().encode
+
+
+class NullApp:
+    """Names-only replies that pass every node with score 0."""
+
+    max_body_bytes: Final = 64 * 1024 * 1024
+
+    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response:
+        if method != "POST":
+            return Response(200, b"ok\n", b"text/plain")
+        names = _DECODE(body).NodeNames or []
+        if path.endswith("/filter"):
+            return Response(
+                200,
+                b'{"Nodes":null,"NodeNames":'
+                + _ENCODE(names)
+                + b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}',
+            )
+        return Response(200, _ENCODE([{"Host": name, "Score": 0} for name in names]))
+
+    def body_too_large(self) -> Response:
+        return Response(413, b'{"Error":"too large"}')
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.null_extender")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    server = HttpServer(NullApp(), host="127.0.0.1", port=args.port)
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop())
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
