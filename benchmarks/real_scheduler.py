@@ -511,6 +511,17 @@ def markdown_section(
         else ""
     )
     figure = "\n![pods/s against cluster size](img/real_scheduler.png)\n" if plotted else ""
+    nulls = any(m in NULL_MODES for r in document["sizes"] for m in r["modes"])
+    null_text = (
+        "\n\nThe null extenders decide nothing (filter passes every node, prioritize scores 0):"
+        " `null-go` is a compiled Go server (`tools/k8s/cmd/null-extender`), so its ratio is "
+        "what the extender mechanism itself costs kube-scheduler on this machine (two HTTP calls"
+        " per pod, the scheduler encoding the pod, and in full-node mode every Node, to JSON and"
+        " decoding the reply); `null-py` is the scorer's own HTTP edge with no verdicts. The "
+        "scorer cannot be cheaper than the first; what it adds over the second is its verdicts."
+        if nulls
+        else ""
+    )
     return f"""## The real kube-scheduler's throughput
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
@@ -519,7 +530,7 @@ places a burst of {first["pods"]} one-GPU pods, {first["rounds"]} rounds per mod
 order, while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
 per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, both scorers, the
-patcher) shares the machine's cores. {before_line}
+patcher) shares the machine's cores. {before_line}{null_text}
 
 {chr(10).join(lines)}
 {figure}"""
