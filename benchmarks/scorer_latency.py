@@ -345,13 +345,18 @@ def measure(
         floor_s: list[float] = []
         events_s: dict[str, list[float]] = {label: [] for label in scorers}
         for sample in range(samples):
+            # The scorers take turns going first: the one that follows another's churn burst
+            # finds the CPU caches cold (see docs/scorer.md), so a fixed order would favour one.
+            turn = list(scorers.items())
+            if sample % 2:
+                turn.reverse()
             if mode == "names":
-                for label, child in scorers.items():
+                for label, child in turn:
                     events_s[label] += child.command(cmd="apply", start=sample * churn, count=churn)
             for verb in timed:
                 path = "/filter" if verb == "again" else f"/{verb}"
                 base = nothing["filter" if verb == "again" else verb].timed_post(path, body)
-                for label, child in scorers.items():
+                for label, child in turn:
                     differences[label][verb].append(child.timed_post(path, body) - base)
                 if floor is not None and verb == "filter":
                     floor_s.append(floor.timed_post("/filter", body) - base)

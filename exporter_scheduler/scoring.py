@@ -335,7 +335,6 @@ class PodClass:
         "temp_fail",
         "temp_limit_c",
         "temp_pass",
-        "temp_per_gpu",
         "temp_unknown",
         "threshold_bp",
         "util_fail",
@@ -446,9 +445,8 @@ class PodClass:
             "model", "fail", chain, "gpu model not in preference list", True
         )
         # The k-GPU rule (`_judge_gpus`): on a node that publishes per-GPU data it takes over
-        # the node-level utilization, temperature and memory rules, which then read `per-gpu`.
+        # the node-level utilization and memory rules, which then read `per-gpu`.
         self.util_per_gpu = RuleOutcome("utilization", "per-gpu", util_limit)
-        self.temp_per_gpu = RuleOutcome("temperature", "per-gpu", temp_limit)
         self.mem_per_gpu = (
             self.mem_skip if mem_limit is None else RuleOutcome("memory", "per-gpu", mem_limit)
         )
@@ -770,8 +768,9 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     of what passed."""
     rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if c.chain_active else None
     # Per-GPU truth decides for a pod asking k GPUs: the k-GPU rule replaces the node-level
-    # utilization, temperature and memory rules, whose values are summaries (mean, maximum,
-    # maximum) of the same per-GPU readings (docs/scoring.md says why).
+    # utilization and memory rules, whose values are summaries (mean, maximum) of the same
+    # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
+    # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
     per_gpu = _judge_gpus(state.gpus, c) if state.gpus and c.gpu_request > 0 else None
     failed: RuleOutcome | None = None
     status: DataStatus = "fresh"
@@ -795,9 +794,7 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         failed = util
 
     temperature_c = state.temperature_c
-    if per_gpu is not None:
-        temp = c.temp_per_gpu
-    elif temperature_c is None:
+    if temperature_c is None:
         temp = c.temp_unknown
     else:
         temp = c.temp_fail if temperature_c >= c.temp_limit_c else c.temp_pass

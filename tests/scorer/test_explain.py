@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
-from gpu_contract.schema import FIELD_MANAGER, Health, parse_timestamp
+from gpu_contract.schema import FIELD_MANAGER, Field, Health, parse_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
 from tests.scorer.scoring_builders import (
     A100,
@@ -142,7 +142,9 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
         Gpu(0.05, 70_000, 42, allocated=False),
     ]
     the_pod = pod(gpus=2, min_memory_mib="40000")
-    evaluation = run([gpu_node("g", table)], the_pod)
+    # Without the node-level temperature (written by hand), the hot GPU is judged per GPU.
+    the_node = gpu_node("g", table, overrides={Field.TEMPERATURE: None})
+    evaluation = run([the_node], the_pod)
     explained = explain(evaluation, the_pod, NOW, Policy())["nodes"][0]
     gpus = explained["gpus"]
     assert (gpus["needed"], gpus["candidates"], gpus["counted"]) == (2, 2, [1, 7])

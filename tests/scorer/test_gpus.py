@@ -37,6 +37,7 @@ from tests.scorer.scoring_builders import (
     without_per_gpu,
 )
 
+MEMORY = DEFAULT_KEYS.prefix + "min-gpu-memory-mib"
 IDLE = Gpu(utilization=0.0)
 HALF = Gpu(utilization=0.50)
 SATURATED = Gpu(utilization=0.97)
@@ -124,14 +125,21 @@ CASES = [
         (0, 1, 2, 3), id="allocation-not-published-is-not-checked-even-strict",
     ),
     pytest.param(
-        gpu_node("warm", [Gpu(temperature_c=t) for t in (88, 85, 60, 50)]), pod(gpus=3),
-        LENIENT, False, "fewer than 3 gpus below temperature 85C", False, (),
-        id="temperature-at-limit-is-not-a-candidate",
+        gpu_node("warm", [Gpu(temperature_c=t) for t in (90, 50, 52, 50)]), pod(gpus=3),
+        LENIENT, False, "gpu temperature at or above 85C", False, (),
+        id="one-hot-gpu-fails-the-node-level-temperature-rule",
     ),
     pytest.param(
-        gpu_node("warm", [Gpu(temperature_c=t) for t in (90, 50, 52, 50)]), pod(gpus=3),
-        LENIENT, True, None, False, (1, 3, 2),
-        id="one-hot-gpu-the-pod-need-not-use",
+        gpu_node("warm", [Gpu(temperature_c=t) for t in (88, 85, 60, 50)],
+                 overrides={Field.TEMPERATURE: None}),
+        pod(gpus=3), LENIENT, False, "fewer than 3 gpus below temperature 85C", False, (),
+        id="per-gpu-temperature-at-limit-is-not-a-candidate",
+    ),
+    pytest.param(
+        gpu_node("warm", [Gpu(temperature_c=t) for t in (88, 85, 60, 50)],
+                 overrides={Field.TEMPERATURE: None}),
+        pod(gpus=2), LENIENT, True, None, False, (3, 2),
+        id="per-gpu-temperature-cooler-gpus-count",
     ),
     pytest.param(
         gpu_node("unk", [Gpu(temperature_c=None), Gpu(utilization=0.10)]), pod(gpus=2),
@@ -185,18 +193,19 @@ CASES = [
     pytest.param(
         gpu_node("order", [
             *runs((3, Gpu(allocated=True)), (2, Gpu(utilization=0.95, allocated=False))),
-            Gpu(temperature_c=90, allocated=False), *runs((2, Gpu(allocated=False))),
+            Gpu(free_mib=1_000, allocated=False), *runs((2, Gpu(allocated=False))),
         ]),
-        pod(gpus=4), LENIENT, False, "fewer than 4 gpus at or below utilization 0.90", False,
-        (), id="first-criterion-leaving-fewer-than-k-names-the-reason",
+        pod(gpus=4, min_memory_mib="10000"), LENIENT, False,
+        "fewer than 4 gpus at or below utilization 0.90", False, (),
+        id="first-criterion-leaving-fewer-than-k-names-the-reason",
     ),
     pytest.param(
         gpu_node("order", [
             *runs((3, Gpu(allocated=True)), (1, Gpu(utilization=0.95, allocated=False))),
-            Gpu(temperature_c=90, allocated=False), *runs((3, Gpu(allocated=False))),
+            Gpu(free_mib=1_000, allocated=False), *runs((3, Gpu(allocated=False))),
         ]),
-        pod(gpus=4), LENIENT, False, "fewer than 4 gpus below temperature 85C", False, (),
-        id="criteria-count-cumulatively",
+        pod(gpus=4, min_memory_mib="10000"), LENIENT, False,
+        "fewer than 4 gpus with 10000MiB free", False, (), id="criteria-count-cumulatively",
     ),
     pytest.param(
         gpu_node("sick", runs((4, IDLE)), overrides={Field.HEALTH: "unavailable"}), pod(gpus=8),
@@ -254,9 +263,10 @@ def test_gpus_rule(  # noqa: PLR0917 (one parameter per column of the table)
     if not passed and verdict.reason is not None and verdict.reason.startswith(("no ", "fewer")):
         assert verdict.gpus.candidates < the_pod.gpu_request
         assert verdict.gpus.counted == ()
-    # The node-level rules the k-GPU rule takes over say so.
+    # The node-level rules the k-GPU rule takes over say so; the temperature rule stays.
     outcomes = {r.rule: r.outcome for r in verdict.rules}
-    assert outcomes["temperature"] == "per-gpu"
+    assert outcomes["temperature"] != "per-gpu"
+    assert outcomes["memory"] == ("per-gpu" if the_pod.annotations.get(MEMORY) else "not-checked")
     if verdict.data_status == "fresh":
         assert outcomes["utilization"] == "per-gpu"
 
@@ -516,8 +526,8 @@ def test_a_uniform_node_gets_the_node_level_verdict_and_score(  # noqa: PLR0917
     the_node = gpu_node("n", runs((n, Gpu(utilization, free_mib, temperature_c))))
     per_gpu = one(the_node, _gpu_pod(k, memory))
     node_level = one(without_per_gpu(the_node), _gpu_pod(k, memory))
-    if k > n:
-        assert per_gpu.reason == f"fewer than {k} gpus on the node"
+    if k > n:  # more GPUs than the node has: rejected (by this or an earlier rule)
+        assert not per_gpu.passed
         return
     assert per_gpu.passed == node_level.passed
     assert per_gpu.score == node_level.score
