@@ -42,6 +42,7 @@ from benchmarks.machine import machine_description
 from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
 from gpu_sim.placement import (
     POLICIES,
+    WORKLOADS,
     PlacementConfig,
     PlacementResult,
     compare,
@@ -335,25 +336,27 @@ def fig_storm(result: FleetResult, storm: ApiStorm, path: Path) -> None:
 
 
 PLACEMENT_METRICS: tuple[tuple[str, str], ...] = (
-    ("above_limit", "above limit, cooler node free"),
-    ("chain_violations", "chain violations"),
-    ("memory_fit_failures", "memory-fit failures"),
-    ("hot_placements", "placed at/above temp. limit"),
-    ("pending_at_end", "pending at end"),
+    ("fewer_suitable", "fewer than k GPUs\nsuitable"),
+    ("memory_fit_failures", "memory-fit\nfailures"),
+    ("gpus_pushed_over_limit", "GPUs pushed over\nthe limit (GPUs)"),
+    ("above_limit", "above limit,\ncooler node free"),
+    ("chain_violations", "chain\nviolations"),
+    ("hot_placements", "placed at/above\ntemp. limit"),
+    ("pending_at_end", "pending\nat end"),
 )
 
 
 def fig_placement(results: Mapping[str, PlacementResult], path: Path) -> None:
     summaries = {p: r.summary() for p, r in results.items()}
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     width = 0.8 / max(1, len(summaries))
     x = np.arange(len(PLACEMENT_METRICS))
     for i, (policy, summary) in enumerate(summaries.items()):
         values = [float(summary[key]) for key, _ in PLACEMENT_METRICS]
         bars = ax.bar(x + i * width - 0.4 + width / 2, values, width, label=policy)
-        ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7)
+        ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=6)
     ax.set_xticks(x, [label for _, label in PLACEMENT_METRICS], fontsize=8)
-    ax.set_ylabel("Pods")
+    ax.set_ylabel("Pods (GPUs where marked)")
     ax.set_title("Placement quality on the same pod stream")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
@@ -792,109 +795,43 @@ def _placement_section(results: Mapping[str, PlacementResult], config: Placement
             [
                 f"`{policy}`",
                 f"{s['placed']}/{s['pods']}",
+                f"{s['fewer_suitable']} ({s['fewer_suitable_multi_gpu']}) "
+                f"[{s['fewer_suitable_unseen']}]",
+                f"{s['memory_fit_failures']} ({s['memory_fit_failures_undeclared']} / "
+                f"{s['memory_fit_failures_multi_gpu']})",
+                str(s["gpus_pushed_over_limit"]),
                 f"{s['above_limit']} ({s['above_limit_clear']}) [{s['above_limit_unseen']}]",
                 f"{s['chain_violations']} ({s['chain_violations_clear']}) "
                 f"[{s['chain_violations_unseen']}] of {s['chain_pods']}",
-                f"{s['memory_fit_failures']} ({s['memory_fit_failures_undeclared']} / "
-                f"{s['memory_fit_failures_multi_gpu']})",
                 str(s["hot_placements"]),
-                str(s["pending_at_end"]),
+                f"{s['pending_at_end']} ({s['pending_multi_gpu']})",
                 _num(float(s["wait_p95_s"]), 0),
                 f"{float(s['stranded_mean']):.2f}",
-                f"{float(s['memory_fragmentation_mean']):.2f}",
             ]
         )
     table = _table(
         [
             "policy",
             "placed",
+            "fewer than k GPUs suitable (multi-GPU) [unseen]",
+            "memory-fit failures (no hint / multi-GPU)",
+            "GPUs pushed over the limit",
             "above limit (clear) [unseen]",
             "chain violations (clear) [unseen]",
-            "memory-fit failures (no hint / multi-GPU)",
             "at/above temp. limit",
-            "pending at end",
+            "pending at end (4+ GPUs)",
             "wait p95 (s)",
             "stranded free slots",
-            "memory fragmentation",
         ],
         rows,
     )
-    project = summaries.get("project")
-    notes: list[str] = []
-    if project is not None:
-        others = {p: s for p, s in summaries.items() if p != "project"}
-        targets = [
-            f"above-limit placements: {project['above_limit']} "
-            f"({'met' if project['above_limit'] == 0 else 'NOT met'}: target 0)",
-            f"chain violations: {project['chain_violations']} "
-            f"({'met' if project['chain_violations'] == 0 else 'NOT met'}: target 0; "
-            f"{project['chain_violations_clear']} outside the deadband)",
-        ]
-        fewer = all(
-            int(project["memory_fit_failures"]) < int(s["memory_fit_failures"])
-            for s in others.values()
-        )
-        targets.append(
-            f"memory-fit failures: {project['memory_fit_failures']} against "
-            + ", ".join(f"{s['memory_fit_failures']} ({p})" for p, s in others.items())
-            + f" ({'met' if fewer else 'NOT met'}: fewer than every baseline)"
-        )
-        notes.append("**Targets.** " + "; ".join(targets) + ".")
-        misses = int(project["above_limit"]) + int(project["chain_violations"])
-        if misses:
-            unseen = int(project["above_limit_unseen"]) + int(project["chain_violations_unseen"])
-            notes.append(
-                f"**Why the project's policy misses these.** Of its {misses} above-limit "
-                f"placements and chain violations, {unseen} vanish when graded on the published "
-                "annotations instead of the truth: the scorer decided correctly on what the "
-                "agent had written, and the truth had moved since (a pod had landed or ended on "
-                "that node after the last write, or utilization drifted inside the 0.05 deadband "
-                "that lets published values trail the truth between writes). The bracketed "
-                "counts keep only cases where the truth was at least one deadband from the limit "
-                "or threshold."
-                + (
-                    f" The other {misses - unseen} are misses on the published data too: "
-                    "there this grading and the scorer's rules disagree."
-                    if misses > unseen
-                    else ""
-                )
-                + " Fresher data (a smaller deadband or minimum write interval) "
-                "would shrink these at the cost of more writes; the scorer itself cannot see "
-                "past what was written."
-            )
-        pend = int(project["pending_at_end"])
-        base_pend = max(int(s["pending_at_end"]) for s in others.values())
-        if pend > base_pend:
-            notes.append(
-                f"**Where the project's policy loses.** It leaves {pend} pods pending at the end "
-                f"(baselines at most {base_pend}), and the queue grows through the run (see the "
-                "figure below); the placed pods' p95 wait is "
-                f"{_num(float(project['wait_p95_s']), 0)} s against about 1 s. Of the {pend}, "
-                f"{project['pending_with_chain']} named a model chain and "
-                f"{project['pending_multi_gpu']} asked for 4 or 8 GPUs: big training pods "
-                "that want A100 or H100 nodes, which are full. The scorer does not place a "
-                "chain's pod on an unlisted model (unless the chain ends with `*`) and refuses "
-                "nodes above the utilization or temperature limit, so these pods wait, where "
-                "the baselines put them on whatever has free slots: a V100 or a time-sliced "
-                "T4/L4, which counts a chain violation and, for most of them, a memory-fit "
-                "failure (the pod dies). Waiting is what the hints ask for, but at this offered "
-                "load the preferred pools are simply too small, and an operator would see a "
-                "growing queue rather than crashing pods."
-            )
-        if int(project["memory_fit_failures"]):
-            notes.append(
-                f"Its remaining memory-fit failures: {project['memory_fit_failures_undeclared']} "
-                "were pods that gave no `min-gpu-memory-mib` hint (the scorer cannot know their "
-                f"need), and {project['memory_fit_failures_multi_gpu']} were multi-GPU pods "
-                "(the hint is checked against `memory-largest-free-mib`, the single freest GPU, "
-                "while the device plugin may hand the pod a busier one on a time-sliced node); "
-                "the two groups overlap."
-            )
+    notes = _placement_notes(summaries)
     pools = ", ".join(
         f"{p.name.upper()} x{p.gpu_count}"
         + (f" (time-sliced x{p.slots_per_gpu})" if p.slots_per_gpu > 1 else "")
         for p in config.pools
     )
+    mix = ", ".join(f"{kind} {share:.0%}" for kind, share, _, _ in WORKLOADS)
     cmd = (
         f"python -m gpu_sim.placement --nodes {config.nodes} --duration-s "
         f"{config.duration_s:g} --seed {config.seed}"
@@ -903,28 +840,42 @@ def _placement_section(results: Mapping[str, PlacementResult], config: Placement
 
 Command: `{cmd}`.
 
-**Model** (`gpu_sim/placement.py`). {config.nodes} nodes in pools {pools}; a Poisson stream of
-training pods (1, 2, 4 or 8 GPUs, 16-70 GB per GPU, ~90 % busy, half preferring `A100,H100`,
-some `H100,A100`), inference pods (1 GPU, 4-14 GB, 15-55 % busy, some preferring `L4,T4` or
-`A100,V100`) and notebooks, offered at {config.offered_load:.0%} of the fleet's GPU slots for
-{_span(config.duration_s)}; 70 % of pods declare `min-gpu-memory-mib`, chains use
-`gpu-fallback-utilization: 0.80`. {config.unaccounted_share:.0%} of nodes have episodes of GPU
-work the scheduler does not account for, {config.hot_share:.0%} run hot. The default scheduler's
+**Model** (`gpu_sim/placement.py`). {config.nodes} nodes in pools {pools}; a Poisson stream
+({mix}) of training pods (1, 2, 4 or 8 GPUs, 16-70 GB per GPU, ~90 % busy, half preferring
+`A100,H100`, some `H100,A100`), inference pods (1 GPU, 4-14 GB, 15-55 % busy, some preferring
+`L4,T4` or `A100,V100`), shared inference (tensor-parallel replicas over 2 time-sliced GPUs,
+5-11 GB and 25-45 % busy on each, `L4,T4`, memory declared) and notebooks (1 or 2 GPUs),
+offered at {config.offered_load:.0%} of the fleet's GPU slots for {_span(config.duration_s)};
+70 % of the other pods declare `min-gpu-memory-mib`, chains use `gpu-fallback-utilization:
+0.80`. {config.unaccounted_share:.0%} of nodes have episodes of GPU work the scheduler does not
+account for ({config.unaccounted_all_gpus_share:.0%} of the episodes on every GPU of the node,
+the others on one GPU to half of them), {config.hot_share:.0%} run hot. The default scheduler's
 allocation accounting comes first for every policy (a node without enough free GPU slots is no
 candidate); each policy then takes its best-scored node, ties broken uniformly at random
 (seeded); a pod no node accepts stays pending and is retried with kube-scheduler's back-off
-(1 s doubling to 10 s). The
-project's policy is the scorer's real `evaluate()` on the annotations each node's agent last
-wrote through the real aggregation, limiter and encoder; `utilization-only` reads the same
-annotations. Every placement is graded against the truth at binding time. "Above limit": the
-node was above the 0.90 utilization limit while a feasible node at or below it existed. "Chain
-violation": a feasible node of a better-ranked model was at or below the fallback threshold and
-under every limit with the memory the pod needs. "(clear)": only cases where the truth was at
-least one deadband (0.05) from the limit or threshold; "[unseen]": cases that vanish when graded
-on the published annotations instead of the truth. "Memory-fit failure": the pod's memory did
-not fit on a GPU it was given (it dies with CUDA out-of-memory). Fragmentation: the share of
-free GPU slots on partly used nodes (capacity a whole-node job cannot use), and the mean of the
-contract's `memory-fragmentation`.
+(1 s doubling to 10 s). The device plugin hands a pod the least-shared free slots, lowest GPU
+index first, blind to load.
+
+`per-gpu` is the scorer's real `evaluate()` on the annotations each node's agent last wrote
+through the real aggregation (with the kubelet's allocations, so `per-gpu-allocated` is
+published), limiter and encoder: multi-GPU pods get the k-GPU rule. `node-aggregate` is the same
+scorer on the same writes with the four per-GPU keys left out (a scorer that reads only the
+node-level keys, or this one on an older agent); `utilization-only` reads the same
+annotations. Every placement is graded against the truth at binding time. "Fewer than k GPUs
+suitable": the node had fewer than the pod's k GPUs with a free slot, utilization at or below
+0.90, temperature below 85 °C and the pod's real memory need free (declared or not); "[unseen]":
+the published per-GPU values showed k such GPUs (the truth had moved since the agent's last
+write). "Memory-fit failure": the pod's memory did not fit on a GPU it was given (it dies with
+CUDA out-of-memory). "GPUs pushed over the limit": GPUs the pod shares with other work (other
+pods on a time-sliced GPU, or unaccounted work) whose utilization the pod takes above 0.90; a
+GPU the pod has alone is not counted. "Above limit": the node was above the 0.90 utilization
+limit while a feasible node at or below it existed. "Chain violation": a feasible node of a
+better-ranked model, under the temperature limit, had the pod's k GPUs suitable at the fallback
+threshold (a free slot, utilization at or below it, the pod's memory free). "(clear)": only
+cases where the truth was at least one deadband (0.05) from the
+limit or threshold; "[unseen]": cases that vanish when graded on the published annotations
+instead of the truth. Stranded free slots: the share of free GPU slots on partly used nodes
+(capacity a whole-node job cannot use).
 
 {table}
 
@@ -933,6 +884,116 @@ contract's `memory-fragmentation`.
 
 ![fragmentation and pending pods over time](img/fragmentation.png)
 """
+
+
+def _placement_notes(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the table says, written from its numbers (so a rerun cannot leave a stale claim)."""
+    per_gpu = summaries.get("per-gpu")
+    node = summaries.get("node-aggregate")
+    if per_gpu is None:
+        return []
+    notes: list[str] = []
+    baselines = {p: s for p, s in summaries.items() if p not in ("per-gpu", "node-aggregate")}
+
+    def n(summary: Mapping[str, Any], key: str) -> int:
+        return int(summary[key])
+
+    if node is not None:
+        pairs = [
+            ("placements on a node with fewer than k suitable GPUs", "fewer_suitable"),
+            ("of them for multi-GPU pods", "fewer_suitable_multi_gpu"),
+            ("memory-fit failures", "memory_fit_failures"),
+            ("of them multi-GPU pods", "memory_fit_failures_multi_gpu"),
+            ("GPUs pushed over the utilization limit", "gpus_pushed_over_limit"),
+            ("pods pending at the end", "pending_at_end"),
+        ]
+        changes = "; ".join(f"{label} {n(node, key)} -> {n(per_gpu, key)}" for label, key in pairs)
+        notes.append(
+            "**Per-GPU against node-aggregate** (the same scorer and the same writes, with and "
+            f"without the per-GPU keys): {changes}."
+        )
+        if n(per_gpu, "fewer_suitable"):
+            notes.append(
+                f"Of `per-gpu`'s {n(per_gpu, 'fewer_suitable')} placements with fewer than k "
+                f"suitable GPUs, {n(per_gpu, 'fewer_suitable_unseen')} looked suitable in the "
+                "published per-GPU values (a pod had landed or load had moved since the agent's "
+                "last write, within the deadbands and the minimum write interval), and "
+                f"{n(per_gpu, 'fewer_suitable_undeclared')} were pods that declared no memory "
+                "need (the truth grades their real need; the scorer cannot know it); the two "
+                "groups overlap."
+            )
+        if n(per_gpu, "gpus_pushed_over_limit"):
+            notes.append(
+                f"`per-gpu` still pushed {n(per_gpu, 'gpus_pushed_over_limit')} GPUs over the "
+                "limit: the scorer knows a GPU's load, not the load the new pod will add, so a "
+                "time-sliced GPU at 0.55 is a candidate for a pod that takes it to 1.0; and the "
+                "device plugin, not the scheduler, picks which free GPUs the pod gets, so on a "
+                "node with more free GPUs than k it may hand out a busy one that was not "
+                "counted."
+            )
+    others = ", ".join(f"{s['memory_fit_failures']} ({p})" for p, s in baselines.items())
+    fewer = all(
+        n(per_gpu, "memory_fit_failures") < n(s, "memory_fit_failures") for s in baselines.values()
+    )
+    notes.append(
+        "**Targets.** "
+        f"above-limit placements: {per_gpu['above_limit']} "
+        f"({'met' if n(per_gpu, 'above_limit') == 0 else 'NOT met'}: target 0); "
+        f"chain violations: {per_gpu['chain_violations']} "
+        f"({'met' if n(per_gpu, 'chain_violations') == 0 else 'NOT met'}: target 0; "
+        f"{per_gpu['chain_violations_clear']} outside the deadband); memory-fit failures: "
+        f"{per_gpu['memory_fit_failures']} against {others} "
+        f"({'met' if fewer else 'NOT met'}: fewer than every baseline)."
+    )
+    above_seen = n(per_gpu, "above_limit") - n(per_gpu, "above_limit_unseen")
+    chain_seen = n(per_gpu, "chain_violations") - n(per_gpu, "chain_violations_unseen")
+    misses = n(per_gpu, "above_limit") + n(per_gpu, "chain_violations")
+    if misses:
+        notes.append(
+            f"Of `per-gpu`'s {misses} above-limit placements and chain violations, "
+            f"{misses - above_seen - chain_seen} vanish when graded on the published annotations "
+            "instead of the truth: the scorer decided correctly on what the agent had written, "
+            "and the truth had moved since."
+            + (
+                f" {above_seen} above-limit placement(s) remain on the published data: that "
+                "grading reads the node mean, which the k-GPU rule deliberately does not enforce "
+                "(a node above 0.90 on average can have the k idle GPUs a pod needs)."
+                if above_seen
+                else ""
+            )
+            + (
+                f" {chain_seen} chain violation(s) remain on the published data."
+                if chain_seen
+                else ""
+            )
+        )
+    pend = n(per_gpu, "pending_at_end")
+    base_pend = max((n(s, "pending_at_end") for s in baselines.values()), default=0)
+    if pend > base_pend:
+        notes.append(
+            f"**Where the scorer's policies lose.** `per-gpu` leaves {pend} pods pending at the "
+            f"end (baselines at most {base_pend}); the placed pods' p95 wait is "
+            f"{_num(float(per_gpu['wait_p95_s']), 0)} s. Of the {pend}, "
+            f"{per_gpu['pending_with_chain']} named a model chain and "
+            f"{per_gpu['pending_multi_gpu']} asked for 4 or 8 GPUs: big training pods that "
+            "want A100 or H100 nodes, which are full. The scorer does not place a chain's pod "
+            "on an unlisted model (unless the chain ends with `*`) and refuses nodes without k "
+            "suitable GPUs, so these pods wait, where the baselines put them on whatever has "
+            "free slots: a V100 or a time-sliced T4/L4, which counts a chain violation and, "
+            "for most of them, a memory-fit failure (the pod dies). Waiting is what the hints "
+            "ask for, but at this offered load the preferred pools are too small, and an "
+            "operator would see a growing queue rather than crashing pods."
+        )
+    if n(per_gpu, "memory_fit_failures"):
+        notes.append(
+            f"`per-gpu`'s remaining memory-fit failures: "
+            f"{per_gpu['memory_fit_failures_undeclared']} were pods that gave no "
+            "`min-gpu-memory-mib` hint (the scorer cannot know their need), and "
+            f"{per_gpu['memory_fit_failures_multi_gpu']} were multi-GPU pods (stale per-GPU "
+            "values, or a device plugin handing out a free GPU other than the counted ones); "
+            "the two groups overlap."
+        )
+    return notes
 
 
 def _agent_section(bench: Mapping[str, Any]) -> str:
@@ -1194,8 +1255,11 @@ the tables are in `img/figures.json`.
   several noisy GPUs moves more than their mean.
 - The placement model leaves out the default plugins' own scores, preemption, pod affinity and
   restarts of crashed pods; pending pods are retried on kube-scheduler's back-off rather than on
-  cluster events; on time-sliced nodes the device plugin is assumed to hand out the least-shared
-  GPU first. Its fleet is small (tens of nodes) to keep the regeneration within minutes.
+  cluster events; the device plugin is assumed to hand out the least-shared free slots, lowest
+  GPU index first (the real one picks by NVLink topology or in no defined order, blind to load
+  either way), and the kubelet to report an allocation the moment a pod is bound. A pod's load
+  is constant over its run. Its fleet is small (tens of nodes) to keep the regeneration within
+  minutes.
 
 ## Regeneration time
 
@@ -1297,12 +1361,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = previous_path.read_text() if previous_path.exists() else ""
     kept = _kept_sections(previous)
     missing = [name for name in SECTIONS if name not in chosen and name not in kept]
-    if missing:
+    if missing and not kept:
         parser.error(f"no earlier text to keep for {', '.join(missing)}: regenerate them too")
+    if missing:
+        # A document written before a section existed: it keeps lacking that section until a
+        # run regenerates it, rather than gaining a placeholder.
+        print(
+            f"the earlier document has no {', '.join(missing)} section; left out "
+            f"(--sections {','.join(missing)} adds it)",
+            file=sys.stderr,
+        )
     started = datetime.now(UTC)
     timings: list[Timed] = []
     seed = args.fleet_seed
-    texts: dict[str, str] = {name: kept[name] for name in SECTIONS if name not in chosen}
+    texts: dict[str, str] = {
+        name: kept[name] for name in SECTIONS if name not in chosen and name in kept
+    }
     summary_path = img / "figures.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
 
@@ -1337,7 +1411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started=dated,
         regenerated_at=started,
         timings=timings,
-        sections=[texts[name] for name in SECTIONS],
+        sections=[texts[name] for name in SECTIONS if name in texts],
         quick=args.quick,
         redone=chosen if len(chosen) < len(SECTIONS) else None,
     )

@@ -24,6 +24,7 @@ with four pod classes active.
     python -m benchmarks.scorer_latency                       # table, this checkout only
     python -m benchmarks.scorer_latency --before main --json  # before/after, one JSON object
     python -m benchmarks.scorer_latency --quick               # smoke run
+    python -m benchmarks.scorer_latency --per-gpu --gpus 4    # 8-GPU tables, a 4-GPU pod
 
 Targets: names-only filter server time <= 0.3 ms at 500 names and <= 2 ms at 5000 names after
 >= 100 Nodes changed; full-node filter server time <= 1.5 x the floor's at 500 Nodes.
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from benchmarks.machine import machine_description
-from gpu_contract.schema import Health, NodeGpuState, encode
+from gpu_contract.schema import GpuState, Health, NodeGpuState, encode
 from gpu_sim.nodes import gpu_node, with_agent_write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,11 +78,32 @@ CLASS_PODS = (
 )
 
 
-def build_node(i: int, *, rewrite: int = 0) -> dict[str, Any]:
+GPUS_PER_NODE = 8
+
+
+def per_gpu_table(i: int, rewrite: int) -> tuple[GpuState, ...]:
+    """Node `i`'s 8 GPUs: loads spread from idle to saturated, as training and inference pods
+    leave them (so that nodes differ in how many GPUs a multi-GPU pod finds)."""
+    return tuple(
+        GpuState(
+            utilization=((i * 7 + g * 29 + 3 * rewrite) % 101) / 100,
+            memory_free_mib=(80 - (i + g * 11 + rewrite) % 80) * 1_000,
+            temperature_c=40 + (i + g * 5 + rewrite) % 45,
+            allocated=(i + g + rewrite) % 3 == 0,
+        )
+        for g in range(GPUS_PER_NODE)
+    )
+
+
+def build_node(i: int, *, rewrite: int = 0, per_gpu: bool = False) -> dict[str, Any]:
     """Node `i` (~7 KB, with the agent's annotations and managedFields entry); `rewrite` > 0:
-    as after that many later agent writes (other values, newer times)."""
+    as after that many later agent writes (other values, newer times). With `per_gpu`, the
+    agent's per-GPU keys too, and the node-level values their summaries."""
     moved = timedelta(seconds=rewrite % 4)
     utilization = ((i + 3 * rewrite) % 97) / 100
+    gpus = per_gpu_table(i, rewrite) if per_gpu else ()
+    if gpus:
+        utilization = sum(g.utilization or 0.0 for g in gpus) / len(gpus)
     state = NodeGpuState(
         health=Health.OK,
         updated_at=NOW - timedelta(seconds=5 + i % 50) + moved,
@@ -92,8 +114,23 @@ def build_node(i: int, *, rewrite: int = 0) -> dict[str, Any]:
         memory_largest_free_mib=40_000 + (i % 5) * 5_000,
         temperature_c=40 + i % 45,
         gpu_model=PRODUCTS[i % len(PRODUCTS)],
-        gpu_count=8,
+        gpu_count=GPUS_PER_NODE,
+        gpus=gpus,
     )
+    if gpus:
+        state = NodeGpuState(
+            health=state.health,
+            updated_at=state.updated_at,
+            utilization=utilization,
+            utilization_max=max(g.utilization or 0.0 for g in gpus),
+            memory_fragmentation=state.memory_fragmentation,
+            memory_free_mib=sum(g.memory_free_mib or 0 for g in gpus),
+            memory_largest_free_mib=max(g.memory_free_mib or 0 for g in gpus),
+            temperature_c=max(g.temperature_c or 0 for g in gpus),
+            gpu_model=state.gpu_model,
+            gpu_count=GPUS_PER_NODE,
+            gpus=gpus,
+        )
     node = gpu_node(f"gpu-node-{i:05d}", product=PRODUCTS[i % len(PRODUCTS)])
     written = NOW - timedelta(seconds=4 + i % 50) + moved
     node = with_agent_write(node, encode(state), written)
@@ -103,12 +140,11 @@ def build_node(i: int, *, rewrite: int = 0) -> dict[str, Any]:
     return node
 
 
-def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(annotations: dict[str, str] | None = None, *, gpus: int = 1) -> dict[str, Any]:
+    request = {"nvidia.com/gpu": str(gpus)}
     return {
         "metadata": {"name": "train-0", "namespace": "ml", "annotations": annotations or {}},
-        "spec": {
-            "containers": [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": "1"}}}]
-        },
+        "spec": {"containers": [{"name": "main", "resources": {"requests": request}}]},
     }
 
 
@@ -204,13 +240,6 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
     if ref is None:
         yield None
         return
-    if importlib.util.find_spec("uvicorn") is None:
-        print(
-            f"--before {ref}: uvicorn is not installed; measuring this checkout only",
-            file=sys.stderr,
-        )
-        yield None
-        return
     folder = Path(tempfile.mkdtemp(prefix="scorer-before-"))
     try:
         try:
@@ -220,6 +249,15 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
             subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
         except (OSError, subprocess.CalledProcessError) as exc:
             print(f"--before {ref}: cannot export it ({exc}); this checkout only", file=sys.stderr)
+            yield None
+            return
+        # Versions before the scorer's own HTTP server served with uvicorn.
+        own_server = (folder / "exporter_scheduler" / "server.py").exists()
+        if not own_server and importlib.util.find_spec("uvicorn") is None:
+            print(
+                f"--before {ref}: uvicorn is not installed; measuring this checkout only",
+                file=sys.stderr,
+            )
             yield None
             return
         yield folder
@@ -244,8 +282,10 @@ def measure(
     trees: dict[str, Path],
     churn: int,
     scratch: Path,
+    per_gpu: bool = False,
+    gpus: int = 1,
 ) -> dict[str, Any]:
-    nodes = [build_node(i) for i in range(count)]
+    nodes = [build_node(i, per_gpu=per_gpu) for i in range(count)]
     nodes_file = scratch / "nodes.jsonl"
     nodes_file.write_bytes(b"\n".join(_event("ADDED", n) for n in nodes))
     rng = random.Random(count)
@@ -254,11 +294,19 @@ def measure(
     for _ in range(samples + 1):
         for i in rng.sample(range(count), min(churn, count)):
             rewrites[i] += 1
-            churn_events.append(_event("MODIFIED", build_node(i, rewrite=rewrites[i])))
+            churn_events.append(
+                _event("MODIFIED", build_node(i, rewrite=rewrites[i], per_gpu=per_gpu))
+            )
     churn_file = scratch / "churn.jsonl"
     churn_file.write_bytes(b"\n".join(churn_events))
-    body = request_body(nodes, mode, pod())
-    row: dict[str, Any] = {"mode": mode, "nodes": count, "body_bytes": len(body)}
+    body = request_body(nodes, mode, pod(gpus=gpus))
+    row: dict[str, Any] = {
+        "mode": mode,
+        "nodes": count,
+        "body_bytes": len(body),
+        "per_gpu": per_gpu,
+        "gpus": gpus,
+    }
     verbs = ("filter", "prioritize")
     with children() as started:
         scorers: dict[str, Child] = {}
@@ -297,13 +345,18 @@ def measure(
         floor_s: list[float] = []
         events_s: dict[str, list[float]] = {label: [] for label in scorers}
         for sample in range(samples):
+            # The scorers take turns going first: the one that follows another's churn burst
+            # finds the CPU caches cold (see docs/scorer.md), so a fixed order would favour one.
+            turn = list(scorers.items())
+            if sample % 2:
+                turn.reverse()
             if mode == "names":
-                for label, child in scorers.items():
+                for label, child in turn:
                     events_s[label] += child.command(cmd="apply", start=sample * churn, count=churn)
             for verb in timed:
                 path = "/filter" if verb == "again" else f"/{verb}"
                 base = nothing["filter" if verb == "again" else verb].timed_post(path, body)
-                for label, child in scorers.items():
+                for label, child in turn:
                     differences[label][verb].append(child.timed_post(path, body) - base)
                 if floor is not None and verb == "filter":
                     floor_s.append(floor.timed_post("/filter", body) - base)
@@ -324,19 +377,24 @@ def measure(
         if mode == "names":
             row["churn_nodes"] = churn
             row["classes_event_us"] = _upkeep_with_classes(
-                scorers, nodes, samples * churn, count, churn
+                scorers, nodes, samples * churn, count, churn, gpus
             )
     return row
 
 
-def _upkeep_with_classes(
-    scorers: dict[str, Child], nodes: list[dict[str, Any]], start: int, count: int, churn: int
+def _upkeep_with_classes(  # noqa: PLR0917
+    scorers: dict[str, Child],
+    nodes: list[dict[str, Any]],
+    start: int,
+    count: int,
+    churn: int,
+    gpus: int,
 ) -> dict[str, float]:
     """The node cache's cost per watch event with four pod classes active (each kept)."""
     result = {}
     for label, child in scorers.items():
         for hints in CLASS_PODS[1:]:
-            child.post("/filter", request_body(nodes, "names", pod(hints)))
+            child.post("/filter", request_body(nodes, "names", pod(hints, gpus=gpus)))
         spent = child.command(cmd="apply", start=start, count=churn)
         result[label] = statistics.median(spent) * 1e6
     return result
@@ -414,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
     parser.add_argument("--churn", type=int, default=100, help="nodes rewritten per sample")
     parser.add_argument("--only", help="mode:nodes[,mode:nodes...] of the plan, e.g. names:500")
+    parser.add_argument(
+        "--per-gpu", action="store_true", help="Nodes carry the agent's per-GPU keys (8 GPUs)"
+    )
+    parser.add_argument("--gpus", type=int, default=1, help="the pod's GPU request (default 1)")
     args = parser.parse_args(argv)
     plan = QUICK_PLAN if args.quick else PLAN
     if args.only:
@@ -424,7 +486,14 @@ def main(argv: list[str] | None = None) -> int:
         trees = {"after": ROOT} | ({} if before is None else {"before": before})
         for mode, count, samples in plan:
             row = measure(
-                mode, count, samples, trees=trees, churn=args.churn, scratch=Path(scratch)
+                mode,
+                count,
+                samples,
+                trees=trees,
+                churn=args.churn,
+                scratch=Path(scratch),
+                per_gpu=args.per_gpu,
+                gpus=args.gpus,
             )
             rows.append(row)
             print(f"measured {mode} {count}", file=sys.stderr)

@@ -17,6 +17,7 @@ from exporter_scheduler.scoring import (
     BASIS_POINTS,
     TEMPERATURE_HEADROOM_SPAN_C,
     Evaluation,
+    GpuStatus,
     NodeVerdict,
     PodInput,
     ScoreBreakdown,
@@ -51,7 +52,12 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
     problem = evaluation.hint_problem
     hints = evaluation.hints
     chain = evaluation.chain
-    nodes = [_node(v) for v in evaluation.verdicts]
+    why_not = _why_not_texts(
+        format_fraction_limit(evaluation.utilization_limit),
+        policy.temperature_limit_c,
+        hints.min_gpu_memory_mib,
+    )
+    nodes = [_node(v, why_not) for v in evaluation.verdicts]
     reasons: dict[str, int] = {}
     for verdict in evaluation.verdicts:
         if not verdict.passed and verdict.reason is not None:
@@ -133,9 +139,12 @@ def _inputs(state: NodeGpuState) -> dict[str, Any]:
     }
 
 
-def _rule_value(rule: str, state: NodeGpuState | None) -> Any:
+def _rule_value(rule: str, verdict: NodeVerdict) -> Any:
+    state = verdict.inputs.state
     if state is None:
         return None
+    if rule == "gpus":
+        return None if verdict.gpus is None else verdict.gpus.candidates
     if rule == "health":
         return state.health.value
     if rule == "utilization":
@@ -158,7 +167,54 @@ def _breakdown(b: ScoreBreakdown) -> dict[str, Any]:
     }
 
 
-def _node(v: NodeVerdict) -> dict[str, Any]:
+def _why_not_texts(
+    utilization_limit: str, temperature_limit_c: int, min_memory_mib: int | None
+) -> dict[GpuStatus, str]:
+    """Why a GPU is not a candidate of the k-GPU rule, with the limits the pod got."""
+    return {
+        "candidate": "candidate",
+        "unmeasured": "not measured",
+        "allocated": "allocated to pods",
+        "not-offered": "not offered by the kubelet",
+        "utilization": f"utilization above {utilization_limit}",
+        "temperature": f"temperature at or above {temperature_limit_c}C",
+        "memory": f"less than {min_memory_mib}MiB free",
+    }
+
+
+def _gpus(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any] | None:
+    """The per-GPU table a node published, and what the k-GPU rule made of each GPU."""
+    state = v.inputs.state
+    if state is None or not state.gpus:
+        return None
+    check = v.gpus
+    counted = () if check is None else check.counted
+    table = []
+    for index, gpu in enumerate(state.gpus):
+        status = None if check is None else check.status[index]
+        table.append(
+            {
+                "index": index,
+                "utilization": gpu.utilization,
+                "memory_free_mib": gpu.memory_free_mib,
+                "temperature_c": gpu.temperature_c,
+                "allocated": gpu.allocated,
+                "status": status,
+                "why_not": None if status in (None, "candidate") else why_not[status],
+                "counted": index in counted,
+            }
+        )
+    return {
+        # None: the rule did not apply (the pod asks for no GPU, or no GPU has an NVML value).
+        "needed": None if check is None else check.needed,
+        "candidates": None if check is None else check.candidates,
+        "allocation_checked": None if check is None else check.allocation_checked,
+        "counted": list(counted),
+        "table": table,
+    }
+
+
+def _node(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any]:
     state = v.inputs.state
     clock_ahead_s = None
     if state is not None and v.agent_write_time is not None:
@@ -189,13 +245,14 @@ def _node(v: NodeVerdict) -> dict[str, Any]:
             {
                 "rule": r.rule,
                 "outcome": r.outcome,
-                "value": None if r.outcome == "not-checked" else _rule_value(r.rule, state),
+                "value": None if r.outcome == "not-checked" else _rule_value(r.rule, v),
                 "limit": r.limit,
                 "reason": r.reason,
             }
             for r in v.rules
         ],
         "model_rank": v.model_rank,
+        "gpus": _gpus(v, why_not),
         "score_breakdown": None if v.breakdown is None else _breakdown(v.breakdown),
     }
 
@@ -276,10 +333,13 @@ def render_text(explanation: dict[str, Any]) -> str:
         rules = []
         for rule in node["rules"]:
             text = f"{rule['rule']} {rule['outcome']}"
-            if rule["outcome"] != "not-checked":
+            if rule["outcome"] not in ("not-checked", "per-gpu"):
                 text += f" ({_show(rule['value'])} vs {_show(rule['limit'])})"
             rules.append(text)
         lines.append("  rules: " + "; ".join(rules))
+        gpus = node["gpus"]
+        if gpus is not None:
+            lines.extend(_gpu_lines(gpus))
         breakdown = node["score_breakdown"]
         if breakdown is not None:
             weights = policy["weights"]
@@ -291,6 +351,10 @@ def render_text(explanation: dict[str, Any]) -> str:
                 f"+ {weights['temperature']:g} x {breakdown['temperature_headroom']:g}"
                 f") / {total:g} = {breakdown['percent']:.2f}% -> {breakdown['score']}/10"
             )
+            if gpus is not None and gpus["counted"]:
+                lines.append(
+                    "    (utilization and temperature headroom: the mean over the counted gpus)"
+                )
     summary = explanation["summary"]
     lines.append("")
     lines.append(
@@ -299,6 +363,30 @@ def render_text(explanation: dict[str, Any]) -> str:
     )
     lines.extend(f"  {count} {reason}" for reason, count in summary["reasons"].items())
     return "\n".join(lines) + "\n"
+
+
+def _gpu_lines(gpus: dict[str, Any]) -> list[str]:
+    """The per-GPU table, one line per GPU, after the node's rules."""
+    if gpus["needed"] is None:
+        head = "  gpus: per-gpu data, not judged per gpu"
+    else:
+        head = f"  gpus: {gpus['needed']} needed, {gpus['candidates']} candidates"
+        if gpus["counted"]:
+            head += ", counted " + ", ".join(str(i) for i in gpus["counted"])
+        head += " (allocations checked)" if gpus["allocation_checked"] else " (allocations unknown)"
+    lines = [head, "    gpu  util  free MiB   temp  alloc  verdict"]
+    for row in gpus["table"]:
+        allocated = row["allocated"]
+        temperature = "-" if row["temperature_c"] is None else f"{row['temperature_c']}C"
+        verdict = row["why_not"] or row["status"] or ""
+        if row["counted"]:
+            verdict += ", counted"
+        lines.append(
+            f"    {row['index']:>3}  {_show(row['utilization']):>4}  "
+            f"{_show(row['memory_free_mib']):>8}  {temperature:>5}  "
+            f"{'-' if allocated is None else int(allocated):>5}  {verdict}".rstrip()
+        )
+    return lines
 
 
 def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
@@ -315,6 +403,13 @@ def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
             "updated_at": format_timestamp(state.updated_at),
         }
         values.update((k, v) for k, v in read.items() if v is not None)
+        if state.gpus:
+            values["per_gpu_utilization"] = [g.utilization for g in state.gpus]
+    check = verdict.gpus
+    if check is not None:
+        values["gpus_needed"] = check.needed
+        values["gpu_candidates"] = check.candidates
+        values["gpu_status"] = list(check.status)
     if verdict.inputs.problems:
         values["problems"] = list(verdict.inputs.problems)
     if verdict.age_s is not None:

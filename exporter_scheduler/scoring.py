@@ -35,12 +35,32 @@ from exporter_scheduler.policy import (
     format_seconds,
     weight_milli,
 )
-from gpu_contract.schema import DecodedAnnotations, Field, Health, Keys, NodeGpuState, decode
+from gpu_contract.schema import (
+    DecodedAnnotations,
+    Field,
+    GpuState,
+    Health,
+    Keys,
+    NodeGpuState,
+    decode,
+)
 
 DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid", "untrusted"]
-RuleName = Literal["health", "utilization", "temperature", "memory", "model"]
-Outcome = Literal["pass", "fail", "unknown", "not-checked"]
+RuleName = Literal["health", "utilization", "temperature", "memory", "model", "gpus"]
+# `per-gpu`: a node-level rule the `gpus` rule applied to each GPU instead (see `_judge_gpus`).
+Outcome = Literal["pass", "fail", "unknown", "not-checked", "per-gpu"]
 ChainBasis = Literal["at-or-below-threshold", "all-above-threshold", "no-candidate"]
+# One GPU under the k-GPU rule: a candidate, or the first criterion it failed, in `GPU_STEPS`
+# order (`not-offered`: allocations are published but the kubelet does not hand this GPU out).
+GpuStatus = Literal[
+    "candidate",
+    "unmeasured",
+    "allocated",
+    "not-offered",
+    "utilization",
+    "temperature",
+    "memory",
+]
 
 RULE_ORDER: Final[tuple[RuleName, ...]] = (
     "health",
@@ -48,7 +68,11 @@ RULE_ORDER: Final[tuple[RuleName, ...]] = (
     "temperature",
     "memory",
     "model",
+    "gpus",
 )
+# The k-GPU rule's criteria in the order it counts them: a node short of k GPUs is rejected with
+# the reason of the first criterion after which fewer than k GPUs remain.
+GPU_STEPS: Final = ("gpu-count", "unmeasured", "allocated", "utilization", "temperature", "memory")
 # Temperature headroom reaches its full value this many degrees below the limit.
 TEMPERATURE_HEADROOM_SPAN_C: Final = 40
 BASIS_POINTS: Final = 10_000
@@ -112,6 +136,20 @@ class ScoreBreakdown(msgspec.Struct, frozen=True, gc=False):
     score: int  # 0..10
 
 
+class GpuCheck(msgspec.Struct, frozen=True, gc=False):
+    """What the k-GPU rule found on one node's GPUs, for the explanation (no reason text here:
+    the rule's outcome carries it)."""
+
+    needed: int  # k, the GPUs the pod asks for
+    candidates: int
+    # Per GPU in NVML index order: `candidate` or the first criterion it failed.
+    status: tuple[GpuStatus, ...]
+    # The candidates whose headrooms make the score, best first (empty when too few).
+    counted: tuple[int, ...]
+    # Whether `per-gpu-allocated` was published (an unpublished one is not checked).
+    allocation_checked: bool
+
+
 class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     """The decision for one node, with everything an explanation needs.
 
@@ -138,6 +176,8 @@ class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     at_or_below_threshold: bool = False
     # Untrusted data only: who set GPU annotations after the agent's last write.
     foreign_writer: ForeignWriter | None = None
+    # The k-GPU rule's per-GPU findings; None where it did not apply (see `_judge_gpus`).
+    gpus: GpuCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +318,9 @@ class PodClass:
         "chain_active",
         "decode",
         "gpu_request",
+        "gpus_fail",
+        "gpus_pass",
+        "gpus_skip",
         "health_fail",
         "health_pass",
         "hint_problem",
@@ -288,6 +331,7 @@ class PodClass:
         "limit_bp",
         "mem_fail",
         "mem_pass",
+        "mem_per_gpu",
         "mem_skip",
         "mem_unknown",
         "min_memory_mib",
@@ -310,6 +354,7 @@ class PodClass:
         "threshold_bp",
         "util_fail",
         "util_pass",
+        "util_per_gpu",
         "util_unknown",
         "w_frag",
         "w_temp",
@@ -416,18 +461,53 @@ class PodClass:
         self.model_unlisted = RuleOutcome(
             "model", "fail", chain, "gpu model not in preference list", True
         )
+        # The k-GPU rule (`_judge_gpus`): on a node that publishes per-GPU data it takes over
+        # the node-level utilization and memory rules, which then read `per-gpu`.
+        self.util_per_gpu = RuleOutcome("utilization", "per-gpu", util_limit)
+        self.mem_per_gpu = (
+            self.mem_skip if mem_limit is None else RuleOutcome("memory", "per-gpu", mem_limit)
+        )
+        self.gpus_skip = RuleOutcome("gpus", "not-checked")
+        gpus_limit = f"{gpu_request} gpu" + ("" if gpu_request == 1 else "s")
+        self.gpus_pass = RuleOutcome("gpus", "pass", gpus_limit)
+        self.gpus_fail = tuple(
+            RuleOutcome("gpus", "fail", gpus_limit, reason, unresolvable)
+            for reason, unresolvable in zip(
+                gpu_shortfall_reasons(gpu_request, util_limit, temp_limit, mem_limit),
+                # Eviction frees GPUs and their load; it cannot add or repair one.
+                (True, True, False, False, False, False),
+                strict=True,
+            )
+        )
         self.not_checked = (
             RuleOutcome("health", "not-checked"),
             RuleOutcome("utilization", "not-checked"),
             RuleOutcome("temperature", "not-checked"),
             self.mem_skip,
             self.model_skip,
+            self.gpus_skip,
         )
 
     @property
     def utilization_limit(self) -> float:
         """The utilization limit applied: the policy's, or the pod's tighter `max-utilization`."""
         return self.limit_bp / BASIS_POINTS
+
+
+def gpu_shortfall_reasons(
+    k: int, util_limit: str, temp_limit: str, mem_limit: str | None
+) -> tuple[str, ...]:
+    """The k-GPU rule's reason texts, one per step of `GPU_STEPS`: uniform per pod class (the
+    GPU count and the limits), never a node's own values."""
+    few, gpus = ("no", "gpu") if k == 1 else (f"fewer than {k}", "gpus")
+    return (
+        f"{few} {gpus} on the node",
+        f"{few} {gpus} measured",
+        f"{few} unallocated {gpus}",
+        f"{few} {gpus} at or below utilization {util_limit}",
+        f"{few} {gpus} below temperature {temp_limit}",
+        f"{few} {gpus} with {mem_limit} free",
+    )
 
 
 # The score is a pure function of three node values and four policy numbers, and the values
@@ -605,7 +685,7 @@ def reject_unkept_rank(verdict: NodeVerdict, chain: ChainOutcome) -> NodeVerdict
         unresolvable=True,
         score=0,
         breakdown=None,
-        rules=(*verdict.rules[:4], rejection),
+        rules=(*verdict.rules[:4], rejection, *verdict.rules[5:]),
         at_or_below_threshold=False,
     )
 
@@ -722,9 +802,15 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     written: datetime | None,
     c: PodClass,
 ) -> NodeVerdict:
-    """Fresh data: the node-level rules in order (the first failure gives the reason), then
-    the score of what passed."""
+    """Fresh data: the node-level rules in order (the first failure gives the reason), the
+    k-GPU rule where the node publishes per-GPU data and the pod asks for GPUs, then the score
+    of what passed."""
     rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if c.chain_active else None
+    # Per-GPU truth decides for a pod asking k GPUs: the k-GPU rule replaces the node-level
+    # utilization and memory rules, whose values are summaries (mean, maximum) of the same
+    # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
+    # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
+    per_gpu = _judge_gpus(state.gpus, c) if state.gpus and c.gpu_request > 0 else None
     failed: RuleOutcome | None = None
     status: DataStatus = "fresh"
     health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass
@@ -734,11 +820,15 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     utilization = state.utilization
     utilization_bp = 0
     if utilization is None:
+        # The data status stays the node-level one: per-GPU values do not stand in for it.
         status = "invalid" if "utilization invalid" in decoded.problems else "missing"
         util = c.util_unknown[status]
     else:
         utilization_bp = round(utilization * BASIS_POINTS)
-        util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
+        if per_gpu is not None:
+            util = c.util_per_gpu
+        else:
+            util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
     if failed is None and util.outcome == "fail":
         failed = util
 
@@ -753,7 +843,9 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     mem = c.mem_skip
     if c.min_memory_mib is not None:
         largest = state.memory_largest_free_mib
-        if largest is None:
+        if per_gpu is not None:
+            mem = c.mem_per_gpu
+        elif largest is None:
             mem = c.mem_unknown
         else:
             mem = c.mem_fail if largest < c.min_memory_mib else c.mem_pass
@@ -766,24 +858,172 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         if failed is None and rank is None:
             failed = model
 
-    rules = (health, util, temp, mem, model)
+    gpus = c.gpus_skip
+    check: GpuCheck | None = None
+    if per_gpu is not None:
+        gpus, check = per_gpu.outcome, per_gpu.check
+        if failed is None and gpus.outcome == "fail":
+            failed = gpus
+
+    rules = (health, util, temp, mem, model, gpus)
     if failed is not None:
         return NodeVerdict(
             name, False, failed.reason, failed.unresolvable, 0, status, decoded, rules, None,
-            age_s, server_age_s, written, rank,
+            age_s, server_age_s, written, rank, False, gpus=check,
         )  # fmt: skip
     if status != "fresh":
         # Lenient on a node whose utilization is unknown: passes, scores lowest, says why.
         return NodeVerdict(
             name, True, c.status_reason[status], False, 0, status, decoded, rules, None,
-            age_s, server_age_s, written, rank,
+            age_s, server_age_s, written, rank, False, gpus=check,
         )  # fmt: skip
-    breakdown = _score(utilization_bp, state.memory_fragmentation, temperature_c, c)
-    below = c.chain_active and utilization_bp <= c.threshold_bp
+    if per_gpu is not None:
+        breakdown = _combine(
+            per_gpu.utilization_headroom_bp,
+            _fragmentation_headroom(state.memory_fragmentation),
+            per_gpu.temperature_headroom_bp,
+            c,
+        )
+        below = c.chain_active and per_gpu.at_or_below_threshold
+    else:
+        breakdown = _score(utilization_bp, state.memory_fragmentation, temperature_c, c)
+        below = c.chain_active and utilization_bp <= c.threshold_bp
     return NodeVerdict(
         name, True, None, False, breakdown.score, "fresh", decoded, rules, breakdown,
-        age_s, server_age_s, written, rank, below,
+        age_s, server_age_s, written, rank, below, gpus=check,
     )  # fmt: skip
+
+
+def _shortfall_step(total: int, failed_first: Sequence[int], k: int) -> int:
+    """The index in `GPU_STEPS` of the first criterion after which fewer than k of `total` GPUs
+    remain (`failed_first[i]`: the GPUs that failed step i + 1 first); 0 when total < k."""
+    remaining = total
+    if remaining < k:
+        return 0
+    for step, count in enumerate(failed_first, start=1):
+        remaining -= count
+        if remaining < k:
+            return step
+    raise AssertionError("called with k candidates or more")
+
+
+class _GpuJudgement(NamedTuple):
+    """The k-GPU rule's result on one node: its outcome, the findings for the explanation,
+    and what the score and the chain read of the counted GPUs."""
+
+    outcome: RuleOutcome
+    check: GpuCheck
+    utilization_headroom_bp: int  # the mean over the counted GPUs
+    temperature_headroom_bp: int
+    # At least k candidates with a measured utilization at or below the chain's threshold.
+    at_or_below_threshold: bool
+
+
+def _judge_gpus(gpus: tuple[GpuState, ...], c: PodClass) -> _GpuJudgement | None:
+    """The k-GPU rule (k = the pod's GPU request, at least 1) on a node's per-GPU table, or
+    None when no GPU has an NVML value (nothing per GPU to judge: the node-level rules apply).
+
+    A GPU is a candidate when it passes, in this order: it is measured (lenient: some NVML
+    value is; strict: every value the rules read is), it is unallocated (only when allocations
+    are published; a GPU the kubelet does not offer, `-`, is not), its utilization is at or
+    below the pod's limit, its temperature below the limit, and it has the pod's
+    `min-gpu-memory-mib` free (when set). Lenient, an unmeasured utilization, temperature or
+    memory does not disqualify the GPU, and scores as no headroom. The node passes with at
+    least k candidates; otherwise the reason names the first criterion after which fewer than
+    k GPUs remain. The score reads the best k candidates: by the utilization and temperature
+    headrooms under the policy's weights, ties by GPU index.
+    """
+    k = c.gpu_request
+    limit_bp, threshold_bp = c.limit_bp, c.threshold_bp
+    temp_limit_c = c.temp_limit_c
+    min_mib = c.min_memory_mib
+    strict = not c.lenient
+    w_util, w_temp = c.w_util, c.w_temp
+    allocation_checked = False
+    for gpu in gpus:
+        if gpu.allocated is not None:
+            allocation_checked = True
+            break
+    status: list[GpuStatus] = []
+    add = status.append
+    # The GPUs that failed each criterion first (GPU_STEPS after `gpu-count`), counted as
+    # plain locals: this loop runs per GPU of every node judged.
+    unmeasured = allocated_n = hot_util = hot_temp = short_mem = 0
+    lost = below = 0
+    ranked: list[tuple[int, int, int, int]] = []  # (-merit, index, headrooms) per candidate
+    for index, (u, mib, temp_c, allocated) in enumerate(gpus):
+        if u is None:
+            if mib is None and temp_c is None:
+                lost += 1  # lost, or nothing NVML could read: not a GPU the pod can use
+                unmeasured += 1
+                add("unmeasured")
+                continue
+            u_bp = -1
+        else:
+            u_bp = round(u * BASIS_POINTS)
+        if strict and (u_bp < 0 or temp_c is None or (min_mib is not None and mib is None)):
+            unmeasured += 1
+            add("unmeasured")
+            continue
+        if allocation_checked and allocated is not False:
+            allocated_n += 1
+            add("allocated" if allocated else "not-offered")
+            continue
+        if u_bp > limit_bp:
+            hot_util += 1
+            add("utilization")
+            continue
+        if temp_c is None:
+            temp_headroom = 0
+        elif temp_c >= temp_limit_c:
+            hot_temp += 1
+            add("temperature")
+            continue
+        else:  # inline `_temperature_headroom`: above 0 here, capped at the full headroom
+            temp_headroom = (temp_limit_c - temp_c) * BASIS_POINTS // TEMPERATURE_HEADROOM_SPAN_C
+            temp_headroom = min(temp_headroom, BASIS_POINTS)
+        if min_mib is not None and mib is not None and mib < min_mib:
+            short_mem += 1
+            add("memory")
+            continue
+        add("candidate")
+        if u_bp < 0:
+            util_headroom = 0
+        else:
+            util_headroom = BASIS_POINTS - u_bp
+            if u_bp <= threshold_bp:
+                below += 1
+        ranked.append(
+            (
+                -(w_util * util_headroom + w_temp * temp_headroom),
+                index,
+                util_headroom,
+                temp_headroom,
+            )
+        )
+    if lost == len(gpus):
+        return None
+    candidates = len(ranked)
+    if candidates < k:
+        failed = (unmeasured, allocated_n, hot_util, hot_temp, short_mem)
+        check = GpuCheck(k, candidates, tuple(status), (), allocation_checked)
+        return _GpuJudgement(c.gpus_fail[_shortfall_step(len(gpus), failed, k)], check, 0, 0, False)
+    ranked.sort()
+    util_sum = temp_sum = 0
+    counted: list[int] = []
+    for _, index, util_headroom, temp_headroom in ranked[:k]:
+        counted.append(index)
+        util_sum += util_headroom
+        temp_sum += temp_headroom
+    check = GpuCheck(k, candidates, tuple(status), tuple(counted), allocation_checked)
+    # Means in basis points, rounded half up (integers, as every step of the score).
+    return _GpuJudgement(
+        c.gpus_pass,
+        check,
+        (2 * util_sum + k) // (2 * k),
+        (2 * temp_sum + k) // (2 * k),
+        below >= k,
+    )
 
 
 def _untimely(  # noqa: PLR0917 (judge_node's locals, passed positionally on the hot path)
@@ -810,12 +1050,12 @@ def _untimely(  # noqa: PLR0917 (judge_node's locals, passed positionally on the
     rules = c.not_checked
     if c.chain_active:
         if rank is None:
-            rules = (*rules[:4], c.model_unlisted)
+            rules = (*rules[:4], c.model_unlisted, *rules[5:])
             return NodeVerdict(
                 name, False, c.model_unlisted.reason, True, 0, status, decoded, rules, None,
                 age_s, server_age_s, written, rank,
             )  # fmt: skip
-        rules = (*rules[:4], c.model_pass)
+        rules = (*rules[:4], c.model_pass, *rules[5:])
     return NodeVerdict(
         name, True, reason, False, 0, status, decoded, rules, None,
         age_s, server_age_s, written, rank,
@@ -845,17 +1085,30 @@ def _score(
     memoised = c.score_memo.get(key)
     if memoised is not None:
         return memoised
-    utilization_headroom = BASIS_POINTS - utilization_bp
-    fragmentation_headroom = (
-        0 if fragmentation is None else BASIS_POINTS - round(fragmentation * BASIS_POINTS)
+    breakdown = c.score_memo[key] = _combine(
+        BASIS_POINTS - utilization_bp,
+        _fragmentation_headroom(fragmentation),
+        _temperature_headroom(temperature_c, c.temp_limit_c),
+        c,
     )
+    return breakdown
+
+
+def _fragmentation_headroom(fragmentation: float | None) -> int:
+    return 0 if fragmentation is None else BASIS_POINTS - round(fragmentation * BASIS_POINTS)
+
+
+def _temperature_headroom(temperature_c: int | None, limit_c: int) -> int:
     if temperature_c is None:
-        temperature_headroom = 0
-    else:
-        temperature_headroom = (
-            (c.temp_limit_c - temperature_c) * BASIS_POINTS // TEMPERATURE_HEADROOM_SPAN_C
-        )
-        temperature_headroom = max(0, min(BASIS_POINTS, temperature_headroom))
+        return 0
+    headroom = (limit_c - temperature_c) * BASIS_POINTS // TEMPERATURE_HEADROOM_SPAN_C
+    return max(0, min(BASIS_POINTS, headroom))
+
+
+def _combine(
+    utilization_headroom: int, fragmentation_headroom: int, temperature_headroom: int, c: PodClass
+) -> ScoreBreakdown:
+    """The weighted mean of three headrooms (basis points) and the score it rounds to."""
     weighted = (
         c.w_util * utilization_headroom
         + c.w_frag * fragmentation_headroom
@@ -866,7 +1119,6 @@ def _score(
     percent_bp = (2 * weighted + w_total) // (2 * w_total)
     percent_bp = max(0, min(BASIS_POINTS, percent_bp))
     score = (percent_bp + BASIS_POINTS // (2 * MAX_SCORE)) // (BASIS_POINTS // MAX_SCORE)
-    breakdown = c.score_memo[key] = ScoreBreakdown(
+    return ScoreBreakdown(
         utilization_headroom, fragmentation_headroom, temperature_headroom, percent_bp, score
     )
-    return breakdown

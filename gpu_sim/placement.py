@@ -1,10 +1,13 @@
-"""Placement simulation: one GPU pod stream scheduled by four policies over one simulated fleet.
+"""Placement simulation: one GPU pod stream scheduled by five policies over one simulated fleet.
 
 What it compares, on the same pods, nodes, background load and seeds:
 
-- ``project``: the scorer's real filter and scores (`exporter_scheduler.scoring.evaluate`), fed the
-  annotations each node's agent last *wrote* (real `aggregate`, real write limiter, real `encode`),
-  so the scorer sees data as stale as it would be in a cluster, never the truth;
+- ``per-gpu``: the scorer's real filter and scores (`exporter_scheduler.scoring.evaluate`), fed the
+  annotations each node's agent last *wrote* (real `aggregate` with the kubelet's allocations,
+  real write limiter, real `encode`), so the scorer sees data as stale as it would be in a
+  cluster, never the truth; multi-GPU pods get the k-GPU rule on the per-GPU keys;
+- ``node-aggregate``: the same scorer on the same writes with the per-GPU keys left out, which is
+  what a scorer that reads only the node-level keys decides (and this scorer on an older agent);
 - ``utilization-only``: the original design's `(1 - utilization) x 100` on the same annotations;
 - ``allocation-spread``: the node with the most free GPUs, roughly the default scheduler alone;
 - ``random``: uniform among the nodes with enough free GPUs.
@@ -19,9 +22,12 @@ A pod no node accepts stays pending and is retried with kube-scheduler's back-of
 The fleet mixes exclusive nodes (A100, H100, V100: one pod per GPU) and time-sliced inference
 nodes (T4, L4: two pods per GPU, NVIDIA's time-slicing, which shares compute and memory without
 isolation), so load and free memory are not what allocation accounting believes. Some nodes also
-run GPU work the scheduler does not account for (a pod that sets `NVIDIA_VISIBLE_DEVICES=all`
-without requesting GPUs, a burn-in, a stray process): episodes of load and memory with no
-allocation. A few nodes have poor cooling.
+run GPU work the scheduler does not account for: episodes of load and memory with no allocation,
+on every GPU of the node (a pod that sets `NVIDIA_VISIBLE_DEVICES=all` without requesting GPUs)
+or on a few (a burn-in, a stray process). A few nodes have poor cooling. The pod stream mixes
+multi-GPU training (1 to 8 GPUs), single-GPU inference, shared inference (2 time-sliced GPUs,
+tensor-parallel replicas on T4/L4 nodes) and notebooks. The device plugin gives a pod the
+least-shared GPUs with a free slot, lowest index first, without looking at their load.
 
 Judging is done against the truth at the moment of binding (`judge`), never against what the
 scorer saw, so staleness counts against the project like any other cause.
@@ -29,6 +35,7 @@ scorer saw, so staleness counts against the project like any other cause.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import deque
@@ -41,20 +48,33 @@ import numpy as np
 
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
-from agent.records import GpuReading, NodeReading
+from agent.records import DeviceAllocations, GpuReading, NodeReading
 from exporter_scheduler.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, evaluate
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
 from gpu_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 
-PolicyName = Literal["project", "utilization-only", "allocation-spread", "random"]
+PolicyName = Literal["per-gpu", "node-aggregate", "utilization-only", "allocation-spread", "random"]
 POLICIES: Final[tuple[PolicyName, ...]] = (
-    "project",
+    "per-gpu",
+    "node-aggregate",
     "utilization-only",
     "allocation-spread",
     "random",
 )
+# The two policies that run the project's scorer.
+SCORER_POLICIES: Final[frozenset[PolicyName]] = frozenset({"per-gpu", "node-aggregate"})
+PER_GPU_KEYS: Final = frozenset(
+    DEFAULT_KEYS[f]
+    for f in (
+        Field.PER_GPU_UTILIZATION,
+        Field.PER_GPU_MEMORY_FREE_MIB,
+        Field.PER_GPU_TEMPERATURE,
+        Field.PER_GPU_ALLOCATED,
+    )
+)
+WorkloadKind = Literal["training", "inference", "shared-inference", "notebook"]
 EPOCH: Final = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
 FULL_LOAD_RISE_C: Final = 45.0
 THERMAL_TIME_CONSTANT_S: Final = 60.0
@@ -92,8 +112,10 @@ class PlacementConfig:
     seed: int = 11
     # Mean share of all GPU slots the pod stream asks for; above ~0.8 pods start to queue.
     offered_load: float = 0.85
-    # Share of nodes with episodes of GPU work the scheduler does not account for.
-    unaccounted_share: float = 0.15
+    # Share of nodes with episodes of GPU work the scheduler does not account for, and of those
+    # episodes the share that loads every GPU of the node (the rest load one to half of them).
+    unaccounted_share: float = 0.25
+    unaccounted_all_gpus_share: float = 0.3
     hot_share: float = 0.05
     pools: tuple[Pool, ...] = DEFAULT_POOLS
     write_policy: WritePolicy = field(default_factory=WritePolicy)
@@ -115,6 +137,7 @@ class PodRequest:
     chain: tuple[str, ...] = ()
     fallback_utilization: float | None = None
     declares_memory: bool = False
+    kind: WorkloadKind = "training"
 
     def annotations(self) -> dict[str, str]:
         prefix = DEFAULT_KEYS.prefix
@@ -135,8 +158,9 @@ class NodeSetup:
     gpu_count: int
     slots_per_gpu: int
     ambient_c: float
-    # (start_s, end_s, utilization, memory fraction) of load the scheduler does not account for.
-    episodes: tuple[tuple[float, float, float, float], ...] = ()
+    # (start_s, end_s, utilization, memory fraction, GPU indexes) of load the scheduler does not
+    # account for, on those GPUs.
+    episodes: tuple[tuple[float, float, float, float, tuple[int, ...]], ...] = ()
 
     @property
     def model_name(self) -> str:
@@ -145,6 +169,16 @@ class NodeSetup:
 
 # ----------------------------------------------------------------------------------------------
 # Judging one placement against the truth (pure; the tests drive it with hand-built cases)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTruth:
+    """One GPU as it really is when a pod is bound."""
+
+    free_slot: bool
+    utilization: float
+    temperature_c: float
+    free_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +191,7 @@ class NodeTruth:
     temperature_c: float
     # The most free memory on one GPU that still has a free slot.
     largest_free_mib: int
+    gpus: tuple[GpuTruth, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +200,38 @@ class Judgement:
     chain_violation: bool
     memory_fit_failure: bool
     hot: bool
+    # Fewer than the pod's k GPUs of the node were suitable (see `suitable_gpus`).
+    fewer_suitable: bool = False
+
+
+def suitable_gpus(
+    node: NodeTruth, pod: PodRequest, *, utilization_limit: float, temperature_limit_c: float
+) -> int:
+    """GPUs of `node` that could really take `pod` at binding: a free slot, utilization at or
+    below the limit, temperature below the limit and the pod's memory free (its real need,
+    declared or not)."""
+    return sum(
+        g.free_slot
+        and g.utilization <= utilization_limit
+        and g.temperature_c < temperature_limit_c
+        and g.free_mib >= pod.memory_mib
+        for g in node.gpus
+    )
+
+
+def pushed_over_limit(
+    before: Sequence[float], assigned: Sequence[int], pod_utilization: float, limit: float
+) -> tuple[int, ...]:
+    """The GPUs that the pod's slots (`assigned`, a GPU index per slot: a time-sliced GPU can
+    appear twice) take above the utilization limit while they already ran other work (`before`:
+    each GPU's utilization just before binding). A GPU the pod has alone is not counted: a
+    training pod is meant to fill it."""
+    slots: dict[int, int] = {}
+    for g in assigned:
+        slots[g] = slots.get(g, 0) + 1
+    return tuple(
+        g for g, n in slots.items() if before[g] > 0.0 and before[g] + n * pod_utilization > limit
+    )
 
 
 def chain_rank(model_name: str, chain: Sequence[str]) -> int:
@@ -191,11 +258,13 @@ def judge(
 
     - above limit: the node was above the utilization limit while a feasible node at or below
       it existed;
-    - chain violation: a feasible node of a better-ranked model was below the fallback
-      threshold, at or below the utilization limit, under the temperature limit and had the
-      memory the pod needs on one GPU;
+    - chain violation: a feasible node of a better-ranked model was under the temperature
+      limit and could take the pod at or below the fallback threshold (and the utilization
+      limit): k GPUs suitable at that threshold (`suitable_gpus`), or where the per-GPU truth
+      is not given, a node utilization at or below it and the pod's memory on one GPU;
     - memory-fit failure: the pod's memory did not fit on a GPU it was given;
-    - hot: the node's hottest GPU was at or above the temperature limit.
+    - hot: the node's hottest GPU was at or above the temperature limit;
+    - fewer suitable: fewer than the pod's GPUs were suitable on the node (`suitable_gpus`).
 
     With `margin` > 0 only clear cases count: the better node must be below each limit and
     threshold by at least `margin` (the agent's deadband lets published utilization trail the
@@ -212,19 +281,35 @@ def judge(
             else default_fallback_utilization
         )
         rank = chain_rank(chosen.model_name, pod.chain)
+
+        below = min(threshold, utilization_limit) - margin
+
+        def could_take_below(n: NodeTruth) -> bool:
+            # With per-GPU truth the chain's question is the pod's: k GPUs that could take it
+            # at or below the threshold (a node mean below it can hide busy GPUs, one above it
+            # can hold k idle ones). Without it, the node-level reading.
+            if not n.gpus:
+                return n.utilization <= below and n.largest_free_mib >= pod.memory_mib
+            suitable = suitable_gpus(
+                n, pod, utilization_limit=below, temperature_limit_c=temperature_limit_c
+            )
+            return suitable >= pod.gpus
+
         violation = any(
             chain_rank(n.model_name, pod.chain) < rank
-            and n.utilization <= threshold - margin
-            and n.utilization <= utilization_limit - margin
             and n.temperature_c < temperature_limit_c
-            and n.largest_free_mib >= pod.memory_mib
+            and could_take_below(n)
             for n in feasible
         )
+    suitable = suitable_gpus(
+        chosen, pod, utilization_limit=utilization_limit, temperature_limit_c=temperature_limit_c
+    )
     return Judgement(
         above_limit=above,
         chain_violation=violation,
         memory_fit_failure=not fits_in_memory,
         hot=chosen.temperature_c >= temperature_limit_c,
+        fewer_suitable=bool(chosen.gpus) and suitable < pod.gpus,
     )
 
 
@@ -257,12 +342,20 @@ def make_nodes(config: PlacementConfig) -> list[NodeSetup]:
         for _ in range(count):
             hot = rng.random() < config.hot_share
             ambient = rng.uniform(25.0, 35.0) + (15.0 if hot else 0.0)
-            episodes: list[tuple[float, float, float, float]] = []
+            episodes: list[tuple[float, float, float, float, tuple[int, ...]]] = []
             if rng.random() < config.unaccounted_share:
                 t = rng.uniform(0.0, 1800.0)
                 while t < config.duration_s:
                     length = rng.expovariate(1 / 1800.0)
-                    episodes.append((t, t + length, rng.uniform(0.5, 0.95), rng.uniform(0.3, 0.8)))
+                    if rng.random() < config.unaccounted_all_gpus_share:
+                        on = tuple(range(pool.gpu_count))
+                    else:  # a burn-in or a stray process: one GPU to half of them
+                        picked = rng.sample(
+                            range(pool.gpu_count), rng.randint(1, pool.gpu_count // 2)
+                        )
+                        on = tuple(sorted(picked))
+                    load = (rng.uniform(0.5, 0.95), rng.uniform(0.3, 0.8))
+                    episodes.append((t, t + length, *load, on))
                     t += length + rng.expovariate(1 / 2400.0)
             nodes.append(
                 NodeSetup(
@@ -279,28 +372,41 @@ def make_nodes(config: PlacementConfig) -> list[NodeSetup]:
 
 
 _TRAINING_GPUS: Final = ((1, 0.35), (2, 0.25), (4, 0.25), (8, 0.15))
+_NOTEBOOK_GPUS: Final = ((1, 0.5), (2, 0.5))
+# (kind, share of pods, mean GPUs, mean run time in s): the stream's mix.
+WORKLOADS: Final[tuple[tuple[WorkloadKind, float, float, float], ...]] = (
+    ("training", 0.35, sum(g * w for g, w in _TRAINING_GPUS), 2400.0),
+    ("inference", 0.40, 1.0, 1800.0),
+    ("shared-inference", 0.10, 2.0, 1800.0),
+    ("notebook", 0.15, sum(g * w for g, w in _NOTEBOOK_GPUS), 1200.0),
+)
 
 
 def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRequest]:
-    """A Poisson stream of training, inference and notebook pods sized to `offered_load`."""
+    """A Poisson stream of the `WORKLOADS` mix sized to `offered_load`."""
     rng = random.Random(config.seed * 31 + 1)
     slots = sum(n.gpu_count * n.slots_per_gpu for n in nodes)
-    # Mean GPUs x mean run time of the mix below, for the arrival rate that offers the load.
-    mean_gpus = 0.40 * 3.05 + 0.45 * 1.0 + 0.15 * 1.5
-    mean_run_s = 0.40 * 2400.0 + 0.45 * 1800.0 + 0.15 * 1200.0
-    rate_per_s = config.offered_load * slots / (mean_gpus * mean_run_s)
+    # GPU-seconds one pod of the mix asks on average, for the arrival rate that offers the load.
+    mean_gpu_s = sum(share * gpus * run_s for _, share, gpus, run_s in WORKLOADS)
+    rate_per_s = config.offered_load * slots / mean_gpu_s
+    bounds = list(itertools.accumulate(share for _, share, _, _ in WORKLOADS))
     pods: list[PodRequest] = []
     t = 0.0
     while True:
         t += rng.expovariate(rate_per_s)
         if t >= config.duration_s:
             break
-        kind = rng.random()
+        draw = rng.random()
+        kind: WorkloadKind = WORKLOADS[-1][0]
+        for (candidate, *_), bound in zip(WORKLOADS, bounds, strict=True):
+            if draw < bound:
+                kind = candidate
+                break
         name = f"pod-{len(pods):05d}"
         declares = rng.random() < 0.7
-        if kind < 0.40:
+        pick = rng.random()
+        if kind == "training":
             gpus = rng.choices([g for g, _ in _TRAINING_GPUS], [w for _, w in _TRAINING_GPUS])[0]
-            pick = rng.random()
             chain: tuple[str, ...] = (
                 ("A100", "H100") if pick < 0.5 else ("H100", "A100") if pick < 0.7 else ()
             )
@@ -315,10 +421,10 @@ def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRe
                     chain=chain,
                     fallback_utilization=0.80 if chain else None,
                     declares_memory=declares,
+                    kind=kind,
                 )
             )
-        elif kind < 0.85:
-            pick = rng.random()
+        elif kind == "inference":
             chain = ("L4", "T4") if pick < 0.4 else ("A100", "V100") if pick < 0.6 else ()
             pods.append(
                 PodRequest(
@@ -331,6 +437,23 @@ def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRe
                     chain=chain,
                     fallback_utilization=0.80 if chain else None,
                     declares_memory=declares,
+                    kind=kind,
+                )
+            )
+        elif kind == "shared-inference":
+            # A tensor-parallel replica over two time-sliced GPUs, sharing each with others.
+            pods.append(
+                PodRequest(
+                    name=name,
+                    arrival_s=t,
+                    gpus=2,
+                    memory_mib=int(rng.uniform(5_000, 11_000)),
+                    utilization=rng.uniform(0.25, 0.45),
+                    run_s=rng.expovariate(1 / 1800.0),
+                    chain=("L4", "T4"),
+                    fallback_utilization=0.80,
+                    declares_memory=True,
+                    kind=kind,
                 )
             )
         else:
@@ -338,11 +461,14 @@ def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRe
                 PodRequest(
                     name=name,
                     arrival_s=t,
-                    gpus=rng.choice([1, 2]),
+                    gpus=rng.choices(
+                        [g for g, _ in _NOTEBOOK_GPUS], [w for _, w in _NOTEBOOK_GPUS]
+                    )[0],
                     memory_mib=int(rng.uniform(2_000, 30_000)),
                     utilization=rng.uniform(0.05, 0.30),
                     run_s=rng.expovariate(1 / 1200.0),
                     declares_memory=declares,
+                    kind=kind,
                 )
             )
     return pods
@@ -364,23 +490,26 @@ class _Node:
     phase_s: float
     limiter: LimiterState
     annotations: dict[str, str] = field(default_factory=dict)
+    # The same write without the per-GPU keys: what a node-level reader has of it.
+    node_level: dict[str, str] = field(default_factory=dict)
     write_time: datetime | None = None
     last_fragmentation: float = 0.0
-    bg_util: float = 0.0
-    bg_mem_mib: int = 0
+    # Per GPU: the load and memory of work the scheduler does not account for.
+    bg_util: list[float] = field(default_factory=list)
+    bg_mem_mib: list[int] = field(default_factory=list)
 
     @property
     def free_slots(self) -> int:
         return self.setup.gpu_count * self.setup.slots_per_gpu - sum(self.tenants)
 
     def gpu_util(self, g: int) -> float:
-        return min(1.0, self.util[g] + self.bg_util)
+        return min(1.0, self.util[g] + self.bg_util[g])
 
     def utilization(self) -> float:
         return sum(self.gpu_util(g) for g in range(self.setup.gpu_count)) / self.setup.gpu_count
 
     def gpu_free_mib(self, g: int) -> int:
-        return max(0, self.total_mib - self.mem_mib[g] - self.bg_mem_mib)
+        return max(0, self.total_mib - self.mem_mib[g] - self.bg_mem_mib[g])
 
     def published(self) -> NodeTruth | None:
         """The node as its last written annotations describe it (what a reader could know)."""
@@ -393,19 +522,36 @@ class _Node:
             utilization=state.utilization,
             temperature_c=float(state.temperature_c) if state.temperature_c is not None else 0.0,
             largest_free_mib=state.memory_largest_free_mib or 0,
+            gpus=tuple(
+                GpuTruth(
+                    free_slot=g.allocated is not True,
+                    utilization=g.utilization or 0.0,
+                    temperature_c=float(g.temperature_c or 0),
+                    free_mib=g.memory_free_mib or 0,
+                )
+                for g in state.gpus
+            ),
         )
 
     def truth(self) -> NodeTruth:
         slots = self.setup.slots_per_gpu
-        free = [
-            self.gpu_free_mib(g) for g in range(self.setup.gpu_count) if self.tenants[g] < slots
-        ]
+        # Temperatures in whole degrees, as NVML reads them: the limit is defined on those.
+        gpus = tuple(
+            GpuTruth(
+                free_slot=self.tenants[g] < slots,
+                utilization=self.gpu_util(g),
+                temperature_c=float(round(self.temperature_c[g])),
+                free_mib=self.gpu_free_mib(g),
+            )
+            for g in range(self.setup.gpu_count)
+        )
         return NodeTruth(
             name=self.setup.name,
             model_name=self.setup.model_name,
             utilization=self.utilization(),
-            temperature_c=max(self.temperature_c),
-            largest_free_mib=max(free, default=0),
+            temperature_c=max(g.temperature_c for g in gpus),
+            largest_free_mib=max((g.free_mib for g in gpus if g.free_slot), default=0),
+            gpus=gpus,
         )
 
 
@@ -425,10 +571,25 @@ class PlacementResult:
     above_limit_unseen: int = 0
     chain_violations_unseen: int = 0
     memory_fit_failures: int = 0
-    # Of those: pods that declared no `min-gpu-memory-mib`, and pods of more than one GPU (the
-    # hint is checked against the single largest free GPU, not against each GPU the pod gets).
+    # Of those: pods that declared no `min-gpu-memory-mib`, and pods of more than one GPU (a
+    # node-level reader checks the hint against the single largest free GPU only).
     memory_fit_failures_undeclared: int = 0
     memory_fit_failures_multi_gpu: int = 0
+    # Placements on a node where fewer than the pod's k GPUs were really suitable at binding
+    # (`suitable_gpus`), and of those, pods of more than one GPU.
+    fewer_suitable: int = 0
+    fewer_suitable_multi_gpu: int = 0
+    # ... of those, pods that declared no memory need, and placements the published per-GPU
+    # values showed as suitable (the truth had moved since the agent's last write).
+    fewer_suitable_undeclared: int = 0
+    fewer_suitable_unseen: int = 0
+    # GPUs the pod's load took above the utilization limit on top of other work there, and of
+    # those, GPUs whose other work was unaccounted (no pod of the scheduler's on it).
+    gpus_pushed_over_limit: int = 0
+    gpus_pushed_over_limit_unaccounted: int = 0
+    # Placed pods by workload kind (the stream's mix), and placed pods of more than one GPU.
+    placed_by_kind: dict[str, int] = field(default_factory=dict)
+    placed_multi_gpu: int = 0
     hot_placements: int = 0
     pending_at_end: int = 0
     # Of those: pods that named a model chain, and pods of 4 or more GPUs.
@@ -459,6 +620,14 @@ class PlacementResult:
             "memory_fit_failures": self.memory_fit_failures,
             "memory_fit_failures_undeclared": self.memory_fit_failures_undeclared,
             "memory_fit_failures_multi_gpu": self.memory_fit_failures_multi_gpu,
+            "fewer_suitable": self.fewer_suitable,
+            "fewer_suitable_multi_gpu": self.fewer_suitable_multi_gpu,
+            "fewer_suitable_undeclared": self.fewer_suitable_undeclared,
+            "fewer_suitable_unseen": self.fewer_suitable_unseen,
+            "gpus_pushed_over_limit": self.gpus_pushed_over_limit,
+            "gpus_pushed_over_limit_unaccounted": self.gpus_pushed_over_limit_unaccounted,
+            "placed_multi_gpu": self.placed_multi_gpu,
+            "placed_by_kind": dict(sorted(self.placed_by_kind.items())),
             "hot_placements": self.hot_placements,
             "pending_at_end": self.pending_at_end,
             "pending_with_chain": self.pending_with_chain,
@@ -481,9 +650,17 @@ def _score_project(
     candidates: Sequence[_Node],
     now: datetime,
     policy: Policy,
+    *,
+    per_gpu: bool,
 ) -> dict[str, float]:
+    """The scorer's filter and scores over what each agent last wrote (with `per_gpu` False,
+    without the per-GPU keys, as a node-level reader has it)."""
     inputs = [
-        NodeInput(name=n.setup.name, annotations=n.annotations, agent_write_time=n.write_time)
+        NodeInput(
+            name=n.setup.name,
+            annotations=n.annotations if per_gpu else n.node_level,
+            agent_write_time=n.write_time,
+        )
         for n in candidates
     ]
     evaluation = evaluate(
@@ -521,8 +698,10 @@ def _choose(
     if not candidates:
         return None
     scores: dict[str, float]
-    if policy == "project":
-        scores = _score_project(pod, pod_annotations, candidates, now, scorer_policy)
+    if policy in SCORER_POLICIES:
+        scores = _score_project(
+            pod, pod_annotations, candidates, now, scorer_policy, per_gpu=policy == "per-gpu"
+        )
     elif policy == "utilization-only":
         scores = {}
         for n in candidates:
@@ -577,6 +756,8 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
             temperature_c=[s.ambient_c] * s.gpu_count,
             phase_s=float(phase_rng.randrange(int(interval))),
             limiter=LimiterState.initial(now_s=0.0),
+            bg_util=[0.0] * s.gpu_count,
+            bg_mem_mib=[0] * s.gpu_count,
         )
         for s in setups
     ]
@@ -615,13 +796,14 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
             running = still
         # Unaccounted load switches on and off.
         for node in nodes:
-            bg_u, bg_m = 0.0, 0
-            for start, end, u, m in node.setup.episodes:
+            count = node.setup.gpu_count
+            node.bg_util, node.bg_mem_mib = [0.0] * count, [0] * count
+            for start, end, u, m, on in node.setup.episodes:
                 if start <= t < end:
-                    bg_u, bg_m = u, int(m * node.total_mib)
+                    for g in on:
+                        node.bg_util[g], node.bg_mem_mib[g] = u, int(m * node.total_mib)
                     break
-            node.bg_util, node.bg_mem_mib = bg_u, bg_m
-            for g in range(node.setup.gpu_count):
+            for g in range(count):
                 target = node.setup.ambient_c + FULL_LOAD_RISE_C * node.gpu_util(g)
                 node.temperature_c[g] += alpha * (target - node.temperature_c[g])
         # Agents whose tick falls in this second sample, aggregate, decide and maybe write.
@@ -640,6 +822,9 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
             )
             if decision.write:
                 node.annotations = encode(state, DEFAULT_KEYS)
+                node.node_level = {
+                    k: v for k, v in node.annotations.items() if k not in PER_GPU_KEYS
+                }
                 node.write_time = now
                 node.limiter = record_success(node.limiter, written=state, now_s=t)
                 result.writes += 1
@@ -667,10 +852,11 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
                 waiting.append((pod, t + delay, attempts + 1))
                 continue
             truths = [n.truth() for n in feasible]
+            chosen_truth = chosen.truth()
             gpus, fits = _assign(chosen, pod)
             verdict = judge(
                 pod,
-                chosen.truth(),
+                chosen_truth,
                 truths,
                 fits_in_memory=fits,
                 utilization_limit=limit_u,
@@ -678,7 +864,7 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
             )
             clear = judge(
                 pod,
-                chosen.truth(),
+                chosen_truth,
                 truths,
                 fits_in_memory=fits,
                 utilization_limit=limit_u,
@@ -704,6 +890,27 @@ def run(config: PlacementConfig, policy: PolicyName) -> PlacementResult:
                 result.memory_fit_failures_undeclared += not pod.declares_memory
                 result.memory_fit_failures_multi_gpu += pod.gpus > 1
             result.hot_placements += verdict.hot
+            result.fewer_suitable += verdict.fewer_suitable
+            if verdict.fewer_suitable:
+                result.fewer_suitable_multi_gpu += pod.gpus > 1
+                result.fewer_suitable_undeclared += not pod.declares_memory
+                published = chosen.published()
+                if published is not None and published.gpus:
+                    result.fewer_suitable_unseen += (
+                        suitable_gpus(
+                            published, pod, utilization_limit=limit_u, temperature_limit_c=limit_t
+                        )
+                        >= pod.gpus
+                    )
+            result.placed_multi_gpu += pod.gpus > 1
+            result.placed_by_kind[pod.kind] = result.placed_by_kind.get(pod.kind, 0) + 1
+            if fits:  # a pod that dies at start adds no load
+                before = [g.utilization for g in chosen_truth.gpus]
+                pushed = pushed_over_limit(before, gpus, pod.utilization, limit_u)
+                result.gpus_pushed_over_limit += len(pushed)
+                result.gpus_pushed_over_limit_unaccounted += sum(
+                    chosen.tenants[g] == 0 for g in pushed
+                )
             util = pod.utilization if fits else 0.0
             mem = pod.memory_mib if fits else 0
             ni = nodes.index(chosen)
@@ -757,9 +964,22 @@ def _judge_published(
 
 
 def _reading(node: _Node, now: datetime, noise: np.random.Generator) -> NodeReading:
-    """What NVML would read on this node now: the truth plus a little sampling noise."""
+    """What NVML would read on this node now (the truth plus a little sampling noise), and the
+    kubelet's allocations: one share per slot (`UUID::n` replicas when time-sliced), the
+    first `tenants` of them assigned."""
     setup = node.setup
     jitter = noise.normal(0.0, 0.015, size=setup.gpu_count).tolist()
+    shares: list[str] = []
+    assigned: list[str] = []
+    for g in range(setup.gpu_count):
+        uuid = f"GPU-{setup.name}-{g}"
+        ids = (
+            [uuid]
+            if setup.slots_per_gpu == 1
+            else [f"{uuid}::{n}" for n in range(setup.slots_per_gpu)]
+        )
+        shares.extend(ids)
+        assigned.extend(ids[: node.tenants[g]])
     gpus = tuple(
         GpuReading(
             uuid=f"GPU-{setup.name}-{g}",
@@ -773,7 +993,10 @@ def _reading(node: _Node, now: datetime, noise: np.random.Generator) -> NodeRead
         )
         for g in range(setup.gpu_count)
     )
-    return NodeReading(sampled_at=now, gpus=gpus, device_count=setup.gpu_count)
+    allocations = DeviceAllocations(frozenset(shares), frozenset(assigned))
+    return NodeReading(
+        sampled_at=now, gpus=gpus, device_count=setup.gpu_count, allocations=allocations
+    )
 
 
 def compare(

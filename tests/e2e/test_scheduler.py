@@ -8,6 +8,7 @@ is written onto the Nodes exactly as the agent writes it (its merge patch, its f
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpu_contract.schema import DEFAULT_PREFIX
+from gpu_contract.schema import DEFAULT_PREFIX, GpuState, NodeGpuState
 from gpu_sim.cluster import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
 from gpu_sim.cluster_workload import (
     ScorerProcess,
@@ -131,6 +132,45 @@ def test_memory_hint_skips_nodes_without_a_big_enough_gpu(stack: Stack, scope: S
         )
     )
     assert bound_nodes(api, [pod]) == {pod: scope.name("roomy")}
+
+
+def per_gpu_state(utilizations: list[float], *, at: datetime) -> NodeGpuState:
+    """A node's state with the per-GPU keys as the agent writes them, node-level values the
+    summaries of the same GPUs."""
+    mean = sum(utilizations) / len(utilizations)
+    state = gpu_state(utilization=mean, gpu_count=len(utilizations), at=at)
+    return dataclasses.replace(
+        state,
+        utilization_max=max(utilizations),
+        gpus=tuple(GpuState(u, 81_000, 55, False) for u in utilizations),
+    )
+
+
+def _split_and_even(scope: Scope) -> tuple[str, str]:
+    """Two 8-GPU nodes with the same node mean (0.50): four idle and four saturated GPUs, or
+    eight half-busy ones. The node-level keys alone cannot tell them apart."""
+    now = datetime.now(UTC)
+    split = scope.node("split")
+    even = scope.node("even")
+    publish(scope.api, split, per_gpu_state([0.0] * 4 + [1.0] * 4, at=now))
+    publish(scope.api, even, per_gpu_state([0.5] * 8, at=now))
+    scope.settle()
+    return split, even
+
+
+def test_a_four_gpu_pod_goes_where_four_gpus_are_idle(stack: Stack, scope: Scope) -> None:
+    # The split node scores 9 (the mean of its four idle GPUs), the even one 6.
+    split, _ = _split_and_even(scope)
+    pod = scope.pod(gpu_pod(scope.name("four"), scheduler_name=stack.scheduler_name, gpus=4))
+    assert bound_nodes(scope.api, [pod]) == {pod: split}
+
+
+def test_a_five_gpu_pod_is_kept_off_a_node_with_four_usable_gpus(
+    stack: Stack, scope: Scope
+) -> None:
+    _, even = _split_and_even(scope)
+    pod = scope.pod(gpu_pod(scope.name("five"), scheduler_name=stack.scheduler_name, gpus=5))
+    assert bound_nodes(scope.api, [pod]) == {pod: even}
 
 
 def test_model_chain_falls_back_when_every_preferred_node_is_busy(

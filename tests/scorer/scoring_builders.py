@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from agent.aggregate import aggregate
+from agent.records import DeviceAllocations, GpuReading, NodeReading
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import Evaluation, NodeInput, NodeVerdict, PodInput, evaluate
-from gpu_contract.schema import DEFAULT_KEYS, Field, Health, NodeGpuState, encode
+from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
 
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)
 PREFIX = DEFAULT_KEYS.prefix
@@ -28,9 +31,13 @@ def node(
     temperature_c: int | None = 50,
     model: str | None = A100,
     largest_free_mib: int | None = 80_000,
+    per_gpu: Sequence[GpuState] | None = None,
     overrides: Mapping[Field, str | None] | None = None,
 ) -> NodeInput:
-    """A node annotated through the real contract; `overrides` set (or with None, delete) keys."""
+    """A node annotated through the real contract; `overrides` set (or with None, delete) keys.
+
+    `per_gpu` publishes that per-GPU table as given, beside the node-level values as given
+    (which need not summarise it: `gpu_node` builds a node the way the agent would)."""
     state = NodeGpuState(
         health=health,
         updated_at=NOW - timedelta(seconds=age_s),
@@ -40,7 +47,8 @@ def node(
         memory_largest_free_mib=largest_free_mib,
         temperature_c=temperature_c,
         gpu_model=model,
-        gpu_count=8,
+        gpu_count=8 if per_gpu is None else len(per_gpu),
+        gpus=() if per_gpu is None else tuple(per_gpu),
     )
     annotations = encode(state)
     for f, value in (overrides or {}).items():
@@ -52,8 +60,106 @@ def node(
     return NodeInput(name, annotations, written)
 
 
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of `gpu_node`, as NVML and the kubelet would report it. `None`: not measured.
+
+    `allocated` None: allocations unknown on the node (the key is left out when every GPU says
+    so); `offered` False: the kubelet does not hand the GPU out; `mig`: a MIG-enabled GPU, whose
+    utilization NVML does not report and whose free memory is `free_mib` in slices of
+    `mig_slice_mib`; `lost`: NVML lost the GPU (every value `-`)."""
+
+    utilization: float | None = 0.0
+    free_mib: int | None = 80_000
+    temperature_c: int | None = 50
+    allocated: bool | None = None
+    offered: bool = True
+    mig_slice_mib: int | None = None
+    lost: bool = False
+
+
+def runs(*specs: tuple[int, Gpu]) -> tuple[Gpu, ...]:
+    """`runs((4, Gpu()), (4, Gpu(utilization=0.97)))`: a GPU table in runs of identical GPUs."""
+    return tuple(spec for count, spec in specs for _ in range(count))
+
+
+def gpu_node(
+    name: str,
+    table: Sequence[Gpu],
+    *,
+    age_s: float = 10.0,
+    product: str = "NVIDIA A100-SXM4-80GB",
+    total_mib: int = 81_920,
+    overrides: Mapping[Field, str | None] | None = None,
+) -> NodeInput:
+    """A node annotated by the real agent aggregation from per-GPU readings: the node-level
+    keys are the summaries the agent computes from the same GPUs (mean, maxima, fragmentation),
+    and the per-GPU keys are published as the agent publishes them."""
+    readings: list[GpuReading] = []
+    lost: list[str] = []
+    shares: set[str] = set()
+    taken: set[str] = set()
+    for index, spec in enumerate(table):
+        uuid = f"GPU-{name}-{index}"
+        if spec.lost:
+            lost.append(f"gpu {index}: lost")
+            continue
+        mig = spec.mig_slice_mib is not None
+        devices = (f"MIG-{name}-{index}-0",) if mig else ()
+        readings.append(
+            GpuReading(
+                uuid=uuid,
+                index=index,
+                name=product,
+                utilization=None if mig else spec.utilization,
+                memory_total_mib=total_mib,
+                memory_free_mib=spec.free_mib,
+                temperature_c=spec.temperature_c,
+                mig_enabled=mig,
+                memory_largest_allocation_mib=spec.mig_slice_mib,
+                mig_device_uuids=devices,
+            )
+        )
+        share = devices[0] if mig else uuid
+        if spec.offered:
+            shares.add(share)
+        if spec.allocated:
+            taken.add(share)
+    known = any(spec.allocated is not None for spec in table)
+    reading = NodeReading(
+        sampled_at=NOW - timedelta(seconds=age_s),
+        gpus=tuple(readings),
+        device_count=len(table),
+        lost=tuple(lost),
+        allocations=DeviceAllocations(frozenset(shares), frozenset(taken)) if known else None,
+    )
+    annotations = encode(aggregate(reading))
+    for f, value in (overrides or {}).items():
+        if value is None:
+            annotations.pop(DEFAULT_KEYS[f], None)
+        else:
+            annotations[DEFAULT_KEYS[f]] = value
+    return NodeInput(name, annotations)
+
+
+PER_GPU_FIELDS = (
+    Field.PER_GPU_UTILIZATION,
+    Field.PER_GPU_MEMORY_FREE_MIB,
+    Field.PER_GPU_TEMPERATURE,
+    Field.PER_GPU_ALLOCATED,
+)
+
+
+def without_per_gpu(the_node: NodeInput) -> NodeInput:
+    """The same node as a writer (or reader) without per-GPU keys has it."""
+    dropped = {DEFAULT_KEYS[f] for f in PER_GPU_FIELDS}
+    annotations = {k: v for k, v in the_node.annotations.items() if k not in dropped}
+    return NodeInput(the_node.name, annotations, the_node.agent_write_time)
+
+
 def pod(
     *,
+    gpus: int = 1,
     preference: str | None = None,
     fallback: str | None = None,
     max_utilization: str | None = None,
@@ -70,7 +176,7 @@ def pod(
         if value is not None:
             annotations[PREFIX + name] = value
     annotations.update(extra or {})
-    return PodInput("default", "gpu-pod", annotations, gpu_request=1)
+    return PodInput("default", "gpu-pod", annotations, gpu_request=gpus)
 
 
 def run(

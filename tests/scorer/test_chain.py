@@ -119,7 +119,7 @@ def test_chain_rejections_are_unresolvable_and_score_zero() -> None:
     evaluation = run(nodes, pod(preference="A100,V100"))
     assert evaluation.unresolvable() == {"v1": A100_FIRST, "t1": UNLISTED}
     assert dict(evaluation.scores())["v1"] == 0
-    model_rule = evaluation.verdicts[1].rules[-1]
+    model_rule = next(r for r in evaluation.verdicts[1].rules if r.rule == "model")
     assert (model_rule.rule, model_rule.outcome) == ("model", "fail")
 
 

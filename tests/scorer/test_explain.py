@@ -15,9 +15,20 @@ from hypothesis import strategies as st
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
-from gpu_contract.schema import FIELD_MANAGER, Health, parse_timestamp
+from gpu_contract.schema import FIELD_MANAGER, Field, Health, parse_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
-from tests.scorer.scoring_builders import A100, NOW, PREFIX, V100, node, pod, run
+from tests.scorer.scoring_builders import (
+    A100,
+    NOW,
+    PREFIX,
+    V100,
+    Gpu,
+    gpu_node,
+    node,
+    pod,
+    run,
+    runs,
+)
 
 FIXTURES = SCHEDULER_FIXTURES
 
@@ -119,6 +130,77 @@ def test_render_text_lists_every_node_and_the_summary() -> None:
     assert "gpu temperature at or above 85C [preemption may help]" in text
 
 
+def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
+    table = [
+        Gpu(0.97, 1_024, 64, allocated=True),
+        Gpu(0.00, 81_251, 38, allocated=False),
+        Gpu(0.95, 80_000, 50, allocated=False),
+        Gpu(0.02, 30_000, 40, allocated=False),
+        Gpu(0.10, 60_000, 86, allocated=False),
+        Gpu(0.01, 60_000, 41, offered=False),
+        Gpu(lost=True),
+        Gpu(0.05, 70_000, 42, allocated=False),
+    ]
+    the_pod = pod(gpus=2, min_memory_mib="40000")
+    # Without the node-level temperature (written by hand), the hot GPU is judged per GPU.
+    the_node = gpu_node("g", table, overrides={Field.TEMPERATURE: None})
+    evaluation = run([the_node], the_pod)
+    explained = explain(evaluation, the_pod, NOW, Policy())["nodes"][0]
+    gpus = explained["gpus"]
+    assert (gpus["needed"], gpus["candidates"], gpus["counted"]) == (2, 2, [1, 7])
+    assert gpus["allocation_checked"] is True
+    assert [(row["status"], row["why_not"], row["counted"]) for row in gpus["table"]] == [
+        ("allocated", "allocated to pods", False),
+        ("candidate", None, True),
+        ("utilization", "utilization above 0.90", False),
+        ("memory", "less than 40000MiB free", False),
+        ("temperature", "temperature at or above 85C", False),
+        ("not-offered", "not offered by the kubelet", False),
+        ("unmeasured", "not measured", False),
+        ("candidate", None, True),
+    ]
+    assert gpus["table"][0] == {
+        "index": 0,
+        "utilization": 0.97,
+        "memory_free_mib": 1024,
+        "temperature_c": 64,
+        "allocated": True,
+        "status": "allocated",
+        "why_not": "allocated to pods",
+        "counted": False,
+    }
+    rules = {r["rule"]: r for r in explained["rules"]}
+    assert rules["gpus"] == {
+        "rule": "gpus",
+        "outcome": "pass",
+        "value": 2,
+        "limit": "2 gpus",
+        "reason": None,
+    }
+    assert rules["utilization"]["outcome"] == "per-gpu"
+    text = render_text(explain(evaluation, the_pod, NOW, Policy()))
+    assert "gpus: 2 needed, 2 candidates, counted 1, 7 (allocations checked)" in text
+    assert "      1  0.00     81251    38C      0  candidate, counted" in text
+    assert "      6     -         -      -      -  not measured" in text
+    assert "gpus pass (2 vs 2 gpus)" in text
+
+
+def test_explanation_of_a_gpu_shortfall_and_of_a_pod_without_gpus() -> None:
+    the_node = gpu_node("g", runs((3, Gpu(0.0)), (5, Gpu(0.97))))
+    four = pod(gpus=4)
+    evaluation = run([the_node], four)
+    explained = explain(evaluation, four, NOW, Policy())
+    assert explained["summary"]["reasons"] == {"fewer than 4 gpus at or below utilization 0.90": 1}
+    assert explained["nodes"][0]["gpus"]["counted"] == []
+    none = pod(gpus=0)
+    unjudged = explain(run([the_node], none), none, NOW, Policy())["nodes"][0]["gpus"]
+    assert (unjudged["needed"], unjudged["table"][0]["status"]) == (None, None)
+    assert "gpus: per-gpu data, not judged per gpu" in render_text(
+        explain(run([the_node], none), none, NOW, Policy())
+    )
+    assert explain(run([node()], four), four, NOW, Policy())["nodes"][0]["gpus"] is None
+
+
 # ---------------------------------------------------------------- real captures
 def _from_capture(body: Mapping[str, Any]) -> tuple[PodInput, list[NodeInput]]:
     """A plain-JSON reading of a captured request (the wire layer has its own tests)."""
@@ -158,20 +240,32 @@ def test_every_captured_request_gets_a_complete_verdict(path: Path) -> None:
         st.builds(
             NodeInput,
             name=st.text(max_size=6),
-            annotations=st.dictionaries(
-                st.one_of(st.text(max_size=12).map(lambda s: PREFIX + s), st.text(max_size=8)),
-                st.text(max_size=12),
-                max_size=6,
+            annotations=st.one_of(
+                st.dictionaries(
+                    st.one_of(st.text(max_size=12).map(lambda s: PREFIX + s), st.text(max_size=8)),
+                    st.text(max_size=12),
+                    max_size=6,
+                ),
+                # Per-GPU tables with unmeasured values, and a bad list or two.
+                st.builds(
+                    lambda u, extra: {**gpu_node("x", [Gpu(v) for v in u]).annotations, **extra},
+                    st.lists(st.sampled_from([None, 0.0, 0.5, 0.99]), min_size=1, max_size=4),
+                    st.dictionaries(
+                        st.sampled_from([PREFIX + "per-gpu-allocated", PREFIX + "gpu-count"]),
+                        st.sampled_from(["1,0", "x", "-,1,0,1", "3"]),
+                    ),
+                ),
             ),
         ),
         max_size=5,
     ),
     st.dictionaries(st.text(max_size=30).map(lambda s: PREFIX + s), st.text(max_size=10)),
+    st.integers(0, 5),
 )
 def test_explain_is_json_and_renders_for_any_input(
-    nodes: list[NodeInput], annotations: dict[str, str]
+    nodes: list[NodeInput], annotations: dict[str, str], gpus: int
 ) -> None:
-    the_pod = PodInput("ns", "p", annotations)
+    the_pod = PodInput("ns", "p", annotations, gpus)
     evaluation = evaluate(the_pod, nodes, NOW, Policy())
     explanation = explain(evaluation, the_pod, NOW, Policy())
     json.dumps(explanation, allow_nan=False)

@@ -31,7 +31,7 @@ from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodClass, PodInput, evaluate, predecode
 from exporter_scheduler.verdicts import TallyKey
-from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Health, format_timestamp
+from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, GpuState, Health, format_timestamp
 from tests.scorer._http_helpers import pod
 from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100
 from tests.scorer.scoring_builders import node as scoring_node
@@ -62,9 +62,10 @@ PODS = (
     hinted(),
     hinted(gpus=4),
     hinted({"gpu-model-preference": f"{A100},{V100}"}),
-    hinted({"gpu-model-preference": f"{V100},*", "gpu-fallback-utilization": "0.40"}),
-    hinted({"min-gpu-memory-mib": "60000", "max-utilization": "0.70"}),
+    hinted({"gpu-model-preference": f"{V100},*", "gpu-fallback-utilization": "0.40"}, gpus=2),
+    hinted({"min-gpu-memory-mib": "60000", "max-utilization": "0.70"}, gpus=2),
     hinted({"max-utilization": "lots"}),  # invalid: every node rejected for it
+    hinted(gpus=0),  # no GPU request: the per-GPU keys are not read
 )
 
 
@@ -164,6 +165,21 @@ node_data = st.fixed_dictionaries(
         "temperature_c": st.one_of(st.none(), st.integers(30, 95)),
         "model": st.sampled_from([A100, V100, T4, None]),
         "largest_free_mib": st.one_of(st.none(), st.sampled_from([20_000, 80_000])),
+        # Per-GPU tables, mostly short, for the k-GPU rule (None: no per-GPU keys).
+        "per_gpu": st.one_of(
+            st.none(),
+            st.lists(
+                st.builds(
+                    GpuState,
+                    utilization=st.sampled_from([None, 0.0, 0.5, 0.72, 0.95]),
+                    memory_free_mib=st.sampled_from([None, 10_000, 60_000, 80_000]),
+                    temperature_c=st.sampled_from([None, 50, 90]),
+                    allocated=st.sampled_from([None, False, True]),
+                ),
+                min_size=1,
+                max_size=5,
+            ),
+        ),
     }
 )
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, ScoreBreakdown, clear_decode_cache, evaluate
-from gpu_contract.schema import DEFAULT_KEYS, Field
+from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState
 from tests.scorer.scoring_builders import NOW, PREFIX, node, one, pod, run
 
 ORIGINAL = Policy(weight_utilization=1, weight_fragmentation=0, weight_temperature=0)
@@ -140,6 +140,9 @@ _KEY = st.one_of(st.sampled_from([DEFAULT_KEYS[f] for f in Field]), st.text(max_
 _VALUE = st.one_of(
     st.sampled_from(["0.5", "nan", "-inf", "1e309", "", " 1 ", "ok", "unavailable", "1"]),
     st.sampled_from(["2026-11-30T13:59:50Z", "2026-11-30T15:00:00+01:00", "9" * 5000]),
+    # Per-GPU lists, well and badly formed, of agreeing and disagreeing lengths.
+    st.sampled_from(["0.10,0.95,-,0.00", "1,0,-,1", "80000,-,1024,0", "50,90,-,60", "-,-", ","]),
+    st.lists(st.sampled_from(["0.5", "-", "1", "0", "88", "x", ""]), max_size=9).map(",".join),
     st.text(max_size=40),
 )
 _ANNOTATIONS = st.dictionaries(_KEY, _VALUE, max_size=14)
@@ -166,6 +169,21 @@ _NODES = st.lists(
                 st.integers(-20, 120),
                 st.floats(-100, 400),
             ),
+            st.builds(
+                lambda table, a: node(per_gpu=table, age_s=a).annotations,
+                st.lists(
+                    st.builds(
+                        GpuState,
+                        utilization=st.one_of(st.none(), st.floats(0, 1)),
+                        memory_free_mib=st.one_of(st.none(), st.integers(0, 90_000)),
+                        temperature_c=st.one_of(st.none(), st.integers(-20, 120)),
+                        allocated=st.one_of(st.none(), st.booleans()),
+                    ),
+                    min_size=1,
+                    max_size=8,
+                ),
+                st.floats(-100, 400),
+            ),
         ),
         agent_write_time=st.one_of(
             st.none(), st.integers(-3600, 3600).map(lambda s: NOW + timedelta(seconds=s))
@@ -181,9 +199,11 @@ _POLICY = st.builds(
 
 
 @settings(max_examples=150, deadline=None)
-@given(_NODES, _HINTS, _POLICY)
-def test_evaluate_invariants(nodes: list[NodeInput], hints: dict[str, str], policy: Policy) -> None:
-    the_pod = pod(extra=hints)
+@given(_NODES, _HINTS, _POLICY, st.integers(0, 9))
+def test_evaluate_invariants(
+    nodes: list[NodeInput], hints: dict[str, str], policy: Policy, gpus: int
+) -> None:
+    the_pod = pod(extra=hints, gpus=gpus)
     evaluation = evaluate(the_pod, nodes, NOW, policy)
     # Every node given appears exactly once, in input order.
     assert [v.name for v in evaluation.verdicts] == [n.name for n in nodes]

@@ -142,6 +142,24 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
     assert "placement: " in after.split("## Regeneration time", 1)[1]
 
 
+def test_a_partial_run_leaves_out_a_section_the_earlier_document_never_had(
+    quick_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "perf"
+    shutil.copytree(quick_run, out)
+    document = (out / "performance.md").read_text()
+    heading = "## The real kube-scheduler's throughput"
+    start = document.index(heading)
+    end = document.index("## What these models leave out")
+    (out / "performance.md").write_text(document[:start] + document[end:])
+    assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
+    after = (out / "performance.md").read_text()
+    assert heading not in after
+    assert (
+        figures._kept_sections(after)["placement"] == figures._kept_sections(document)["placement"]
+    )
+
+
 def test_a_partial_run_needs_the_other_sections_to_exist(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         figures.main(["--quick", "--out-dir", str(tmp_path), "--sections", "storm"])

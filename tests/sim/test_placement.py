@@ -5,16 +5,22 @@ from __future__ import annotations
 import json
 import random
 from datetime import UTC, datetime
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.aggregate import aggregate
 from agent.limiter import LimiterState
 from exporter_scheduler.policy import Policy
-from gpu_contract import DEFAULT_KEYS, Health, NodeGpuState, encode
+from gpu_contract import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
 from gpu_sim.placement import (
+    PER_GPU_KEYS,
     POLICIES,
+    WORKLOADS,
+    GpuTruth,
     NodeSetup,
     NodeTruth,
     PlacementConfig,
@@ -22,13 +28,16 @@ from gpu_sim.placement import (
     _assign,
     _choose,
     _Node,
+    _reading,
     chain_rank,
     judge,
     main,
     make_nodes,
     make_pods,
+    pushed_over_limit,
     run,
     stranded_fraction,
+    suitable_gpus,
 )
 from gpu_sim.traces import A100_80GB, L4_24GB, V100_32GB, GpuModel
 
@@ -73,9 +82,20 @@ def _judge(
         "chain": verdict.chain_violation,
         "memory": verdict.memory_fit_failure,
         "hot": verdict.hot,
+        "fewer": verdict.fewer_suitable,
     }
 
 
+def _gpu(util: float = 0.0, *, free: bool = True, temp: float = 50.0,
+         mib: int = 40_000) -> GpuTruth:  # fmt: skip
+    return GpuTruth(free_slot=free, utilization=util, temperature_c=temp, free_mib=mib)
+
+
+# Four GPUs that can take a pod (idle, a free slot, 40 GB free) and four that cannot.
+SPLIT = NodeTruth(
+    "split", A100, 0.5, 60.0, 40_000,
+    (*[_gpu()] * 4, _gpu(0.95), _gpu(free=False), _gpu(temp=85.0), _gpu(mib=1_000)),
+)  # fmt: skip
 HOT_NODE = _truth("busy", util=0.95)
 COOL_NODE = _truth("cool", util=0.40)
 CHAIN = {"chain": ("A100", "V100"), "fallback_utilization": 0.80}
@@ -131,6 +151,23 @@ CHAIN = {"chain": ("A100", "V100"), "fallback_utilization": 0.80}
                      id="memory-fit-failure"),
         pytest.param(_pod(), _truth("h", temp=85.0), [_truth("h", temp=85.0)], {},
                      {"hot": True}, id="at-temperature-limit-is-hot"),
+        pytest.param(_pod(gpus=4), SPLIT, [SPLIT], {}, {}, id="four-suitable-of-eight"),
+        pytest.param(_pod(gpus=5), SPLIT, [SPLIT], {}, {"fewer": True},
+                     id="fewer-than-k-suitable"),
+        pytest.param(_pod(gpus=2, memory_mib=50_000), SPLIT, [SPLIT], {}, {"fewer": True},
+                     id="suitable-needs-the-pods-memory"),
+        pytest.param(_pod(**CHAIN, gpus=4), _truth("v", V100), [SPLIT, _truth("v", V100)], {},
+                     {"chain": True}, id="chain-better-node-with-k-suitable-gpus"),
+        pytest.param(_pod(**CHAIN, gpus=5), _truth("v", V100), [SPLIT, _truth("v", V100)], {},
+                     {}, id="chain-better-node-short-of-k-suitable-gpus-is-no-violation"),
+        pytest.param(_pod(**CHAIN, gpus=2), _truth("v", V100),
+                     [NodeTruth("a", A100, 0.85, 60.0, 40_000, (_gpu(), _gpu(), *[_gpu(0.99)] * 6)),
+                      _truth("v", V100)], {},
+                     {"chain": True}, id="chain-better-node-mean-above-threshold-k-idle-gpus"),
+        pytest.param(_pod(**CHAIN, gpus=2), _truth("v", V100),
+                     [NodeTruth("a", A100, 0.50, 60.0, 40_000, (_gpu(), *[_gpu(0.85)] * 3)),
+                      _truth("v", V100)], {},
+                     {}, id="chain-better-node-mean-below-threshold-one-gpu-below-it"),
     ],
 )  # fmt: skip
 def test_judge(
@@ -140,7 +177,8 @@ def test_judge(
     extra: dict[str, object],
     expected: dict[str, bool],
 ) -> None:
-    want = {"above": False, "chain": False, "memory": False, "hot": False} | expected
+    want = {"above": False, "chain": False, "memory": False, "hot": False, "fewer": False}
+    want |= expected
     assert _judge(pod, chosen, feasible, **extra) == want
 
 
@@ -179,9 +217,13 @@ def _node(
     gpus: int = 2,
     slots: int = 1,
     published_util: float | None = 0.2,
+    per_gpu: list[GpuState] | None = None,
     tenants: list[int] | None = None,
     mem_mib: list[int] | None = None,
 ) -> _Node:
+    """A node of the simulation with what its agent last wrote: node-level values, and with
+    `per_gpu` that table too (the node-level values then its summaries)."""
+    gpus = gpus if per_gpu is None else len(per_gpu)
     node = _Node(
         setup=NodeSetup(name, model, gpus, slots, 30.0),
         total_mib=model.memory_total_mib,
@@ -191,8 +233,14 @@ def _node(
         temperature_c=[40.0] * gpus,
         phase_s=0.0,
         limiter=LimiterState.initial(now_s=0.0),
+        bg_util=[0.0] * gpus,
+        bg_mem_mib=[0] * gpus,
     )
     if published_util is not None:
+        largest = model.memory_total_mib
+        if per_gpu is not None:
+            published_util = sum(g.utilization or 0.0 for g in per_gpu) / gpus
+            largest = max(g.memory_free_mib or 0 for g in per_gpu)
         state = NodeGpuState(
             health=Health.OK,
             updated_at=NOW,
@@ -200,12 +248,14 @@ def _node(
             utilization_max=published_util,
             memory_fragmentation=0.0,
             memory_free_mib=model.memory_total_mib * gpus,
-            memory_largest_free_mib=model.memory_total_mib,
+            memory_largest_free_mib=largest,
             temperature_c=40,
             gpu_model=model.name.replace(" ", "-"),
             gpu_count=gpus,
+            gpus=() if per_gpu is None else tuple(per_gpu),
         )
         node.annotations = encode(state, DEFAULT_KEYS)
+        node.node_level = {k: v for k, v in node.annotations.items() if k not in PER_GPU_KEYS}
         node.write_time = NOW
     return node
 
@@ -223,17 +273,70 @@ def _pick(policy: str, pod: PodRequest, nodes: list[_Node]) -> str | None:
     return None if chosen is None else chosen.setup.name
 
 
-def test_project_policy_rejects_what_it_sees_above_the_limit() -> None:
+SCORERS = ("per-gpu", "node-aggregate")
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_scorer_policies_reject_what_they_see_above_the_limit(scorer: str) -> None:
     nodes = [_node("busy", published_util=0.95)]
-    assert _pick("project", _pod(), nodes) is None
+    assert _pick(scorer, _pod(), nodes) is None
     assert _pick("utilization-only", _pod(), nodes) == "busy"
     assert _pick("random", _pod(), nodes) == "busy"
 
 
-def test_project_and_utilization_only_prefer_the_idle_node() -> None:
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_scorers_and_utilization_only_prefer_the_idle_node(scorer: str) -> None:
     nodes = [_node("warm", published_util=0.6), _node("cool", published_util=0.1)]
-    assert _pick("project", _pod(), nodes) == "cool"
+    assert _pick(scorer, _pod(), nodes) == "cool"
     assert _pick("utilization-only", _pod(), nodes) == "cool"
+
+
+def _table(*utilizations: float, mib: int = 80_000, allocated: bool = False) -> list[GpuState]:
+    return [GpuState(u, mib, 50, allocated) for u in utilizations]
+
+
+def test_per_gpu_sends_a_four_gpu_pod_where_four_gpus_are_idle() -> None:
+    """Same node mean: the node-aggregate scorer ties (and picks at random), per-GPU does not."""
+    nodes = [
+        _node("even", per_gpu=_table(*[0.5] * 8)),
+        _node("split", per_gpu=_table(*[0.0] * 4, *[1.0] * 4)),
+    ]
+    pod = _pod(gpus=4)
+    assert _pick("per-gpu", pod, nodes) == "split"
+    assert _pick("per-gpu", _pod(gpus=5), nodes) == "even"
+    assert {n.setup.name for n in nodes} == {
+        _pick_seeded("node-aggregate", pod, nodes, seed) for seed in range(20)
+    }
+
+
+def test_per_gpu_checks_the_memory_of_every_gpu_the_pod_gets() -> None:
+    one_big = _table(0.0, 0.0, mib=10_000)
+    one_big[0] = GpuState(0.0, 60_000, 50, False)
+    nodes = [_node("one-big", per_gpu=one_big), _node("two-ok", per_gpu=_table(0.4, 0.4))]
+    pod = _pod(gpus=2, memory_mib=40_000, declares_memory=True)
+    assert _pick("per-gpu", pod, nodes) == "two-ok"
+    assert _pick("node-aggregate", pod, nodes) == "one-big"  # idler, and one GPU has 60 GB
+
+
+def test_per_gpu_reads_the_published_allocations() -> None:
+    taken = _table(0.0, 0.0, 0.0, 0.0)
+    taken[1:] = [GpuState(0.0, 80_000, 50, True)] * 3
+    nodes = [_node("taken", per_gpu=taken), _node("free", per_gpu=_table(0.3, 0.3, 0.3, 0.3))]
+    assert _pick("per-gpu", _pod(gpus=2), nodes) == "free"
+    assert _pick("node-aggregate", _pod(gpus=2), nodes) == "taken"
+
+
+def _pick_seeded(policy: str, pod: PodRequest, nodes: list[_Node], seed: int) -> str | None:
+    chosen = _choose(
+        policy,  # type: ignore[arg-type]
+        pod,
+        pod_annotations=pod.annotations(),
+        candidates=nodes,
+        now=NOW,
+        scorer_policy=Policy(),
+        rng=random.Random(seed),
+    )
+    return None if chosen is None else chosen.setup.name
 
 
 def test_allocation_spread_prefers_free_slots_whatever_the_load() -> None:
@@ -244,17 +347,19 @@ def test_allocation_spread_prefers_free_slots_whatever_the_load() -> None:
     assert _pick("allocation-spread", _pod(), nodes) == "hot-but-empty"
 
 
-def test_project_follows_the_model_chain() -> None:
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_scorers_follow_the_model_chain(scorer: str) -> None:
     nodes = [_node("v100", V100_32GB, published_util=0.1), _node("a100", published_util=0.5)]
     pod = _pod(chain=("A100", "V100"), fallback_utilization=0.80)
-    assert _pick("project", pod, nodes) == "a100"
+    assert _pick(scorer, pod, nodes) == "a100"
     assert _pick("utilization-only", pod, nodes) == "v100"
 
 
-def test_project_skips_nodes_without_the_memory_the_pod_declares() -> None:
+@pytest.mark.parametrize("scorer", SCORERS)
+def test_scorers_skip_nodes_without_the_memory_the_pod_declares(scorer: str) -> None:
     nodes = [_node("l4", L4_24GB, published_util=0.0), _node("a100", published_util=0.5)]
     pod = _pod(memory_mib=40_000, declares_memory=True)
-    assert _pick("project", pod, nodes) == "a100"
+    assert _pick(scorer, pod, nodes) == "a100"
 
 
 def test_unpublished_node_scores_lowest_for_utilization_only() -> None:
@@ -283,6 +388,74 @@ def test_assign_on_a_time_sliced_node(
     assert _assign(node, _pod(gpus=gpus, memory_mib=memory_mib)) == expected
 
 
+@pytest.mark.parametrize(
+    ("pod", "gpus", "expected"),
+    [
+        pytest.param(_pod(), [_gpu()], 1, id="idle-free"),
+        pytest.param(_pod(), [_gpu(free=False)], 0, id="no-free-slot"),
+        pytest.param(_pod(), [_gpu(0.90), _gpu(0.91)], 1, id="utilization-limit-inclusive"),
+        pytest.param(_pod(), [_gpu(temp=84.0), _gpu(temp=85.0)], 1, id="temperature-limit"),
+        pytest.param(_pod(memory_mib=40_000), [_gpu(mib=40_000), _gpu(mib=39_999)], 1,
+                     id="memory-real-need"),
+        pytest.param(_pod(memory_mib=40_000, declares_memory=False), [_gpu(mib=1)], 0,
+                     id="memory-counts-undeclared-too"),
+    ],
+)  # fmt: skip
+def test_suitable_gpus(pod: PodRequest, gpus: list[GpuTruth], expected: int) -> None:
+    node = NodeTruth("n", A100, 0.0, 50.0, 0, tuple(gpus))
+    assert suitable_gpus(node, pod, utilization_limit=0.90, temperature_limit_c=85.0) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "assigned", "pod_util", "expected"),
+    [
+        pytest.param([0.0, 0.0], [0, 1], 0.95, 0, id="alone-on-idle-gpus"),
+        pytest.param([0.5, 0.0], [0], 0.45, 1, id="shared-over-limit"),
+        pytest.param([0.5, 0.0], [0], 0.40, 0, id="shared-at-limit"),
+        pytest.param([0.0, 0.0], [0, 0], 0.5, 0, id="own-replicas-alone"),
+        pytest.param([0.3, 0.0], [0, 0], 0.35, 1, id="own-replicas-on-shared"),
+        pytest.param([0.95, 0.95], [0, 1], 0.1, 2, id="already-above"),
+    ],
+)
+def test_pushed_over_limit(
+    before: list[float], assigned: list[int], pod_util: float, expected: int
+) -> None:
+    assert len(pushed_over_limit(before, assigned, pod_util, 0.90)) == expected
+
+
+def test_the_agent_publishes_allocations_from_the_slots_taken() -> None:
+    exclusive = _node("a100", gpus=2, tenants=[1, 0])
+    sliced = _node("l4", L4_24GB, gpus=2, slots=2, tenants=[2, 1])
+    noise = np.random.default_rng(0)
+    for node, allocated in ((exclusive, "1,0"), (sliced, "1,0")):
+        annotations = encode(aggregate(_reading(node, NOW, noise)), DEFAULT_KEYS)
+        assert annotations[DEFAULT_KEYS[Field.PER_GPU_ALLOCATED]] == allocated
+    # The published view the grading reads: GPU 0 has no free slot.
+    exclusive.annotations = encode(aggregate(_reading(exclusive, NOW, noise)), DEFAULT_KEYS)
+    published = exclusive.published()
+    assert published is not None
+    assert [g.free_slot for g in published.gpus] == [False, True]
+
+
+def test_unaccounted_work_loads_only_its_gpus() -> None:
+    config = PlacementConfig(nodes=40, duration_s=3600.0, seed=3, unaccounted_share=1.0)
+    episodes = [e for n in make_nodes(config) for e in n.episodes]
+    assert episodes
+    spans = {len(on) for *_, on in episodes}
+    assert 1 in spans  # a stray process on one GPU
+    assert max(spans) in (4, 8)  # and work on every GPU of a node
+
+
+def test_the_stream_holds_every_workload_kind() -> None:
+    config = PlacementConfig(nodes=30, duration_s=3600.0, seed=4)
+    pods = make_pods(config, make_nodes(config))
+    kinds = {p.kind for p in pods}
+    assert kinds == {kind for kind, *_ in WORKLOADS}
+    shared = [p for p in pods if p.kind == "shared-inference"]
+    assert all(p.gpus == 2 and p.chain == ("L4", "T4") and p.declares_memory for p in shared)
+    assert {p.gpus for p in pods if p.kind == "training"} == {1, 2, 4, 8}
+
+
 def test_pod_annotations_use_the_scorer_hint_names() -> None:
     pod = _pod(chain=("A100", "V100"), fallback_utilization=0.8, declares_memory=True)
     prefix = DEFAULT_KEYS.prefix
@@ -305,19 +478,23 @@ def test_stream_and_fleet_are_seeded() -> None:
 
 
 @pytest.fixture(scope="module")
-def small_runs() -> dict[str, dict[str, object]]:
+def small_runs() -> dict[str, dict[str, Any]]:
     return {p: run(SMALL, p).summary() for p in POLICIES}
 
 
-def test_every_pod_is_placed_or_pending(small_runs: dict[str, dict[str, object]]) -> None:
+def test_every_pod_is_placed_or_pending(small_runs: dict[str, dict[str, Any]]) -> None:
     for summary in small_runs.values():
-        assert summary["placed"] + summary["pending_at_end"] == summary["pods"]  # type: ignore[operator]
-        assert summary["above_limit_clear"] <= summary["above_limit"]  # type: ignore[operator]
-        assert summary["chain_violations_clear"] <= summary["chain_violations"]  # type: ignore[operator]
+        assert summary["placed"] + summary["pending_at_end"] == summary["pods"]
+        assert summary["above_limit_clear"] <= summary["above_limit"]
+        assert summary["chain_violations_clear"] <= summary["chain_violations"]
+        assert summary["fewer_suitable_multi_gpu"] <= summary["fewer_suitable"]
+        assert summary["fewer_suitable_unseen"] <= summary["fewer_suitable"]
+        assert summary["fewer_suitable"] <= summary["placed"]
+        assert sum(summary["placed_by_kind"].values()) == summary["placed"]
     assert len({s["pods"] for s in small_runs.values()}) == 1
 
 
-def test_runs_are_reproducible(small_runs: dict[str, dict[str, object]]) -> None:
+def test_runs_are_reproducible(small_runs: dict[str, dict[str, Any]]) -> None:
     assert run(SMALL, "random").summary() == small_runs["random"]
 
 
