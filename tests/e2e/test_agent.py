@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent.podresources_wire import ContainerDevices, DeviceGroup
+from agent.simulated import SimulatedSource
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, FIELD_MANAGER, Field
-from gpu_sim.cluster import ControlPlane
-from gpu_sim.cluster_workload import agent_process
+from gpu_sim.cluster import GPU_RESOURCE, ControlPlane
+from gpu_sim.cluster_workload import agent_process, wait_for
+from gpu_sim.kubelet import PodResourcesStandIn
 from tests.e2e.support import Scope
 
 SAMPLE_S = 0.25
@@ -93,3 +98,94 @@ def test_agent_writes_its_own_keys_at_the_configured_rates_and_stops_on_sigterm(
     assert len(write_times) >= WATCH_S / HEARTBEAT_S, write_times
     assert min(gaps_s) >= MIN_WRITE_S - TIMING_SLACK_S, gaps_s
     assert max(gaps_s) <= HEARTBEAT_S + SAMPLE_S + TIMING_SLACK_S, gaps_s
+
+
+def test_agent_publishes_per_gpu_keys_with_the_kubelets_allocations(
+    control_plane: ControlPlane, scope: Scope, log_dir: Path
+) -> None:
+    # The real agent (simulated GPUs) reads allocations from a real gRPC server on a unix
+    # socket, answering pod-resources v1 as a kubelet does.
+    gpus, seed = 4, 5
+    source = SimulatedSource(gpus=gpus, seed=seed)
+    uuids = [g.uuid for g in source.read(datetime.now(UTC)).gpus]
+    source.close()
+    socket_path = Path("/tmp") / f"gls-e2e-kubelet-{os.getpid()}.sock"
+    node_name = scope.node("per-gpu", gpus=gpus)
+    api = scope.api
+    allocated_key = DEFAULT_KEYS[Field.PER_GPU_ALLOCATED]
+
+    def annotations_once(expected_allocated: str) -> dict[str, str] | None:
+        annotations = api.get(f"/api/v1/nodes/{node_name}")["metadata"]["annotations"]
+        found: dict[str, str] = annotations
+        return found if found.get(allocated_key) == expected_allocated else None
+
+    with PodResourcesStandIn(socket_path) as kubelet:
+        kubelet.serve(
+            allocatable=[DeviceGroup(GPU_RESOURCE, tuple(uuids))],
+            containers=[
+                ContainerDevices("ml", "train-0", "main", (DeviceGroup(GPU_RESOURCE, (uuids[0],)),))
+            ],
+        )
+        agent = agent_process(
+            log_dir,
+            node_name=node_name,
+            kubeconfig=control_plane.admin_kubeconfig,
+            extra_args=[
+                f"--sample-interval={SAMPLE_S}",
+                f"--min-write-interval={MIN_WRITE_S}",
+                f"--heartbeat={HEARTBEAT_S}",
+                f"--seed={seed}",
+                f"--simulated-gpus={gpus}",
+                f"--pod-resources-socket={socket_path}",
+            ],
+        ).start()
+        try:
+            annotations = wait_for(
+                "the first write with allocations",
+                lambda: annotations_once("1,0,0,0"),
+                timeout_s=20,
+                interval_s=0.1,
+            )
+            # A second pod takes GPU 3: the change reaches the Node within a write interval.
+            kubelet.serve(
+                allocatable=[DeviceGroup(GPU_RESOURCE, tuple(uuids))],
+                containers=[
+                    ContainerDevices(
+                        "ml", "train-0", "main", (DeviceGroup(GPU_RESOURCE, (uuids[0],)),)
+                    ),
+                    ContainerDevices(
+                        "ml", "serve-1", "main", (DeviceGroup(GPU_RESOURCE, (uuids[3],)),)
+                    ),
+                ],
+            )
+            wait_for(
+                "the new allocation on the Node",
+                lambda: annotations_once("1,0,0,1"),
+                timeout_s=10,
+                interval_s=0.1,
+            )
+            assert agent.alive(), agent.log()
+            assert agent.terminate() == 0, agent.log()
+        finally:
+            agent.kill()
+            socket_path.unlink(missing_ok=True)
+
+    per_gpu = {
+        field: annotations[DEFAULT_KEYS[field]].split(",")
+        for field in (
+            Field.PER_GPU_UTILIZATION,
+            Field.PER_GPU_MEMORY_FREE_MIB,
+            Field.PER_GPU_TEMPERATURE,
+        )
+    }
+    assert all(len(values) == gpus for values in per_gpu.values()), per_gpu
+    utilizations = [float(v) for v in per_gpu[Field.PER_GPU_UTILIZATION]]
+    assert all(0.0 <= u <= 1.0 for u in utilizations)
+    # The node-level keys summarize the same readings.
+    assert float(annotations[DEFAULT_KEYS[Field.UTILIZATION_MAX]]) == max(utilizations)
+    assert int(annotations[DEFAULT_KEYS[Field.TEMPERATURE]]) == max(
+        int(v) for v in per_gpu[Field.PER_GPU_TEMPERATURE]
+    )
+    (entry,) = agent_entries(api.get(f"/api/v1/nodes/{node_name}"))
+    owned = entry["fieldsV1"]["f:metadata"]["f:annotations"]
+    assert f"f:{allocated_key}" in owned
