@@ -25,6 +25,16 @@ WATCH_S = 9.0
 TIMING_SLACK_S = 0.3
 
 
+def rate_args(*, seed: int) -> list[str]:
+    """The agent's rate limits of this module, and its simulated trace's seed."""
+    return [
+        f"--sample-interval={SAMPLE_S}",
+        f"--min-write-interval={MIN_WRITE_S}",
+        f"--heartbeat={HEARTBEAT_S}",
+        f"--seed={seed}",
+    ]
+
+
 def agent_entries(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in node["metadata"]["managedFields"] if e["manager"] == FIELD_MANAGER]
 
@@ -51,12 +61,7 @@ def test_agent_writes_its_own_keys_at_the_configured_rates_and_stops_on_sigterm(
         log_dir,
         node_name=node_name,
         kubeconfig=control_plane.admin_kubeconfig,
-        extra_args=[
-            f"--sample-interval={SAMPLE_S}",
-            f"--min-write-interval={MIN_WRITE_S}",
-            f"--heartbeat={HEARTBEAT_S}",
-            "--seed=3",
-        ],
+        extra_args=rate_args(seed=3),
     ).start()
     try:
         # Every agent write changes `updated-at` (writes are a second or more apart), so each
@@ -131,10 +136,7 @@ def test_agent_publishes_per_gpu_keys_with_the_kubelets_allocations(
             node_name=node_name,
             kubeconfig=control_plane.admin_kubeconfig,
             extra_args=[
-                f"--sample-interval={SAMPLE_S}",
-                f"--min-write-interval={MIN_WRITE_S}",
-                f"--heartbeat={HEARTBEAT_S}",
-                f"--seed={seed}",
+                *rate_args(seed=seed),
                 f"--simulated-gpus={gpus}",
                 f"--pod-resources-socket={socket_path}",
             ],
