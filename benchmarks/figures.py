@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from agent.limiter import WRITE_REASONS, WritePolicy
-from benchmarks import real_scheduler
+from benchmarks import real_scheduler, scheduler_profile
 from benchmarks.machine import machine_description
 from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
 from gpu_sim.placement import (
@@ -1267,7 +1267,15 @@ the tables are in `img/figures.json`.
 """
 
 
-SECTIONS: tuple[str, ...] = ("fleet", "storm", "placement", "agent", "scorer", "scheduler")
+SECTIONS: tuple[str, ...] = (
+    "fleet",
+    "storm",
+    "placement",
+    "agent",
+    "scorer",
+    "scheduler",
+    "profile",
+)
 # Each section's heading in the document, to keep the text of sections a run does not redo.
 _HEADINGS: Mapping[str, str] = {
     "fleet": "## Write budget at fleet scale",
@@ -1276,6 +1284,7 @@ _HEADINGS: Mapping[str, str] = {
     "agent": "## Agent tick and memory",
     "scorer": "## Scorer latency",
     "scheduler": "## The real kube-scheduler's throughput",
+    "profile": "## Where kube-scheduler's time goes",
 }
 _TAIL_HEADING = "## What these models leave out"
 
@@ -1304,6 +1313,7 @@ def _kept_timings(document: str, redone: Sequence[str]) -> list[Timed]:
         "agent": ("benchmark: agent tick",),
         "scorer": ("benchmark: scorer latency",),
         "scheduler": ("benchmark: real kube-scheduler",),
+        "profile": ("benchmark: kube-scheduler profile",),
     }
     owner_of = sorted(
         ((prefix, name) for name, ps in prefixes.items() for prefix in ps),
@@ -1392,6 +1402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         texts["scorer"] = _run_scorer(args, timings, img)
     if "scheduler" in chosen:
         texts["scheduler"] = _run_scheduler(args, timings, img, summary)
+    if "profile" in chosen:
+        texts["profile"] = _run_profile(args, timings, summary)
 
     dated = started
     machine = here = machine_description()
@@ -1580,6 +1592,25 @@ def _run_scheduler(
     return real_scheduler.markdown_section(
         bench["data"], command=bench["command"], before=before, plotted=plotted
     )
+
+
+def _run_profile(args: argparse.Namespace, timings: list[Timed], summary: dict[str, Any]) -> str:
+    """A CPU profile of the real kube-scheduler per mode (needs the control plane and Go)."""
+    extra = ["--nodes", "50", "--seconds", "2", "--modes", "none,names,full"] if args.quick else []
+    heading = "## Where kube-scheduler's time goes\n\n"
+    if args.no_benchmarks:
+        return f"{heading}Not measured in this run: skipped (--no-benchmarks).\n"
+    bench = _timed(
+        "benchmark: kube-scheduler profile",
+        timings,
+        lambda: run_benchmark("benchmarks.scheduler_profile", extra, 1800),
+    )
+    if "error" in bench:
+        return (
+            f"{heading}Not measured in this run: `{bench['command']}` failed: {bench['error']}.\n"
+        )
+    summary["scheduler_profile"] = bench["data"]
+    return scheduler_profile.markdown_section(bench["data"], command=bench["command"])
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_mod
 from gpu_sim.cluster import (
     ControlPlane,
     ExtenderConfig,
+    Scheduler,
     SchedulerConfig,
     free_port,
     running_control_plane,
@@ -256,13 +257,19 @@ def extenders(plane: ControlPlane, logs: Path, modes: Sequence[str]) -> dict[str
     return made
 
 
-def scheduler_config(mode: str, made: dict[str, Extender]) -> SchedulerConfig:
+def scheduler_config(
+    mode: str, made: dict[str, Extender], *, profiling: bool = False
+) -> SchedulerConfig:
     extender = None
     if mode != "none":
         chosen = made[mode]
         extender = ExtenderConfig(chosen.url, node_cache_capable=chosen.names_only, ignorable=False)
     return SchedulerConfig(
-        f"bench-{mode}", extender, client_qps=SCHEDULER_QPS, client_burst=SCHEDULER_BURST
+        f"bench-{mode}",
+        extender,
+        client_qps=SCHEDULER_QPS,
+        client_burst=SCHEDULER_BURST,
+        profiling=profiling,
     )
 
 
@@ -288,9 +295,15 @@ def measure(
     round_index: int,
     config: Config,
     made: dict[str, Extender],
+    *,
+    pods: int | None = None,
+    while_scheduling: Callable[[Scheduler], None] | None = None,
 ) -> Round:
+    """One burst: `pods` (default `config.pods`) pods placed by a fresh scheduler of `mode`.
+    `while_scheduling` runs once the scheduler is ready, while it places the burst (and makes
+    its /debug/pprof reachable)."""
     label = f"r{round_index}-{mode}"
-    names = [f"{label}-{i:04d}" for i in range(config.pods)]
+    names = [f"{label}-{i:04d}" for i in range(pods or config.pods)]
     with plane.admin() as api:
         listed = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
         resource_version = listed["metadata"]["resourceVersion"]
@@ -316,8 +329,13 @@ def measure(
     watcher.start()
     scorers = {m: e.scorer for m, e in made.items() if e.scorer is not None}
     before = {m: scorer_totals(s) for m, s in scorers.items()}
-    scheduler = plane.start_scheduler(scheduler_config(mode, made), name=f"sched-{label}")
+    profiling = while_scheduling is not None
+    scheduler = plane.start_scheduler(
+        scheduler_config(mode, made, profiling=profiling), name=f"sched-{label}"
+    )
     try:
+        if while_scheduling is not None:
+            while_scheduling(scheduler)
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
     finally:

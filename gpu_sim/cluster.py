@@ -729,6 +729,8 @@ class SchedulerConfig:
     client_burst: int = 100
     # kube-scheduler's own config document, or None for its adaptive default.
     percentage_of_nodes_to_score: int | None = None
+    # Serve /debug/pprof on the secure port to anyone on loopback (benchmarks profile with it).
+    profiling: bool = False
 
     def document(self, kubeconfig: Path) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -744,6 +746,8 @@ class SchedulerConfig:
         }
         if self.percentage_of_nodes_to_score is not None:
             config["percentageOfNodesToScore"] = self.percentage_of_nodes_to_score
+        if self.profiling:
+            config["enableProfiling"] = True
         if self.extender is not None:
             config["extenders"] = [self.extender.as_config()]
         return config
@@ -1009,6 +1013,11 @@ class ControlPlane:
                 f"--cert-dir={self.state_dir / 'schedulers' / name}",
                 f"--authentication-kubeconfig={self.scheduler_kubeconfig}",
                 f"--authorization-kubeconfig={self.scheduler_kubeconfig}",
+                *(
+                    ["--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*"]
+                    if config.profiling
+                    else []
+                ),
                 "--v=1",
             ],
         )
