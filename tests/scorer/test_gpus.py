@@ -272,8 +272,9 @@ def test_gpus_rule(  # noqa: PLR0917 (one parameter per column of the table)
 
 
 def test_idle_gpus_beat_the_same_node_mean_spread_thin() -> None:
-    """Four idle and four saturated GPUs against eight half-busy ones: both nodes read `utilization: 0.50`-ish; the 4-GPU pod prefers the
-    node whose 4 GPUs are idle, and the node-level scorer cannot tell them apart."""
+    """Four idle and four saturated GPUs against eight half-busy ones: both nodes read
+    `utilization: 0.50`-ish; the 4-GPU pod prefers the node whose 4 GPUs are idle, and the
+    node-level scorer cannot tell them apart."""
     split = one(FOUR_IDLE_FOUR_SATURATED, pod(gpus=4))
     even = one(ALL_HALF_BUSY, pod(gpus=4))
     assert split.score > even.score
