@@ -1567,7 +1567,11 @@ def _run_scheduler(
     """Pods/s of the real kube-scheduler (needs `python3 dev.py cluster build`)."""
     # Every mode, the null extenders included: they show what any extender costs the scheduler.
     extra = ["--modes", ",".join(real_scheduler.ALL_MODES)]
-    extra += ["--nodes", "50", "--pods", "30", "--rounds", "1"] if args.quick else []
+    extra += (
+        ["--nodes", "50", "--pods", "30", "--full-pods", "30", "--rounds", "1"]
+        if args.quick
+        else []
+    )
     if args.no_benchmarks:
         bench: dict[str, Any] = {
             "error": "skipped (--no-benchmarks)",

@@ -44,6 +44,7 @@ from benchmarks.real_scheduler import (
     Patcher,
     extenders,
     measure,
+    node_plan,
     register_fleet,
 )
 from gpu_sim.cluster import LOOPBACK, ControlPlane, Scheduler, running_control_plane
@@ -53,13 +54,13 @@ DEFAULT_MODES: Final = ("none", "names", "null-go-names", "full", "null-go-full"
 # (label, function-name pattern, only under the extender's send): matched against pprof's
 # function names in kube-scheduler v1.36 (pkg/scheduler/schedule_one.go, extender.go).
 PARTS: Final = (
-    ("scheduling cycle", r"pkg/scheduler\.\(\*Scheduler\)\.schedulingCycle$", False),
-    ("filter plugins", r"pkg/scheduler\.\(\*Scheduler\)\.findNodesThatPassFilters$", False),
-    ("score plugins", r"pkg/scheduler\.prioritizeNodes$", False),
+    # The filter and score plugins run on parallel workers, off the scheduling goroutine.
+    ("filter plugins", r"pkg/scheduler\.\(\*Scheduler\)\.findNodesThatPassFilters\.func1$", False),
+    ("score plugins", r"runtime\.\(\*frameworkImpl\)\.RunScorePlugins(\.func\d+)?$", False),
     ("extender calls", r"pkg/scheduler\.\(\*HTTPExtender\)\.send$", False),
     ("  encoding the request (JSON)", r"^encoding/json\.Marshal$", True),
     ("  decoding the reply (JSON)", r"^encoding/json\.\(\*Decoder\)\.Decode$", True),
-    ("binding", r"pkg/scheduler\.\(\*Scheduler\)\.bindingCycle$", False),
+    ("binding", r"pkg/scheduler\.\(\*Scheduler\)\.runBindingCycle$", False),
     ("garbage collection", r"^runtime\.gcBgMarkWorker$", False),
 )
 _SEND_FOCUS: Final = r"HTTPExtender\)\.send$"
@@ -77,6 +78,8 @@ class Profile:
     pods: int
     window_s: float
     calibration_pods_per_s: float
+    # The profiled burst's own pods/s (its window is most of that burst).
+    pods_per_s: float = 0.0
     # CPU seconds sampled over the window: the scheduler's cores in use.
     cpu_s: float = 0.0
     shares: dict[str, float] = field(default_factory=dict)  # part label -> % of samples
@@ -157,11 +160,15 @@ def profile_mode(  # noqa: PLR0917 (the run's state, passed positionally by one 
     scratch: Path,
     progress: Callable[[str], None],
 ) -> Profile:
-    calibration = measure(plane, mode, 0, config, made)
+    # No burst asks for more than half the fleet's GPUs (nodes above the utilization limit
+    # take none).
+    most = sum(node_plan(i)[2] for i in range(config.nodes)) // 2
+    calibration = measure(plane, mode, 0, config, made, pods=min(config.pods_for(mode), most))
     # Enough pods to keep the scheduler busy through the window and its start, with margin.
-    pods = max(config.pods, math.ceil(calibration.pods_per_s * (seconds + 3) * 1.5))
+    wanted = math.ceil(calibration.pods_per_s * (seconds + 3) * 1.5)
+    pods = min(max(config.pods_for(mode), wanted), most)
     path = scratch / f"{mode}.pprof"
-    measure(
+    profiled = measure(
         plane,
         mode,
         1,
@@ -173,14 +180,18 @@ def profile_mode(  # noqa: PLR0917 (the run's state, passed positionally by one 
     binary = plane.spec.bin_dir / "kube-scheduler"
     whole = pprof_top(binary, path)
     in_send = pprof_top(binary, path, focus=_SEND_FOCUS) if mode != "none" else ""
-    result = Profile(mode, pods, seconds, round(calibration.pods_per_s, 1))
+    result = Profile(
+        mode, pods, seconds, round(calibration.pods_per_s, 1), round(profiled.pods_per_s, 1)
+    )
     result.cpu_s = sampled_cpu_s(whole)
     result.shares = part_shares(cumulative_shares(whole), cumulative_shares(in_send))
     progress(f"  {mode:13s} {pods} pods, {result.cpu_s:.1f} CPU s in {seconds} s: {result.shares}")
     return result
 
 
-def run(config: Config, *, seconds: int, progress: Callable[[str], None]) -> list[Profile]:
+def run(
+    config: Config, *, seconds: int, progress: Callable[[str], None], keep: Path | None = None
+) -> list[Profile]:
     with (
         tempfile.TemporaryDirectory(prefix="scheduler-profile-") as scratch_dir,
         running_control_plane(Path(scratch_dir) / "plane") as plane,
@@ -201,7 +212,7 @@ def run(config: Config, *, seconds: int, progress: Callable[[str], None]) -> lis
                 extender.process.start()
                 extender.wait_ready()
             patcher.start()
-            return [
+            profiles = [
                 profile_mode(plane, mode, config, made, seconds, scratch, progress)
                 for mode in config.modes
             ]
@@ -209,12 +220,24 @@ def run(config: Config, *, seconds: int, progress: Callable[[str], None]) -> lis
             patcher.stop()
             for extender in made.values():
                 extender.process.kill()
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for profile in profiles:
+                shutil.copy(scratch / f"{profile.mode}.pprof", keep / f"{profile.mode}.pprof")
+            shutil.copy(plane.spec.bin_dir / "kube-scheduler", keep / "kube-scheduler")
+        return profiles
 
 
 def markdown_table(profiles: Sequence[Profile]) -> str:
     header = ["", *(f"`{p.mode}`" for p in profiles)]
+
+    def per_pod_ms(p: Profile, seconds_per_s: float) -> str:
+        return f"{seconds_per_s * 1000 / p.pods_per_s:.1f}" if p.pods_per_s else "-"
+
     rows = [
-        ["pods/s (calibration burst)", *(f"{p.calibration_pods_per_s:.1f}" for p in profiles)],
+        ["pods/s (the profiled burst)", *(f"{p.pods_per_s:.1f}" for p in profiles)],
+        ["wall time per pod (ms)", *(per_pod_ms(p, 1.0) for p in profiles)],
+        ["scheduler CPU per pod (ms)", *(per_pod_ms(p, p.cpu_s / p.window_s) for p in profiles)],
         ["scheduler CPU (cores)", *(f"{p.cpu_s / p.window_s:.2f}" for p in profiles)],
     ]
     for label, _, _ in PARTS:
@@ -229,32 +252,47 @@ def markdown_section(document: dict[str, Any], *, command: str) -> str:
     legend = "; ".join(f"`{p.mode}`: {MODE_LABELS[p.mode]}" for p in profiles)
     by_mode = {p.mode: p for p in profiles}
     notes: list[str] = []
+
+    def ms(p: Profile, cores: float) -> str:
+        return f"{cores * 1000 / p.pods_per_s:.1f}" if p.pods_per_s else "-"
+
+    def share(p: Profile | None, part: str) -> str:
+        return "-" if p is None else f"{p.shares.get(part, 0.0):.0f} %"
+
     full, null_full = by_mode.get("full"), by_mode.get("null-go-full")
     if full is not None:
-        send = full.shares.get("extender calls", 0.0)
-        encode = full.shares.get("  encoding the request (JSON)", 0.0)
-        decode = full.shares.get("  decoding the reply (JSON)", 0.0)
+        cores = full.cpu_s / full.window_s
         notes.append(
-            f"In full-node mode {send:.0f} % of the scheduler's samples are in its extender "
-            f"calls, {encode + decode:.0f} % of them the scheduler's own JSON work: encoding "
-            f"every feasible Node into the request ({encode:.0f} %) and decoding the Nodes the "
-            f"reply carries back ({decode:.0f} %). That work is on the scheduler's side of the "
-            "wire, whatever answers it"
+            f"**Full nodes: the scheduler's own JSON.** Each pod takes {ms(full, 1.0)} ms of "
+            f"wall time and {ms(full, cores)} ms of the scheduler's CPU; "
+            f"{share(full, 'extender calls')} of its samples are in the extender calls, most "
+            f"of them Go's `encoding/json` on the scheduler's side of the wire: encoding every "
+            f"feasible Node into the request ({share(full, PARTS[3][0])}) and decoding the "
+            f"Nodes the reply must carry back ({share(full, PARTS[4][0])}; kube-scheduler "
+            "rebuilds each feasible node from them). That work is the same whatever answers"
             + (
-                f": with a null extender in Go the share is "
-                f"{null_full.shares.get('extender calls', 0.0):.0f} %."
+                f": behind a null extender in Go the extender calls take "
+                f"{share(null_full, 'extender calls')} of the samples."
                 if null_full is not None
                 else "."
             )
         )
     names, null_names = by_mode.get("names"), by_mode.get("null-go-names")
-    if names is not None and null_names is not None:
+    if names is not None:
+        cores = names.cpu_s / names.window_s
         notes.append(
-            f"Names only, the extender calls take {names.shares.get('extender calls', 0.0):.0f} "
-            f"% of the samples with the scorer and "
-            f"{null_names.shares.get('extender calls', 0.0):.0f} % with a null extender in Go: "
-            "the scheduler blocks in the call (two round trips per pod, each with the pod's "
-            "JSON) while the extender process, on the same two cores, answers."
+            f"**Names only: waiting, not work.** Each pod takes {ms(names, 1.0)} ms of wall "
+            f"time but only {ms(names, cores)} ms of the scheduler's CPU, and the extender calls "
+            f"are {share(names, 'extender calls')} of that. The scheduling cycle is serial: for "
+            "every pod it sends two requests to another process and waits for the answers, "
+            "which on two shared cores queue behind the API server, etcd and the binds in "
+            "flight"
+            + (
+                f"; a null extender in Go costs that wait too "
+                f"({ms(null_names, 1.0)} ms of wall time per pod)."
+                if null_names is not None
+                else "."
+            )
         )
     when = f"machine: {document['machine']}, {document['measured_at']}"
     return f"""## Where kube-scheduler's time goes
@@ -281,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_MODES),
         help=f"comma-separated, of {', '.join(ALL_MODES)}",
     )
+    parser.add_argument(
+        "--keep", type=Path, help="copy each mode's profile here (`go tool pprof -http` reads it)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -293,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, file=sys.stderr, flush=True)
 
     started = time.monotonic()
-    profiles = run(Config(args.nodes, modes=modes), seconds=args.seconds, progress=progress)
+    profiles = run(
+        Config(args.nodes, modes=modes), seconds=args.seconds, progress=progress, keep=args.keep
+    )
     document = {
         "machine": machine_description(),
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
