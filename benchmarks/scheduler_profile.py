@@ -1,6 +1,6 @@
 """Where a real kube-scheduler's CPU goes with an extender in its loop: a Go CPU profile per mode.
 
-    python -m benchmarks.scheduler_profile [--nodes 300] [--modes none,names,full,...]
+    python -m benchmarks.scheduler_profile [--nodes 5000] [--modes none,names,full,...]
         [--seconds 8] [--json]
 
 `benchmarks.real_scheduler` says how much slower a burst is placed with the extender; this says
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.scheduler_profile", description=__doc__
     )
-    parser.add_argument("--nodes", type=int, default=300, help="cluster size")
+    parser.add_argument("--nodes", type=int, default=5000, help="cluster size")
     parser.add_argument("--seconds", type=int, default=8, help="profile window per mode")
     parser.add_argument(
         "--modes",
