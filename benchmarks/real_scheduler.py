@@ -540,6 +540,7 @@ def markdown_section(
         else ""
     )
     figure = "\n![pods/s against cluster size](img/real_scheduler.png)\n" if plotted else ""
+    targets = _targets_text(document)
     nulls = any(m in NULL_MODES for r in document["sizes"] for m in r["modes"])
     null_text = (
         "\n\nThe null extenders decide nothing (filter passes every node, prioritize scores 0):"
@@ -563,7 +564,29 @@ per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, bo
 patcher) shares the machine's cores. {before_line}{null_text}
 
 {chr(10).join(lines)}
-{figure}"""
+{targets}{figure}"""
+
+
+# Pods/s with the extender against without it: (mode, nodes, at least).
+TARGETS: Final = (("names", 300, 0.9), ("names", 5000, 0.8), ("full", 300, 0.25))
+
+
+def _targets_text(document: dict[str, Any]) -> str:
+    """Each target against this run, with the Go null extender's ratio as the mechanism's floor."""
+    parts: list[str] = []
+    for mode, nodes, least in TARGETS:
+        result = _size(document, nodes)
+        entry = None if result is None else result["modes"].get(mode)
+        if result is None or entry is None or entry["ratio_to_none"] is None:
+            continue
+        ratio = entry["ratio_to_none"]
+        null = result["modes"].get(f"null-go-{mode}", {}).get("ratio_to_none")
+        floor = "" if null is None else f"; a Go extender that decides nothing: {null:.2f}x"
+        verdict = "met" if ratio >= least else "NOT met"
+        parts.append(f"{mode} at {nodes:,} nodes {ratio:.2f}x ({verdict}: >= {least}x{floor})")
+    if not parts:
+        return ""
+    return "\n**Targets.** " + "; ".join(parts) + ".\n"
 
 
 def plot(document: dict[str, Any], path: Path, *, before: dict[str, Any] | None = None) -> bool:

@@ -38,6 +38,7 @@ from typing import Any, Final
 from benchmarks.machine import machine_description
 from benchmarks.real_scheduler import (
     ALL_MODES,
+    FLEET_WRITES_PER_NODE_S,
     MODE_LABELS,
     NAMESPACE,
     Config,
@@ -295,12 +296,16 @@ def markdown_section(document: dict[str, Any], *, command: str) -> str:
             )
         )
     when = f"machine: {document['machine']}, {document['measured_at']}"
+    patches = f"{document['nodes'] * FLEET_WRITES_PER_NODE_S:.0f}"
     return f"""## Where kube-scheduler's time goes
 
 Command: `{command}` ({when}, {document["nodes"]:,} nodes). A Go CPU profile
 of the real kube-scheduler over {profiles[0].window_s:.0f} s of a burst per mode, read with
 `go tool pprof -top -cum`. Shares are cumulative (a caller counts its callees) and are of the
-scheduler's own samples; its CPU in cores says how busy it was. {" ".join(notes)}
+scheduler's own samples; its CPU in cores says how busy it was. CPU per pod is the window's
+CPU over the pods it placed, so it includes the scheduler's work that does not depend on pods
+(its informers take every Node update: up to {patches} a second here), which a slower mode
+spreads over fewer pods. {" ".join(notes)}
 
 Modes: {legend}.
 
