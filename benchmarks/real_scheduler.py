@@ -24,6 +24,7 @@ explains it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import socket
@@ -33,7 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -394,11 +395,24 @@ def _in_parallel(work: Callable[[Sequence[str]], None], names: Sequence[str]) ->
 # ----------------------------------------------------------------------------- the run
 
 
-def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
+@dataclass
+class Bench:
+    """A loopback control plane with the fleet registered, the extenders serving and the
+    patcher running: what every measurement needs (`bench`)."""
+
+    plane: ControlPlane
+    made: dict[str, Extender]
+    patcher: Patcher
+    scratch: Path
+
+
+@contextlib.contextmanager
+def bench(config: Config, *, progress: Callable[[str], None]) -> Iterator[Bench]:
     with (
-        tempfile.TemporaryDirectory(prefix="real-scheduler-") as scratch,
-        running_control_plane(Path(scratch) / "plane") as plane,
+        tempfile.TemporaryDirectory(prefix="real-scheduler-") as scratch_dir,
+        running_control_plane(Path(scratch_dir) / "plane") as plane,
     ):
+        scratch = Path(scratch_dir)
         started = time.monotonic()
         register_fleet(plane, config.nodes, config.seed)
         with plane.admin() as api:
@@ -409,29 +423,34 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                 namespace=NAMESPACE,
             )
         progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
-        made = extenders(plane, Path(scratch) / "logs", config.modes)
+        made = extenders(plane, scratch / "logs", config.modes)
         patcher = Patcher(plane, config)
         try:
             for extender in made.values():
                 extender.process.start()
                 extender.wait_ready()
             patcher.start()
-            rounds: list[Round] = []
-            modes = config.modes
-            for index in range(config.rounds):
-                order = modes[index % len(modes) :] + modes[: index % len(modes)]
-                for mode in order:
-                    result = measure(plane, mode, index, config, made)
-                    rounds.append(result)
-                    progress(
-                        f"  {config.nodes} nodes, {mode:13s} round {index}: "
-                        f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
-                    )
+            yield Bench(plane, made, patcher, scratch)
         finally:
             patcher.stop()
             for extender in made.values():
                 extender.process.kill()
-    return summarize(config, rounds, patcher)
+
+
+def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
+    rounds: list[Round] = []
+    with bench(config, progress=progress) as ready:
+        modes = config.modes
+        for index in range(config.rounds):
+            order = modes[index % len(modes) :] + modes[: index % len(modes)]
+            for mode in order:
+                result = measure(ready.plane, mode, index, config, ready.made)
+                rounds.append(result)
+                progress(
+                    f"  {config.nodes} nodes, {mode:13s} round {index}: "
+                    f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
+                )
+    return summarize(config, rounds, ready.patcher)
 
 
 def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict[str, Any]:

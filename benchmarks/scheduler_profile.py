@@ -27,7 +27,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,16 +39,12 @@ from benchmarks.real_scheduler import (
     ALL_MODES,
     FLEET_WRITES_PER_NODE_S,
     MODE_LABELS,
-    NAMESPACE,
     Config,
-    Patcher,
-    extenders,
+    bench,
     measure,
     node_plan,
-    register_fleet,
 )
-from gpu_sim.cluster import LOOPBACK, ControlPlane, Scheduler, running_control_plane
-from gpu_sim.cluster_workload import apply
+from gpu_sim.cluster import LOOPBACK, ControlPlane, Scheduler
 
 DEFAULT_MODES: Final = ("none", "names", "null-go-names", "full", "null-go-full")
 # (label, function-name pattern, only under the extender's send): matched against pprof's
@@ -193,34 +188,12 @@ def profile_mode(  # noqa: PLR0917 (the run's state, passed positionally by one 
 def run(
     config: Config, *, seconds: int, progress: Callable[[str], None], keep: Path | None = None
 ) -> list[Profile]:
-    with (
-        tempfile.TemporaryDirectory(prefix="scheduler-profile-") as scratch_dir,
-        running_control_plane(Path(scratch_dir) / "plane") as plane,
-    ):
-        scratch = Path(scratch_dir)
-        register_fleet(plane, config.nodes, config.seed)
-        with plane.admin() as api:
-            apply(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-            apply(
-                api,
-                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
-                namespace=NAMESPACE,
-            )
-        made = extenders(plane, scratch / "logs", config.modes)
-        patcher = Patcher(plane, config)
-        try:
-            for extender in made.values():
-                extender.process.start()
-                extender.wait_ready()
-            patcher.start()
-            profiles = [
-                profile_mode(plane, mode, config, made, seconds, scratch, progress)
-                for mode in config.modes
-            ]
-        finally:
-            patcher.stop()
-            for extender in made.values():
-                extender.process.kill()
+    with bench(config, progress=progress) as ready:
+        plane, scratch = ready.plane, ready.scratch
+        profiles = [
+            profile_mode(plane, mode, config, ready.made, seconds, scratch, progress)
+            for mode in config.modes
+        ]
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             for profile in profiles:
