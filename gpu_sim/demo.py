@@ -5,8 +5,9 @@ It starts, in this one process:
 - the local Kubernetes API stand-in (`gpu_sim.apiserver`) holding N GPU Nodes of mixed models;
 - one real agent per node (the agent's own tick, its simulated GPU source, its rate limiter and
   its Kubernetes client writing merge patches over HTTP to the stand-in);
-- the real scorer serving the extender over HTTP, with full Node objects in each request by
-  default, or names only with `--node-cache` (the scorer then list+watches the stand-in);
+- the real scorer serving the extender over HTTP, names only by default as the chart deploys it
+  (the scorer list+watches the stand-in), or with full Node objects in each request with
+  `--no-node-cache`;
 - a driver that plays kube-scheduler for a seeded stream of GPU pods (`gpu_sim.scheduler_driver`);
   a bound pod adds load to its node's simulated GPUs, so the agent's next writes show it;
 
@@ -84,7 +85,7 @@ class DemoOptions:
     duration_s: float = 60.0
     nodes: int = 8
     seed: int = 7
-    node_cache: bool = False
+    node_cache: bool = True
     tui: bool = True
     pods_per_s: float = 1.0
     # The demo's clock runs the agents faster than production (5 s / 10 s / 60 s), so a minute
@@ -526,8 +527,10 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     )
     parser.add_argument(
         "--node-cache",
-        action="store_true",
-        help="names-only mode: the scorer list+watches Nodes itself (nodeCacheCapable: true)",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.node_cache,
+        help="names-only mode, the chart's default: the scorer list+watches Nodes itself "
+        "(nodeCacheCapable: true); --no-node-cache sends full Nodes (default %(default)s)",
     )
     parser.add_argument(
         "--cluster",

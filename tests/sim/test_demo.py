@@ -114,9 +114,9 @@ def test_defaults_make_a_one_minute_live_show() -> None:
     options = parse_args([])
     assert options.tui
     assert options.duration_s == 60.0
-    assert not options.node_cache
-    flags = parse_args(["--no-tui", "--node-cache", "--nodes", "12", "--seed", "9"])
-    assert (flags.tui, flags.node_cache, flags.nodes, flags.seed) == (False, True, 12, 9)
+    assert options.node_cache  # names only, as the chart deploys the scorer
+    flags = parse_args(["--no-tui", "--no-node-cache", "--nodes", "12", "--seed", "9"])
+    assert (flags.tui, flags.node_cache, flags.nodes, flags.seed) == (False, False, 12, 9)
 
 
 def test_fleet_mixes_models_and_starts_with_the_preference_chain() -> None:
