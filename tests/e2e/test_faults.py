@@ -68,6 +68,9 @@ def test_apiserver_restart_agent_writes_again_and_node_cache_follows(
 ) -> None:
     scope = fault_scope
     agent_node = scope.node("agent")
+    # Cordoned: its simulated GPUs can be as idle as any, and the pod below must choose
+    # between the two nodes whose data flips.
+    scope.api.merge_patch(f"/api/v1/nodes/{agent_node}", {"spec": {"unschedulable": True}})
     cool, hot = scope.node("cool"), scope.node("hot")
     publish(scope.api, cool, gpu_state(utilization=0.10))
     publish(scope.api, hot, gpu_state(utilization=0.97))
