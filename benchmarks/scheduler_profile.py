@@ -49,13 +49,16 @@ from gpu_sim.cluster import LOOPBACK, ControlPlane, Scheduler
 DEFAULT_MODES: Final = ("none", "names", "null-go-names", "full", "null-go-full")
 # (label, function-name pattern, only under the extender's send): matched against pprof's
 # function names in kube-scheduler v1.36 (pkg/scheduler/schedule_one.go, extender.go).
+SEND: Final = "extender calls"
+ENCODE: Final = "  encoding the request (JSON)"
+DECODE: Final = "  decoding the reply (JSON)"
 PARTS: Final = (
     # The filter and score plugins run on parallel workers, off the scheduling goroutine.
     ("filter plugins", r"pkg/scheduler\.\(\*Scheduler\)\.findNodesThatPassFilters\.func1$", False),
     ("score plugins", r"runtime\.\(\*frameworkImpl\)\.RunScorePlugins(\.func\d+)?$", False),
-    ("extender calls", r"pkg/scheduler\.\(\*HTTPExtender\)\.send$", False),
-    ("  encoding the request (JSON)", r"^encoding/json\.Marshal$", True),
-    ("  decoding the reply (JSON)", r"^encoding/json\.\(\*Decoder\)\.Decode$", True),
+    (SEND, r"pkg/scheduler\.\(\*HTTPExtender\)\.send$", False),
+    (ENCODE, r"^encoding/json\.Marshal$", True),
+    (DECODE, r"^encoding/json\.\(\*Decoder\)\.Decode$", True),
     ("binding", r"pkg/scheduler\.\(\*Scheduler\)\.runBindingCycle$", False),
     ("garbage collection", r"^runtime\.gcBgMarkWorker$", False),
 )
@@ -79,6 +82,15 @@ class Profile:
     # CPU seconds sampled over the window: the scheduler's cores in use.
     cpu_s: float = 0.0
     shares: dict[str, float] = field(default_factory=dict)  # part label -> % of samples
+
+    @property
+    def cores(self) -> float:
+        """The scheduler's CPU over the window, in cores."""
+        return self.cpu_s / self.window_s
+
+    def per_pod_ms(self, seconds_per_s: float) -> str:
+        """`seconds_per_s` (1: wall time, `cores`: CPU) per placed pod, in ms."""
+        return f"{seconds_per_s * 1000 / self.pods_per_s:.1f}" if self.pods_per_s else "-"
 
 
 def go_binary() -> str:
@@ -205,14 +217,11 @@ def run(
 def markdown_table(profiles: Sequence[Profile]) -> str:
     header = ["", *(f"`{p.mode}`" for p in profiles)]
 
-    def per_pod_ms(p: Profile, seconds_per_s: float) -> str:
-        return f"{seconds_per_s * 1000 / p.pods_per_s:.1f}" if p.pods_per_s else "-"
-
     rows = [
         ["pods/s (the profiled burst)", *(f"{p.pods_per_s:.1f}" for p in profiles)],
-        ["wall time per pod (ms)", *(per_pod_ms(p, 1.0) for p in profiles)],
-        ["scheduler CPU per pod (ms)", *(per_pod_ms(p, p.cpu_s / p.window_s) for p in profiles)],
-        ["scheduler CPU (cores)", *(f"{p.cpu_s / p.window_s:.2f}" for p in profiles)],
+        ["wall time per pod (ms)", *(p.per_pod_ms(1.0) for p in profiles)],
+        ["scheduler CPU per pod (ms)", *(p.per_pod_ms(p.cores) for p in profiles)],
+        ["scheduler CPU (cores)", *(f"{p.cores:.2f}" for p in profiles)],
     ]
     for label, _, _ in PARTS:
         rows.append([label, *(f"{p.shares.get(label, 0.0):.0f} %" for p in profiles)])
@@ -227,43 +236,40 @@ def markdown_section(document: dict[str, Any], *, command: str) -> str:
     by_mode = {p.mode: p for p in profiles}
     notes: list[str] = []
 
-    def ms(p: Profile, cores: float) -> str:
-        return f"{cores * 1000 / p.pods_per_s:.1f}" if p.pods_per_s else "-"
-
     def share(p: Profile | None, part: str) -> str:
         return "-" if p is None else f"{p.shares.get(part, 0.0):.0f} %"
 
     full, null_full = by_mode.get("full"), by_mode.get("null-go-full")
     if full is not None:
-        cores = full.cpu_s / full.window_s
         notes.append(
-            f"**Full nodes: the scheduler's own JSON.** Each pod takes {ms(full, 1.0)} ms of "
-            f"wall time and {ms(full, cores)} ms of the scheduler's CPU; "
-            f"{share(full, 'extender calls')} of its samples are in the extender calls, most "
+            "**Full nodes: the scheduler's own JSON.** Each pod takes "
+            f"{full.per_pod_ms(1.0)} ms of wall time and {full.per_pod_ms(full.cores)} ms of "
+            "the scheduler's CPU; "
+            f"{share(full, SEND)} of its samples are in the extender calls, most "
             f"of them Go's `encoding/json` on the scheduler's side of the wire: encoding every "
-            f"feasible Node into the request ({share(full, PARTS[3][0])}) and decoding the "
-            f"Nodes the reply must carry back ({share(full, PARTS[4][0])}; kube-scheduler "
+            f"feasible Node into the request ({share(full, ENCODE)}) and decoding the "
+            f"Nodes the reply must carry back ({share(full, DECODE)}; kube-scheduler "
             "rebuilds each feasible node from them). That work is the same whatever answers"
             + (
                 f": behind a null extender in Go the extender calls take "
-                f"{share(null_full, 'extender calls')} of the samples."
+                f"{share(null_full, SEND)} of the samples."
                 if null_full is not None
                 else "."
             )
         )
     names, null_names = by_mode.get("names"), by_mode.get("null-go-names")
     if names is not None:
-        cores = names.cpu_s / names.window_s
         notes.append(
-            f"**Names only: waiting, not work.** Each pod takes {ms(names, 1.0)} ms of wall "
-            f"time but only {ms(names, cores)} ms of the scheduler's CPU, and the extender calls "
-            f"are {share(names, 'extender calls')} of that. The scheduling cycle is serial: for "
+            "**Names only: waiting, not work.** Each pod takes "
+            f"{names.per_pod_ms(1.0)} ms of wall time but only {names.per_pod_ms(names.cores)} "
+            "ms of the scheduler's CPU, and the extender calls "
+            f"are {share(names, SEND)} of that. The scheduling cycle is serial: for "
             "every pod it sends two requests to another process and waits for the answers, "
             "which on two shared cores queue behind the API server, etcd and the binds in "
             "flight"
             + (
                 f"; a null extender in Go costs that wait too "
-                f"({ms(null_names, 1.0)} ms of wall time per pod)."
+                f"({null_names.per_pod_ms(1.0)} ms of wall time per pod)."
                 if null_names is not None
                 else "."
             )
