@@ -1,6 +1,7 @@
 """Pods per second of a real kube-scheduler v1.36, with the scorer as its extender and without.
 
-    python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 120] [--rounds 3] [--json]
+    python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
+        [--rounds 3] [--modes none,names,full,...] [--json]
 
 The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in
 the scheduler's loop. On the loopback control plane (`gpu_sim.cluster`, built by `python3
