@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import compress
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import parse_qs
 
 from exporter_scheduler import wire
 from exporter_scheduler.explain import explain, rejection_fields, render_text
+from exporter_scheduler.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
 from exporter_scheduler.nodestore import NodeStore, describe_pod_class
 from exporter_scheduler.policy import Policy
@@ -50,6 +51,19 @@ NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST 
 
 Clock = Callable[[], datetime]
 Buffer = wire.Buffer
+PodsOf = Callable[[str], tuple[BoundPod, ...]]
+# A prioritize whose top score is shared by more nodes than this proposes none of them: the
+# scheduler's own scores pick among them, and counting the pod on each would hold them all.
+MAX_PROPOSED_NODES: Final = 3
+
+
+class Placements(Protocol):
+    """Where the scorer records the placements it expects (`podcache.PodCache`)."""
+
+    def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
 
 log = logging.getLogger("exporter_scheduler.server")
 
@@ -107,8 +121,16 @@ class ScorerApp:
         path_prefix: str = "/",
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         metrics: ScorerMetrics | None = None,
+        pods_of: PodsOf | None = None,
+        placements: Placements | None = None,
     ) -> None:
         self.policy = policy
+        # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
+        # them in the node store). None without a pod watch.
+        self.pods_of = pods_of
+        # Within a burst the next pod's filter can come before the previous pod's bind is in
+        # the watch: each decision is recorded as a provisional placement (see inflight.py).
+        self.placements = placements
         self.clock = clock
         self.node_store = node_store
         self.max_body_bytes = max_body_bytes
@@ -168,10 +190,16 @@ class ScorerApp:
             pod_class = self._pod_class(request)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
-            elif request.form == "names":
-                response = self._names_reply(verb, request, pod_class, now)
             else:
-                response = self._nodes_reply(verb, request, pod_class, now)
+                placements = self.placements
+                if placements is not None and verb == "filter":
+                    placements.forget(request.pod.uid)  # scheduled again: it did not bind
+                if request.form == "names":
+                    response, judgement = self._names_reply(verb, request, pod_class, now)
+                else:
+                    response, judgement = self._nodes_reply(verb, request, pod_class, now)
+                if placements is not None:
+                    self._propose(verb, request, pod_class, judgement, now, placements)
         except Exception as exc:
             response = self._internal_error(verb, request, exc)
         self._observe(verb, request, started)
@@ -216,9 +244,48 @@ class ScorerApp:
         self._classes[pod_class.key] = pod_class
         return pod_class
 
+    def _propose(  # noqa: PLR0917 (handle's locals)
+        self,
+        verb: Verb,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        judgement: Judgement,
+        now: datetime,
+        placements: Placements,
+    ) -> None:
+        """Record where the scheduler is expected to bind the pod: the one node that passed a
+        filter (it binds there without scoring), else the top of a prioritize."""
+        pod = request.pod
+        if pod.gpu_request <= 0 or pod_class.hint_problem is not None or not pod.uid:
+            return
+        if verb == "filter":
+            only = judgement.only_passed()
+            nodes = [] if only is None else [only]
+        else:
+            nodes = judgement.top_scored(MAX_PROPOSED_NODES)
+        if not nodes:
+            return
+        hints = pod_class.hints
+        load = hints.expected_gpu_load
+        placements.propose(
+            BoundPod(
+                namespace=pod.namespace,
+                name=pod.name,
+                uid=pod.uid,
+                node=nodes[0],
+                gpus=pod.gpu_request,
+                bound_at=now,
+                gpu_load_bp=None if load is None else round(load * BASIS_POINTS),
+                memory_mib=hints.min_gpu_memory_mib,
+                provisional=True,
+            ),
+            nodes,
+            now,
+        )
+
     def _nodes_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
-    ) -> Response:
+    ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
         before for this class, the others judged, the chain, the reply."""
         gpu_keys = wire.gpu_keys(request.keys)
@@ -228,19 +295,20 @@ class ScorerApp:
             request.node_names,
             now,
             lambda record: wire.record_input(record, gpu_keys),
+            pods_of=self.pods_of,
         )
         if verb == "prioritize":
-            return Response(200, judgement.prioritize_reply())
+            return Response(200, judgement.prioritize_reply()), judgement
         failed, unresolvable = judgement.rejections()
         parts = wire.filter_reply_parts(
             request, judgement.passed_mask(), failed=failed, unresolvable=unresolvable
         )
         self._count_and_log(request, pod_class, judgement, judged)
-        return Response(200, parts)
+        return Response(200, parts), judgement
 
     def _names_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
-    ) -> Response:
+    ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
         judgement = self.node_store.judge(
@@ -264,7 +332,7 @@ class ScorerApp:
         if verb == "filter":
             # The node store logged the rejected nodes' values when it judged them.
             self._count_and_log(request, pod_class, judgement, ())
-        return Response(200, body)
+        return Response(200, body), judgement
 
     def _count_and_log(
         self,
@@ -341,7 +409,10 @@ class ScorerApp:
     def _nodes_of(self, request: wire.ExtenderRequest) -> Sequence[NodeInput]:
         if request.form == "names" and self.node_store is not None:
             return self.node_store.lookup(request.node_names)
-        return request.nodes
+        pods_of = self.pods_of
+        if pods_of is None:
+            return request.nodes
+        return [dataclasses.replace(n, pods=pods_of(n.name)) for n in request.nodes]
 
     def _unexpected(self, verb: Verb | None, exc: Exception) -> Response:
         """The answer when `handle` itself raised (nothing known of the request)."""

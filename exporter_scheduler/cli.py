@@ -22,7 +22,7 @@ import types
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 import msgspec
 
@@ -42,11 +42,15 @@ from exporter_scheduler.settings import (
     load_settings,
     settings_fields,
 )
-from gpu_contract.schema import parse_timestamp
+from gpu_contract.schema import Keys, parse_timestamp
 
 PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
+if TYPE_CHECKING:
+    from exporter_scheduler.nodecache import NodeCache
+    from exporter_scheduler.podcache import PodCache
+
 _NOT_SETTINGS = {"command", "request", "now", "output"}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -170,6 +174,7 @@ def _serve(args: argparse.Namespace) -> int:
     policy = settings.policy()
     metrics = ScorerMetrics()
     cache = None
+    pod_cache = None
     try:
         if settings.node_cache:
             # Imported here so that full-node mode never loads the kubernetes client.
@@ -185,12 +190,16 @@ def _serve(args: argparse.Namespace) -> int:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
             metrics.registry.register(NodeDataCollector(cache, policy))
+        pod_cache = _start_pod_watch(settings, metrics, cache, log)
         app = ScorerApp(
             policy=policy,
             node_store=None if cache is None else cache.store,
             path_prefix=settings.path_prefix,
             max_body_bytes=settings.max_body_bytes,
             metrics=metrics,
+            # Names-only mode reads the pods from the node store; full-node mode from here.
+            pods_of=pod_cache.pods_of if pod_cache is not None and cache is None else None,
+            placements=pod_cache,
         )
         try:
             server = HttpServer(
@@ -243,9 +252,48 @@ def _serve(args: argparse.Namespace) -> int:
                 signal.signal(sig, handler)
         return 0
     finally:
+        if pod_cache is not None:
+            pod_cache.stop()
         if cache is not None:
             cache.stop()
         listener.stop()
+
+
+def _start_pod_watch(
+    settings: ScorerSettings,
+    metrics: ScorerMetrics,
+    cache: NodeCache | None,
+    log: logging.Logger,
+) -> PodCache | None:
+    """The pod watch for in-flight accounting, started, or None when it is off or cannot run.
+
+    It never stops the scorer from serving: without credentials (full-node mode needs none)
+    or without RBAC for pods, verdicts read the nodes' annotations alone, and the metric
+    `gpu_scorer_inflight_accounting` and a log line say so."""
+    if not settings.pod_watch:
+        log.info(
+            "in-flight accounting off: verdicts read the nodes' annotations alone",
+            extra={"fields": {"why": "--no-pod-watch"}},
+        )
+        return None
+    from exporter_scheduler.podcache import PodCache  # noqa: PLC0415
+
+    pod_cache = PodCache(
+        kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+        keys=Keys.for_prefix(settings.annotation_prefix),
+        gpu_resource_name=settings.gpu_resource_name,
+        metrics=metrics,
+    )
+    try:
+        if cache is not None:
+            pod_cache.add_sink(cache.store)
+        return pod_cache.start()
+    except Exception as exc:
+        log.warning(
+            "in-flight accounting off: verdicts read the nodes' annotations alone",
+            extra={"fields": {"why": f"no Kubernetes credentials for the pod watch: {exc}"}},
+        )
+        return None
 
 
 def _explain(args: argparse.Namespace) -> int:

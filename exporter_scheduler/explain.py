@@ -75,6 +75,7 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
             "fallback_utilization": hints.fallback_utilization,
             "max_utilization": hints.max_utilization,
             "min_gpu_memory_mib": hints.min_gpu_memory_mib,
+            "expected_gpu_load": hints.expected_gpu_load,
         },
         "hint_error": (
             None
@@ -96,6 +97,10 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
             "managed_fields_lag_tolerance_s": policy.managed_fields_lag_tolerance_s,
             "missing_data": policy.missing_data,
             "require_agent_writer": policy.require_agent_writer,
+            "inflight_max_s": policy.inflight_max_s,
+            "inflight_load_delay_s": policy.inflight_load_delay_s,
+            "inflight_gpu_load": policy.inflight_gpu_load,
+            "min_gpu_fit_probability": policy.min_gpu_fit_probability,
             "weights": {
                 "utilization": w_util / 1000,
                 "fragmentation": w_frag / 1000,
@@ -148,11 +153,13 @@ def _rule_value(rule: str, verdict: NodeVerdict) -> Any:
     if rule == "health":
         return state.health.value
     if rule == "utilization":
-        return state.utilization
+        judged = verdict.utilization_judged
+        return state.utilization if judged is None else judged
     if rule == "temperature":
         return state.temperature_c
     if rule == "memory":
-        return state.memory_largest_free_mib
+        judged_mib = verdict.memory_largest_free_judged_mib
+        return state.memory_largest_free_mib if judged_mib is None else judged_mib
     return state.gpu_model
 
 
@@ -176,6 +183,7 @@ def _why_not_texts(
         "unmeasured": "not measured",
         "allocated": "allocated to pods",
         "not-offered": "not offered by the kubelet",
+        "in-flight": "taken by an in-flight pod",
         "utilization": f"utilization above {utilization_limit}",
         "temperature": f"temperature at or above {temperature_limit_c}C",
         "memory": f"less than {min_memory_mib}MiB free",
@@ -209,8 +217,43 @@ def _gpus(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any] | Non
         "needed": None if check is None else check.needed,
         "candidates": None if check is None else check.candidates,
         "allocation_checked": None if check is None else check.allocation_checked,
+        # GPUs taken off the candidates for in-flight pods.
+        "inflight": None if check is None else check.inflight,
+        # Allocations checked: the unallocated GPUs the device plugin may hand out, and the
+        # chance that the k it hands out are all candidates.
+        "pool": None if check is None else check.pool,
+        "fit_probability": None
+        if check is None or check.fit_bp is None
+        else _fraction(check.fit_bp),
         "counted": list(counted),
         "table": table,
+    }
+
+
+def _inflight(v: NodeVerdict) -> dict[str, Any] | None:
+    """The pods bound since the node's data was sampled that the verdict counted."""
+    inflight = v.inflight
+    if inflight is None:
+        return None
+    return {
+        "pods": [
+            {
+                "pod": p.ref,
+                "gpus": p.gpus,
+                "allocation_pending": p.allocation_pending,
+                "load_pending": p.load_pending,
+                "gpu_load": _fraction(p.load_bp),
+                "bound_at": _time(p.bound_at),
+            }
+            for p in inflight.pods
+        ],
+        "allocation_gpus": inflight.allocation_gpus,
+        "load_gpus": inflight.load_gpus,
+        "load_gpu_equivalents": _fraction(inflight.load_bp),
+        "memory_mib": inflight.memory_mib,
+        # The node-level values judged: published plus the in-flight estimate (None: unchanged).
+        "utilization_judged": v.utilization_judged,
+        "memory_largest_free_judged_mib": v.memory_largest_free_judged_mib,
     }
 
 
@@ -252,6 +295,7 @@ def _node(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any]:
             for r in v.rules
         ],
         "model_rank": v.model_rank,
+        "inflight": _inflight(v),
         "gpus": _gpus(v, why_not),
         "score_breakdown": None if v.breakdown is None else _breakdown(v.breakdown),
     }
@@ -337,6 +381,9 @@ def render_text(explanation: dict[str, Any]) -> str:
                 text += f" ({_show(rule['value'])} vs {_show(rule['limit'])})"
             rules.append(text)
         lines.append("  rules: " + "; ".join(rules))
+        inflight = node["inflight"]
+        if inflight is not None:
+            lines.extend(_inflight_lines(inflight))
         gpus = node["gpus"]
         if gpus is not None:
             lines.extend(_gpu_lines(gpus))
@@ -365,6 +412,37 @@ def render_text(explanation: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _inflight_lines(inflight: dict[str, Any]) -> list[str]:
+    pods = inflight["pods"]
+    head = f"  in-flight: {len(pods)} pod" + ("" if len(pods) == 1 else "s")
+    head += (
+        f", {inflight['allocation_gpus']} gpus not yet allocated in the data, "
+        f"{inflight['load_gpus']} gpus of load not yet shown "
+        f"({_show(inflight['load_gpu_equivalents'])} gpu-equivalents)"
+    )
+    if inflight["memory_mib"]:
+        head += f", {inflight['memory_mib']} MiB"
+    lines = [head]
+    judged = []
+    if inflight["utilization_judged"] is not None:
+        judged.append(f"utilization judged {_show(inflight['utilization_judged'])}")
+    if inflight["memory_largest_free_judged_mib"] is not None:
+        judged.append(f"largest free judged {inflight['memory_largest_free_judged_mib']} MiB")
+    if judged:
+        lines.append("    " + ", ".join(judged))
+    for p in pods:
+        pending = [
+            name
+            for name, flag in (("allocation", p["allocation_pending"]), ("load", p["load_pending"]))
+            if flag
+        ]
+        lines.append(
+            f"    {p['pod']}: {p['gpus']} gpu, {' and '.join(pending)} pending, "
+            f"load {_show(p['gpu_load'])}, bound {p['bound_at'] or 'at an unknown time'}"
+        )
+    return lines
+
+
 def _gpu_lines(gpus: dict[str, Any]) -> list[str]:
     """The per-GPU table, one line per GPU, after the node's rules."""
     if gpus["needed"] is None:
@@ -373,7 +451,15 @@ def _gpu_lines(gpus: dict[str, Any]) -> list[str]:
         head = f"  gpus: {gpus['needed']} needed, {gpus['candidates']} candidates"
         if gpus["counted"]:
             head += ", counted " + ", ".join(str(i) for i in gpus["counted"])
-        head += " (allocations checked)" if gpus["allocation_checked"] else " (allocations unknown)"
+        if gpus["inflight"]:
+            head += f", {gpus['inflight']} held by in-flight pods"
+        if gpus["pool"] is not None:
+            head += (
+                f", pool {gpus['pool']}, fit probability {_show(gpus['fit_probability'])}"
+                " (allocations checked)"
+            )
+        else:
+            head += " (allocations unknown: the best k counted)"
     lines = [head, "    gpu  util  free MiB   temp  alloc  verdict"]
     for row in gpus["table"]:
         allocated = row["allocated"]
@@ -410,6 +496,13 @@ def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
         values["gpus_needed"] = check.needed
         values["gpu_candidates"] = check.candidates
         values["gpu_status"] = list(check.status)
+        if check.fit_bp is not None:
+            values["gpu_fit_probability"] = check.fit_bp / BASIS_POINTS
+    inflight = verdict.inflight
+    if inflight is not None and inflight.pods:
+        values["inflight_pods"] = [p.ref for p in inflight.pods]
+        values["inflight_allocation_gpus"] = inflight.allocation_gpus
+        values["inflight_load_gpus"] = inflight.load_gpus
     if verdict.inputs.problems:
         values["problems"] = list(verdict.inputs.problems)
     if verdict.age_s is not None:

@@ -19,8 +19,17 @@ MODEL_PREFERENCE: Final = "gpu-model-preference"
 FALLBACK_UTILIZATION: Final = "gpu-fallback-utilization"
 MAX_UTILIZATION: Final = "max-utilization"
 MIN_GPU_MEMORY_MIB: Final = "min-gpu-memory-mib"
+# Utilization one unit of the pod's GPU request adds to a GPU once it runs: what the scorer
+# counts for the pod while the node's data cannot show it yet (exporter_scheduler/inflight.py).
+EXPECTED_GPU_LOAD: Final = "expected-gpu-load"
 # The order in which hints are checked, and so which one an error names when several are bad.
-HINT_NAMES: Final = (MODEL_PREFERENCE, FALLBACK_UTILIZATION, MAX_UTILIZATION, MIN_GPU_MEMORY_MIB)
+HINT_NAMES: Final = (
+    MODEL_PREFERENCE,
+    FALLBACK_UTILIZATION,
+    MAX_UTILIZATION,
+    MIN_GPU_MEMORY_MIB,
+    EXPECTED_GPU_LOAD,
+)
 
 # A preference entry that matches every node, whatever its model (or none): "anything else last".
 ANY_MODEL: Final = "*"
@@ -40,6 +49,7 @@ class PodHints:
     fallback_utilization: float | None = None
     max_utilization: float | None = None
     min_gpu_memory_mib: int | None = None
+    expected_gpu_load: float | None = None
 
 
 NO_HINTS: Final = PodHints()
@@ -94,9 +104,18 @@ def parse_hints(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Po
             return HintError(key, text, memory)
         min_memory = memory
 
-    if not preference and fractions == [None, None] and min_memory is None:
+    load: float | None = None
+    key = prefix + EXPECTED_GPU_LOAD
+    text = get(key)
+    if text is not None:
+        value = _parse_fraction(text)
+        if isinstance(value, str):
+            return HintError(key, text, value)
+        load = value
+
+    if not preference and fractions == [None, None] and min_memory is None and load is None:
         return NO_HINTS
-    return PodHints(preference, fractions[0], fractions[1], min_memory)
+    return PodHints(preference, fractions[0], fractions[1], min_memory, load)
 
 
 def _parse_preference(text: str) -> tuple[str, ...] | str:

@@ -180,6 +180,42 @@ class ScorerMetrics:
             registry=r,
         )
 
+        self.pod_cache_pods = Gauge(
+            "gpu_scorer_pod_cache_pods",
+            "GPU pods bound to nodes held by the pod watch (in-flight or not).",
+            registry=r,
+        )
+        self.pod_cache_relists = Counter(
+            "gpu_scorer_pod_cache_relists",
+            "Full LISTs of bound GPU pods made by the pod watch (the first one included).",
+            registry=r,
+        )
+        self.pod_cache_watch_restarts = Counter(
+            "gpu_scorer_pod_cache_watch_restarts",
+            "Pod watches that ended (timeout, 410 Gone, connection error) and were reopened.",
+            ["cause"],
+            registry=r,
+        )
+        self.pod_cache_event_seconds = Histogram(
+            "gpu_scorer_pod_cache_event_seconds",
+            "Time the pod watch spent on one event that changed a node's bound pods: decoding "
+            "the Pod and judging its node again for every active pod class.",
+            buckets=EVENT_BUCKETS_S,
+            registry=r,
+        )
+        self.pod_cache_ready = Gauge(
+            "gpu_scorer_pod_cache_ready",
+            "1 once the pod watch holds its first full LIST.",
+            registry=r,
+        )
+        self.inflight_accounting = Gauge(
+            "gpu_scorer_inflight_accounting",
+            "1 while pods bound since a node's last measurement are counted in its verdicts "
+            "(the pod watch is synced); 0 while they are not (no pod RBAC, the watch down, or "
+            "--no-pod-watch): verdicts then read the nodes' annotations alone.",
+            registry=r,
+        )
+
         # Bound children for the request path: `labels()` takes a lock and builds a key per call.
         self.request_seconds_by_verb = {v: self.request_seconds.labels(v) for v in VERBS}
         self.nodes_per_request_by_verb = {v: self.nodes_per_request.labels(v) for v in VERBS}
@@ -194,6 +230,7 @@ class ScorerMetrics:
             self.bad_requests.labels(cause)
         for cause in WATCH_RESTART_CAUSES:
             self.node_cache_watch_restarts.labels(cause)
+            self.pod_cache_watch_restarts.labels(cause)
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}
 

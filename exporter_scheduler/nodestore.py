@@ -23,6 +23,7 @@ A free-threaded Python (no GIL) would need a lock around the request's reads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -36,6 +37,7 @@ from types import MappingProxyType
 from typing import Final
 
 from exporter_scheduler.explain import rejection_fields
+from exporter_scheduler.inflight import NO_PODS, BoundPod
 from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
 from exporter_scheduler.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
@@ -68,6 +70,9 @@ class NodeStore:
         self.clock = clock
         self.max_classes = max_classes
         self._nodes: dict[str, NodeInput] = {}
+        # The GPU pods bound to each node (the pod watch's `set_pods`), merged into the node's
+        # `NodeInput` whenever either changes, so that entries are judged with them.
+        self._pods: dict[str, tuple[BoundPod, ...]] = {}
         self._tables: dict[PodClassKey, VerdictTable] = {}
         self._lock = threading.Lock()
         self._synced = False
@@ -218,6 +223,7 @@ class NodeStore:
     def put(self, node: NodeInput) -> bool:
         """A node added or changed (a watch event); False when nothing the scorer reads changed."""
         with self._lock:
+            node = self._with_pods(node)
             old = self._nodes.get(node.name)
             if old is not None and _same_data(old, node):
                 return False
@@ -239,7 +245,7 @@ class NodeStore:
             old = self._nodes
             fresh: dict[str, NodeInput] = {}
             changed: list[NodeInput] = []
-            for node in nodes:
+            for node in map(self._with_pods, nodes):
                 kept = old.get(node.name)
                 if kept is not None and _same_data(kept, node):
                     fresh[node.name] = kept
@@ -254,6 +260,40 @@ class NodeStore:
             for node in changed:
                 self._judge_everywhere(node)
             self._synced = True
+
+    def set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
+        """The GPU pods bound to node `name` now (the pod watch); False when unchanged."""
+        with self._lock:
+            return self._set_pods(name, pods)
+
+    def replace_pods(self, pods: Mapping[str, tuple[BoundPod, ...]]) -> None:
+        """Every node's bound GPU pods at once (the pod watch's LIST, or none when it failed)."""
+        with self._lock:
+            for name in [n for n in self._pods if n not in pods]:
+                self._set_pods(name, NO_PODS)
+            for name, node_pods in pods.items():
+                self._set_pods(name, node_pods)
+
+    def pods_of(self, name: str) -> tuple[BoundPod, ...]:
+        return self._pods.get(name, NO_PODS)
+
+    def _set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
+        if self._pods.get(name, NO_PODS) == pods:
+            return False
+        if pods:
+            self._pods[name] = pods
+        else:
+            self._pods.pop(name, None)
+        node = self._nodes.get(name)
+        if node is not None:
+            node = dataclasses.replace(node, pods=pods)
+            self._nodes[name] = node
+            self._judge_everywhere(node)
+        return True
+
+    def _with_pods(self, node: NodeInput) -> NodeInput:
+        pods = self._pods.get(node.name, NO_PODS)
+        return node if node.pods == pods else dataclasses.replace(node, pods=pods)
 
     def next_expiry_ts(self) -> float | None:
         """When the earliest window of an active class may end (POSIX seconds), for the timer."""
@@ -375,6 +415,7 @@ def _same_data(a: NodeInput, b: NodeInput) -> bool:
         a.agent_write_time == b.agent_write_time
         and a.annotations == b.annotations
         and a.foreign_writer == b.foreign_writer
+        and a.pods == b.pods
     )
 
 

@@ -52,6 +52,23 @@ class Policy:
     weight_fragmentation: float = 0.15
     weight_temperature: float = 0.15
     gpu_resource_name: str = "nvidia.com/gpu"
+    # -- in-flight pods (exporter_scheduler/inflight.py): GPU pods bound since the data
+    # Longest a bound pod counts as in flight, whatever the node publishes: long enough for a
+    # GPU image's pull and start-up, short enough that a node whose agent never shows the pod
+    # is not held for it long.
+    inflight_max_s: float = 600.0
+    # How long after every container of a pod runs its load is taken to show in the agent's
+    # utilization: the agent's averaging window (one sample interval, 5 s) plus the start-up
+    # of a GPU process (CUDA context, weights loaded to the GPU).
+    inflight_load_delay_s: float = 60.0
+    # Utilization one unit of an in-flight pod's GPU request is expected to add to a GPU, for
+    # pods without an `expected-gpu-load` hint: a whole GPU busy, the conservative default
+    # (a time-sliced share sets its fraction in the hint).
+    inflight_gpu_load: float = 1.0
+    # Where allocations are published, the device plugin hands a pod any k of its unallocated
+    # GPUs, blind to load: a node passes only when the chance that all k it hands out are
+    # candidates is at least this (7 of 8 candidates pass a 1-GPU pod; 4 of 8 do not).
+    min_gpu_fit_probability: float = 0.75
 
     def __post_init__(self) -> None:
         _check_fraction("utilization_limit", self.utilization_limit)
@@ -90,6 +107,10 @@ class Policy:
                 "weight_utilization + weight_fragmentation + weight_temperature must be at "
                 f"least {WEIGHT_RESOLUTION} (weights are used to the nearest {WEIGHT_RESOLUTION})"
             )
+        _check_seconds("inflight_max_s", self.inflight_max_s, allow_zero=True)
+        _check_seconds("inflight_load_delay_s", self.inflight_load_delay_s, allow_zero=True)
+        _check_fraction("inflight_gpu_load", self.inflight_gpu_load)
+        _check_fraction("min_gpu_fit_probability", self.min_gpu_fit_probability)
         if not self.gpu_resource_name.strip():
             raise ValueError("gpu_resource_name must not be empty")
 

@@ -3,7 +3,10 @@
 The decision is a pure function of (pod, nodes, now, policy), in three public steps that every
 caller shares: `PodClass.of` compiles what is the same for every node (the policy, the pod's
 hints and GPU request), `judge_node` judges one node for that class at `now`, and
-`resolve_chain` is the one step that looks across nodes (the model preference chain). `evaluate`
+`resolve_chain` is the one step that looks across nodes (the model preference chain). A node's
+input carries, beside its annotations, the GPU pods bound to it that its data cannot show yet
+(`exporter_scheduler.inflight`): they are counted in `judge_node` like any other node value, so
+a verdict holds after binding and not only at the moment of the decision. `evaluate`
 runs the three over a node list; the names-only node store runs `judge_node` when a node's
 watch event arrives and the chain per request. Reason texts are uniform per rule and limit
 (kube-scheduler's `FailedScheduling` event counts each distinct text); the node's own values live
@@ -29,6 +32,7 @@ from exporter_scheduler.hints import (
     model_rank,
     parse_hints,
 )
+from exporter_scheduler.inflight import NO_PODS, BoundPod, InFlight, count_inflight
 from exporter_scheduler.policy import (
     Policy,
     format_fraction_limit,
@@ -51,12 +55,14 @@ RuleName = Literal["health", "utilization", "temperature", "memory", "model", "g
 Outcome = Literal["pass", "fail", "unknown", "not-checked", "per-gpu"]
 ChainBasis = Literal["at-or-below-threshold", "all-above-threshold", "no-candidate"]
 # One GPU under the k-GPU rule: a candidate, or the first criterion it failed, in `GPU_STEPS`
-# order (`not-offered`: allocations are published but the kubelet does not hand this GPU out).
+# order (`not-offered`: allocations are published but the kubelet does not hand this GPU out;
+# `in-flight`: taken, as the rule assumes, by a pod bound since the data was sampled).
 GpuStatus = Literal[
     "candidate",
     "unmeasured",
     "allocated",
     "not-offered",
+    "in-flight",
     "utilization",
     "temperature",
     "memory",
@@ -104,6 +110,9 @@ class NodeInput:
     # From managedFields: the newest manager other than the agent that owns one of the
     # contract's annotation keys (it set that key's current value). None when none does.
     foreign_writer: ForeignWriter | None = None
+    # The GPU pods bound to the node (from the Pod watch), in-flight or not: `judge_node`
+    # counts those the node's data cannot show yet (`inflight.count_inflight`).
+    pods: tuple[BoundPod, ...] = NO_PODS
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,9 @@ class PodInput:
     annotations: Mapping[str, str]
     # GPUs the pod asks for (`max(sum of containers, largest init container)`).
     gpu_request: int = 0
+    # Read only to record where the scorer expects it to go (`podcache.PodCache.propose`);
+    # no verdict reads it.
+    uid: str = ""
 
 
 class RuleOutcome(msgspec.Struct, frozen=True, gc=False):
@@ -148,6 +160,13 @@ class GpuCheck(msgspec.Struct, frozen=True, gc=False):
     counted: tuple[int, ...]
     # Whether `per-gpu-allocated` was published (an unpublished one is not checked).
     allocation_checked: bool
+    # GPUs taken off the candidates for in-flight pods (their status `in-flight`).
+    inflight: int = 0
+    # Allocations checked: the device plugin's pool (the unallocated GPUs, less the in-flight
+    # ones), and the chance, in basis points, that k GPUs it hands out blindly are all
+    # candidates. None where allocations are unknown (the best k are counted instead).
+    pool: int | None = None
+    fit_bp: int | None = None
 
 
 class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
@@ -178,6 +197,12 @@ class NodeVerdict(msgspec.Struct, frozen=True, gc=False):
     foreign_writer: ForeignWriter | None = None
     # The k-GPU rule's per-GPU findings; None where it did not apply (see `_judge_gpus`).
     gpus: GpuCheck | None = None
+    # The in-flight pods counted (fresh data only); None when none counts or is dated.
+    inflight: InFlight | None = None
+    # Node-level rules with in-flight load: the utilization and largest free memory judged
+    # (the node's values plus the in-flight estimate); None when nothing was added.
+    utilization_judged: float | None = None
+    memory_largest_free_judged_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,10 +346,14 @@ class PodClass:
         "gpus_fail",
         "gpus_pass",
         "gpus_skip",
+        "gpus_unlikely",
         "health_fail",
         "health_pass",
         "hint_problem",
         "hints",
+        "inflight_load_bp",
+        "inflight_load_delay_s",
+        "inflight_max_s",
         "key",
         "lag_tolerance_s",
         "lenient",
@@ -334,6 +363,7 @@ class PodClass:
         "mem_per_gpu",
         "mem_skip",
         "mem_unknown",
+        "min_fit_bp",
         "min_memory_mib",
         "model_pass",
         "model_skip",
@@ -401,6 +431,10 @@ class PodClass:
         self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
         self.require_writer = policy.require_agent_writer
         self.min_memory_mib = hints.min_gpu_memory_mib
+        self.inflight_max_s = policy.inflight_max_s
+        self.inflight_load_delay_s = policy.inflight_load_delay_s
+        self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
+        self.min_fit_bp = round(policy.min_gpu_fit_probability * BASIS_POINTS)
         self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
         self.w_total = self.w_util + self.w_frag + self.w_temp
         self.score_memo = _score_memo((self.temp_limit_c, self.w_util, self.w_frag, self.w_temp))
@@ -478,6 +512,10 @@ class PodClass:
                 (True, True, False, False, False, False),
                 strict=True,
             )
+        )
+        fit_limit = format_fraction_limit(policy.min_gpu_fit_probability)
+        self.gpus_unlikely = RuleOutcome(
+            "gpus", "fail", gpus_limit, f"gpu fit probability below {fit_limit}"
         )
         self.not_checked = (
             RuleOutcome("health", "not-checked"),
@@ -598,7 +636,21 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
         age_s = (now - state.updated_at).total_seconds()
         status = _freshness(age_s, server_age_s, c)
         if status == "fresh":
-            verdict = _judge_fresh(node.name, decoded, state, age_s, server_age_s, written, c)
+            inflight = (
+                count_inflight(
+                    node.pods,
+                    state.updated_at,
+                    now,
+                    c.inflight_max_s,
+                    c.inflight_load_delay_s,
+                    c.inflight_load_bp,
+                )
+                if node.pods
+                else None
+            )
+            verdict = _judge_fresh(
+                node.name, decoded, state, age_s, server_age_s, written, c, inflight
+            )
         else:
             verdict = _untimely(node.name, decoded, status, age_s, server_age_s, written, c)
     if c.hint_problem is not None:
@@ -699,7 +751,11 @@ _VALIDITY_MARGIN: Final = timedelta(seconds=VALIDITY_MARGIN_S)
 
 
 def time_left_s(
-    age_s: float | None, server_age_s: float | None, stale_s: float, skew_s: float
+    age_s: float | None,
+    server_age_s: float | None,
+    stale_s: float,
+    skew_s: float,
+    inflight: InFlight | None = None,
 ) -> float:
     """Seconds until time alone changes one node's verdict; `inf` when no boundary lies ahead.
 
@@ -708,9 +764,9 @@ def time_left_s(
     managedFields lag check compares two stored times and does not move). Each remaining time is
     `threshold - current`; a negative one is a boundary already passed, which time cannot cross
     again. Boundaries that do not apply to a node (a stale node's skew one, say) only make the
-    answer earlier, which is safe.
+    answer earlier, which is safe. An in-flight pod stops counting when its time bound ends.
     """
-    left_s = math.inf
+    left_s = math.inf if inflight is None else inflight.left_s
     if age_s is not None:
         remaining = stale_s - age_s
         if 0 <= remaining < left_s:
@@ -726,11 +782,15 @@ def time_left_s(
 
 
 def time_since_s(
-    age_s: float | None, server_age_s: float | None, stale_s: float, skew_s: float
+    age_s: float | None,
+    server_age_s: float | None,
+    stale_s: float,
+    skew_s: float,
+    inflight: InFlight | None = None,
 ) -> float:
     """Seconds since the last of the same boundaries (`inf` when none lies behind): going back
     in time no further than this, the verdict was the same. See `time_left_s`."""
-    since_s = math.inf
+    since_s = math.inf if inflight is None else inflight.since_s
     if age_s is not None:
         elapsed = age_s - stale_s
         if 0 <= elapsed < since_s:
@@ -750,8 +810,9 @@ def validity_window(verdict: NodeVerdict, now_ts: float, c: PodClass) -> tuple[f
     time alone cannot change it, a millisecond short of each boundary; unbounded sides are
     infinite. `now_ts` itself always lies inside, unless a boundary is exactly at `now_ts`."""
     stale_s, skew_s = c.stale_after_s, c.skew_tolerance_s
-    left_s = time_left_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
-    since_s = time_since_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s)
+    inflight = verdict.inflight
+    left_s = time_left_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s, inflight)
+    since_s = time_since_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s, inflight)
     from_ts = min(now_ts, now_ts - since_s + VALIDITY_MARGIN_S)
     return from_ts, now_ts + left_s - VALIDITY_MARGIN_S
 
@@ -761,7 +822,7 @@ def _valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: PodClass) ->
     stale_s = c.stale_after_s
     skew_s = c.skew_tolerance_s
     left_s = min(
-        (time_left_s(v.age_s, v.server_age_s, stale_s, skew_s) for v in verdicts),
+        (time_left_s(v.age_s, v.server_age_s, stale_s, skew_s, v.inflight) for v in verdicts),
         default=math.inf,
     )
     if left_s == math.inf:
@@ -801,16 +862,19 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     server_age_s: float | None,
     written: datetime | None,
     c: PodClass,
+    inflight: InFlight | None = None,
 ) -> NodeVerdict:
     """Fresh data: the node-level rules in order (the first failure gives the reason), the
     k-GPU rule where the node publishes per-GPU data and the pod asks for GPUs, then the score
-    of what passed."""
+    of what passed. In-flight pods count as the rules read them: on node-level data their
+    estimated load and memory are added to what the node published; under the k-GPU rule they
+    hold GPUs (`_judge_gpus`)."""
     rank = model_rank(state.gpu_model, c.patterns, c.any_rank) if c.chain_active else None
     # Per-GPU truth decides for a pod asking k GPUs: the k-GPU rule replaces the node-level
     # utilization and memory rules, whose values are summaries (mean, maximum) of the same
     # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
     # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
-    per_gpu = _judge_gpus(state.gpus, c) if state.gpus and c.gpu_request > 0 else None
+    per_gpu = _judge_gpus(state.gpus, c, inflight) if state.gpus and c.gpu_request > 0 else None
     failed: RuleOutcome | None = None
     status: DataStatus = "fresh"
     health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass
@@ -819,6 +883,7 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
 
     utilization = state.utilization
     utilization_bp = 0
+    judged_utilization: float | None = None
     if utilization is None:
         # The data status stays the node-level one: per-GPU values do not stand in for it.
         status = "invalid" if "utilization invalid" in decoded.problems else "missing"
@@ -828,6 +893,11 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         if per_gpu is not None:
             util = c.util_per_gpu
         else:
+            if inflight is not None and inflight.load_bp:
+                # The load of pods the node's mean cannot show yet, spread over its GPUs.
+                added_bp = inflight.load_bp // max(state.gpu_count or 1, 1)
+                utilization_bp = min(BASIS_POINTS, utilization_bp + added_bp)
+                judged_utilization = utilization_bp / BASIS_POINTS
             util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
     if failed is None and util.outcome == "fail":
         failed = util
@@ -841,6 +911,7 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         failed = temp
 
     mem = c.mem_skip
+    judged_largest: int | None = None
     if c.min_memory_mib is not None:
         largest = state.memory_largest_free_mib
         if per_gpu is not None:
@@ -848,6 +919,9 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         elif largest is None:
             mem = c.mem_unknown
         else:
+            if inflight is not None and inflight.memory_mib:
+                # As if every in-flight pod took its memory from the GPU with the most free.
+                largest = judged_largest = max(0, largest - inflight.memory_mib)
             mem = c.mem_fail if largest < c.min_memory_mib else c.mem_pass
         if failed is None and mem.outcome == "fail":
             failed = mem
@@ -869,13 +943,17 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
     if failed is not None:
         return NodeVerdict(
             name, False, failed.reason, failed.unresolvable, 0, status, decoded, rules, None,
-            age_s, server_age_s, written, rank, False, gpus=check,
+            age_s, server_age_s, written, rank, False, gpus=check, inflight=inflight,
+            utilization_judged=judged_utilization,
+            memory_largest_free_judged_mib=judged_largest,
         )  # fmt: skip
     if status != "fresh":
         # Lenient on a node whose utilization is unknown: passes, scores lowest, says why.
         return NodeVerdict(
             name, True, c.status_reason[status], False, 0, status, decoded, rules, None,
-            age_s, server_age_s, written, rank, False, gpus=check,
+            age_s, server_age_s, written, rank, False, gpus=check, inflight=inflight,
+            utilization_judged=judged_utilization,
+            memory_largest_free_judged_mib=judged_largest,
         )  # fmt: skip
     if per_gpu is not None:
         breakdown = _combine(
@@ -890,7 +968,9 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
         below = c.chain_active and utilization_bp <= c.threshold_bp
     return NodeVerdict(
         name, True, None, False, breakdown.score, "fresh", decoded, rules, breakdown,
-        age_s, server_age_s, written, rank, below, gpus=check,
+        age_s, server_age_s, written, rank, below, gpus=check, inflight=inflight,
+        utilization_judged=judged_utilization,
+        memory_largest_free_judged_mib=judged_largest,
     )  # fmt: skip
 
 
@@ -909,17 +989,30 @@ def _shortfall_step(total: int, failed_first: Sequence[int], k: int) -> int:
 
 class _GpuJudgement(NamedTuple):
     """The k-GPU rule's result on one node: its outcome, the findings for the explanation,
-    and what the score and the chain read of the counted GPUs."""
+    and what the score and the chain read of the GPUs the pod may get."""
 
     outcome: RuleOutcome
     check: GpuCheck
-    utilization_headroom_bp: int  # the mean over the counted GPUs
+    utilization_headroom_bp: int  # expected over the GPUs the pod may get (see `_judge_gpus`)
     temperature_headroom_bp: int
-    # At least k candidates with a measured utilization at or below the chain's threshold.
+    # The pod is as likely to get k GPUs at or below the chain's threshold as the rule asks.
     at_or_below_threshold: bool
 
 
-def _judge_gpus(gpus: tuple[GpuState, ...], c: PodClass) -> _GpuJudgement | None:
+def fit_bp(suitable: int, pool: int, k: int) -> int:
+    """The chance, in basis points rounded down, that k GPUs drawn at random without
+    replacement from `pool` GPUs of which `suitable` are candidates are all candidates:
+    C(suitable, k) / C(pool, k), in integers so that it is exact and the same everywhere."""
+    if k <= 0:
+        return BASIS_POINTS
+    if suitable < k or pool < k:
+        return 0
+    return math.comb(suitable, k) * BASIS_POINTS // math.comb(pool, k)
+
+
+def _judge_gpus(
+    gpus: tuple[GpuState, ...], c: PodClass, inflight: InFlight | None = None
+) -> _GpuJudgement | None:
     """The k-GPU rule (k = the pod's GPU request, at least 1) on a node's per-GPU table, or
     None when no GPU has an NVML value (nothing per GPU to judge: the node-level rules apply).
 
@@ -928,10 +1021,23 @@ def _judge_gpus(gpus: tuple[GpuState, ...], c: PodClass) -> _GpuJudgement | None
     are published; a GPU the kubelet does not offer, `-`, is not), its utilization is at or
     below the pod's limit, its temperature below the limit, and it has the pod's
     `min-gpu-memory-mib` free (when set). Lenient, an unmeasured utilization, temperature or
-    memory does not disqualify the GPU, and scores as no headroom. The node passes with at
-    least k candidates; otherwise the reason names the first criterion after which fewer than
-    k GPUs remain. The score reads the best k candidates: by the utilization and temperature
-    headrooms under the policy's weights, ties by GPU index.
+    memory does not disqualify the GPU, and scores as no headroom.
+
+    In-flight pods hold GPUs the data cannot show as theirs: the pods whose allocation is
+    pending where allocations are published, else those whose load is pending. Which GPUs the
+    device plugin gave them is unknown, so they are taken to hold candidates, the best first:
+    the worst case for this pod, and the one that never counts a GPU twice.
+
+    Which GPUs this pod will get is the device plugin's choice too, blind to load. Where
+    allocations are published, the plugin hands out k of its pool (the unallocated GPUs that
+    are measured at all, less the in-flight ones), any k as far as the scorer can tell; so the
+    node passes when the chance that k drawn at random are all candidates (`fit_bp`) reaches
+    the policy's `min_gpu_fit_probability`, and the score reads the expected headroom of the
+    GPUs handed out: the mean over the pool, a GPU that is no candidate counting as none.
+    Where allocations are unknown, the pool is unknown too: the node passes with k candidates
+    and the score reads the best k (by the headrooms under the policy's weights, ties by
+    index). A node short of k candidates is rejected with the reason of the first criterion
+    after which fewer than k GPUs remain (in-flight GPUs count as allocated).
     """
     k = c.gpu_request
     limit_bp, threshold_bp = c.limit_bp, c.threshold_bp
@@ -949,23 +1055,25 @@ def _judge_gpus(gpus: tuple[GpuState, ...], c: PodClass) -> _GpuJudgement | None
     # The GPUs that failed each criterion first (GPU_STEPS after `gpu-count`), counted as
     # plain locals: this loop runs per GPU of every node judged.
     unmeasured = allocated_n = hot_util = hot_temp = short_mem = 0
-    lost = below = 0
-    ranked: list[tuple[int, int, int, int]] = []  # (-merit, index, headrooms) per candidate
+    lost = 0
+    pool: list[int] = []  # the device plugin's pool (allocations published): GPU indexes
+    # (-merit, index, utilization headroom, temperature headroom, at or below the threshold)
+    ranked: list[tuple[int, int, int, int, bool]] = []
     for index, (u, mib, temp_c, allocated) in enumerate(gpus):
-        if u is None:
-            if mib is None and temp_c is None:
-                lost += 1  # lost, or nothing NVML could read: not a GPU the pod can use
-                unmeasured += 1
-                add("unmeasured")
-                continue
-            u_bp = -1
-        else:
-            u_bp = round(u * BASIS_POINTS)
+        if u is None and mib is None and temp_c is None:
+            lost += 1  # lost, or nothing NVML could read: not a GPU the pod can use
+            unmeasured += 1
+            add("unmeasured")
+            continue
+        offered = not allocation_checked or allocated is False
+        if offered and allocation_checked:
+            pool.append(index)
+        u_bp = -1 if u is None else round(u * BASIS_POINTS)
         if strict and (u_bp < 0 or temp_c is None or (min_mib is not None and mib is None)):
             unmeasured += 1
             add("unmeasured")
             continue
-        if allocation_checked and allocated is not False:
+        if not offered:
             allocated_n += 1
             add("allocated" if allocated else "not-offered")
             continue
@@ -987,35 +1095,84 @@ def _judge_gpus(gpus: tuple[GpuState, ...], c: PodClass) -> _GpuJudgement | None
             add("memory")
             continue
         add("candidate")
-        if u_bp < 0:
-            util_headroom = 0
-        else:
-            util_headroom = BASIS_POINTS - u_bp
-            if u_bp <= threshold_bp:
-                below += 1
+        util_headroom = 0 if u_bp < 0 else BASIS_POINTS - u_bp
         ranked.append(
             (
                 -(w_util * util_headroom + w_temp * temp_headroom),
                 index,
                 util_headroom,
                 temp_headroom,
+                0 <= u_bp <= threshold_bp,
             )
         )
     if lost == len(gpus):
         return None
+    ranked.sort()
+    held = 0
+    if inflight is not None:
+        held = inflight.allocation_gpus if allocation_checked else inflight.load_gpus
+    taken = 0
+    if held:
+        # The in-flight pods' GPUs: the best candidates, then (more GPUs held than there are
+        # candidates) the pool's other GPUs in index order. Each is allocated, not a candidate.
+        taken_candidates = ranked[:held]
+        del ranked[:held]
+        for entry in taken_candidates:
+            status[entry[1]] = "in-flight"
+        taken = len(taken_candidates)
+        for index in pool:
+            if taken >= held:
+                break
+            if status[index] != "in-flight":
+                failed_step = status[index]
+                status[index] = "in-flight"
+                taken += 1
+                if failed_step == "unmeasured":
+                    unmeasured -= 1
+                elif failed_step == "utilization":
+                    hot_util -= 1
+                elif failed_step == "temperature":
+                    hot_temp -= 1
+                elif failed_step == "memory":
+                    short_mem -= 1
+        allocated_n += taken
+        if allocation_checked:
+            pool = [i for i in pool if status[i] != "in-flight"]
     candidates = len(ranked)
     if candidates < k:
         failed = (unmeasured, allocated_n, hot_util, hot_temp, short_mem)
-        check = GpuCheck(k, candidates, tuple(status), (), allocation_checked)
+        check = GpuCheck(
+            k, candidates, tuple(status), (), allocation_checked, taken,
+            len(pool) if allocation_checked else None, 0 if allocation_checked else None,
+        )  # fmt: skip
         return _GpuJudgement(c.gpus_fail[_shortfall_step(len(gpus), failed, k)], check, 0, 0, False)
-    ranked.sort()
+    if allocation_checked:
+        # A blind device plugin: any k of the pool. Expected headrooms are means over the pool.
+        pool_size = len(pool)
+        chance_bp = fit_bp(candidates, pool_size, k)
+        below_bp = fit_bp(sum(1 for entry in ranked if entry[4]), pool_size, k)
+        util_sum = sum(entry[2] for entry in ranked)
+        temp_sum = sum(entry[3] for entry in ranked)
+        counted = tuple(sorted(entry[1] for entry in ranked))
+        check = GpuCheck(
+            k, candidates, tuple(status), counted, allocation_checked, taken, pool_size, chance_bp
+        )
+        outcome = c.gpus_pass if chance_bp >= c.min_fit_bp else c.gpus_unlikely
+        return _GpuJudgement(
+            outcome,
+            check,
+            (2 * util_sum + pool_size) // (2 * pool_size),
+            (2 * temp_sum + pool_size) // (2 * pool_size),
+            below_bp >= c.min_fit_bp,
+        )
     util_sum = temp_sum = 0
-    counted: list[int] = []
-    for _, index, util_headroom, temp_headroom in ranked[:k]:
-        counted.append(index)
+    best: list[int] = []
+    for _, index, util_headroom, temp_headroom, _ in ranked[:k]:
+        best.append(index)
         util_sum += util_headroom
         temp_sum += temp_headroom
-    check = GpuCheck(k, candidates, tuple(status), tuple(counted), allocation_checked)
+    below = sum(1 for entry in ranked if entry[4])
+    check = GpuCheck(k, candidates, tuple(status), tuple(best), allocation_checked, taken)
     # Means in basis points, rounded half up (integers, as every step of the score).
     return _GpuJudgement(
         c.gpus_pass,

@@ -49,6 +49,10 @@ POLICY_FIELDS: Final = (
     "weight_fragmentation",
     "weight_temperature",
     "gpu_resource_name",
+    "inflight_max_s",
+    "inflight_load_delay_s",
+    "inflight_gpu_load",
+    "min_gpu_fit_probability",
 )
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -180,6 +184,37 @@ class ScorerSettings(BaseSettings):
     gpu_resource_name: str = Field(
         _DEFAULT_POLICY.gpu_resource_name, description="Extended resource a pod's GPUs are in."
     )
+    # -- in-flight pods
+    pod_watch: bool = Field(
+        True,
+        description="Watch GPU pods bound to nodes and count those the nodes' data cannot show "
+        "yet (in-flight accounting; needs list/watch on pods, and credentials as --node-cache).",
+    )
+    inflight_max_s: float = Field(
+        _DEFAULT_POLICY.inflight_max_s,
+        ge=0.0,
+        description="Longest a bound pod counts as in flight, whatever its node publishes.",
+    )
+    inflight_load_delay_s: float = Field(
+        _DEFAULT_POLICY.inflight_load_delay_s,
+        ge=0.0,
+        description="How long after a pod's containers run its load is taken to show in the "
+        "agent's utilization.",
+    )
+    inflight_gpu_load: float = Field(
+        _DEFAULT_POLICY.inflight_gpu_load,
+        ge=0.0,
+        le=1.0,
+        description="Utilization an in-flight pod adds per GPU unit, without its "
+        "expected-gpu-load hint.",
+    )
+    min_gpu_fit_probability: float = Field(
+        _DEFAULT_POLICY.min_gpu_fit_probability,
+        ge=0.0,
+        le=1.0,
+        description="Least chance that the k GPUs a blind device plugin hands out are all "
+        "candidates (nodes publishing allocations).",
+    )
 
     @field_validator(
         "utilization_limit",
@@ -189,6 +224,10 @@ class ScorerSettings(BaseSettings):
         "weight_utilization",
         "weight_fragmentation",
         "weight_temperature",
+        "inflight_max_s",
+        "inflight_load_delay_s",
+        "inflight_gpu_load",
+        "min_gpu_fit_probability",
     )
     @classmethod
     def _no_nan(cls, value: float) -> float:
@@ -246,6 +285,10 @@ class ScorerSettings(BaseSettings):
             weight_fragmentation=self.weight_fragmentation,
             weight_temperature=self.weight_temperature,
             gpu_resource_name=self.gpu_resource_name,
+            inflight_max_s=self.inflight_max_s,
+            inflight_load_delay_s=self.inflight_load_delay_s,
+            inflight_gpu_load=self.inflight_gpu_load,
+            min_gpu_fit_probability=self.min_gpu_fit_probability,
         )
 
     def tls(self) -> TlsFiles | None:

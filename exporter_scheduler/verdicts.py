@@ -10,6 +10,7 @@ can do it (`map`, `compress`, `min` over attribute getters).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import Counter
@@ -21,6 +22,7 @@ from typing import Final
 
 import msgspec
 
+from exporter_scheduler.inflight import BoundPod
 from exporter_scheduler.scoring import (
     ChainOutcome,
     NodeInput,
@@ -59,6 +61,7 @@ class Entry(msgspec.Struct, frozen=True, gc=False):
     below_rank: int  # its model rank if at or below the chain's threshold, else NO_RANK
     tally: int  # index of its TallyKey in the table's `tally_keys` (ints count fastest)
     priority: bytes  # its `HostPriority` entry, score before the chain
+    score: int = 0  # the score before the chain
 
     def holds_at(self, now_ts: float) -> bool:
         return self.from_ts <= now_ts < self.until_ts
@@ -143,6 +146,7 @@ class VerdictTable:
             rank if verdict.at_or_below_threshold else NO_RANK,
             self._tally_id(verdict),
             encode_host_priority(node.name, verdict.score),
+            verdict.score,
         )
         return entry, verdict
 
@@ -305,6 +309,26 @@ class Judgement:
         ]
         return b"[" + b",".join(pieces) + b"]"
 
+    def only_passed(self) -> str | None:
+        """The one node that passed, after the chain, if exactly one did: kube-scheduler then
+        binds the pod there without scoring."""
+        passed = list(compress(self.names, self.passed_mask()))
+        return passed[0] if len(passed) == 1 else None
+
+    def top_scored(self, most: int) -> list[str]:
+        """The nodes with the highest score above 0 after the chain, if at most `most` share
+        it (more: the scheduler's own scores decide among them, so none is expected)."""
+        chosen = self._chosen()
+        best = 0
+        top: list[str] = []
+        for e in self.entries:
+            score = 0 if chosen is not None and e.passed and e.passed_rank != chosen else e.score
+            if score > best:
+                best, top = score, [e.node.name]
+            elif score == best and best > 0:
+                top.append(e.node.name)
+        return top if len(top) <= most else []
+
     def tally(self) -> dict[TallyKey, int]:
         """Node counts per `(passed, unresolvable, reason, data_status)`, after the chain."""
         keys = self.tally_keys
@@ -361,12 +385,19 @@ class ContentVerdicts:
         names: Sequence[str],
         now: datetime,
         to_input: Callable[[object], NodeInput],
+        *,
+        pods_of: Callable[[str], tuple[BoundPod, ...]] | None = None,
     ) -> tuple[Judgement, list[NodeVerdict]]:
-        """The request's verdicts, and the full verdicts of the Nodes it judged itself."""
+        """The request's verdicts, and the full verdicts of the Nodes it judged itself.
+
+        `pods_of` gives each node's bound GPU pods (the pod watch): they are part of what a
+        verdict reads, so of the key too (the same tuple object while they do not change)."""
         table = self._table(pod_class)
         now_ts = now.timestamp()
         memo = table.entries
-        keys = list(map(NODE_CONTENT, records))
+        keys: list[Hashable] = list(map(NODE_CONTENT, records))
+        if pods_of is not None:
+            keys = [(key, pods_of(name)) for key, name in zip(keys, names, strict=True)]
         entries: list[Entry | None] = list(map(memo.get, keys))
         judged: list[NodeVerdict] = []
         if any(map(is_, entries, repeat(None))) or not all_hold(entries, now_ts):  # type: ignore[arg-type]
@@ -375,7 +406,10 @@ class ContentVerdicts:
             for index, entry in enumerate(entries):
                 if entry is not None and entry.holds_at(now_ts):
                     continue
-                new, verdict = table.judge(to_input(records[index]), now, now_ts)
+                node = to_input(records[index])
+                if pods_of is not None:
+                    node = dataclasses.replace(node, pods=pods_of(node.name))
+                new, verdict = table.judge(node, now, now_ts)
                 memo[keys[index]] = entries[index] = new
                 judged.append(verdict)
         return table.judgement(names, entries, len(judged)), judged  # type: ignore[arg-type]

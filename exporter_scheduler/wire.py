@@ -54,6 +54,7 @@ class _PodSpec(msgspec.Struct):
 class _ObjectMeta(msgspec.Struct):
     name: str | None = None
     namespace: str | None = None
+    uid: str | None = None
     annotations: dict[str, str] | None = None
 
 
@@ -320,6 +321,10 @@ def _container_gpus(container: _Container, resource: str) -> int:
     return 0
 
 
+# What the pod watch decodes of a Pod's spec too (the same resource arithmetic).
+PodSpec = _PodSpec
+
+
 def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     """Effective request, as the scheduler computes it: max(sum of containers, largest init)."""
     if spec is None:
@@ -336,6 +341,7 @@ def _pod_input(pod: _Pod, resource: str) -> PodInput:
         name=meta.name or "",
         annotations=meta.annotations or {},
         gpu_request=pod_gpu_request(pod.spec, resource),
+        uid=meta.uid or "",
     )
 
 

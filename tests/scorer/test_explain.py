@@ -143,12 +143,14 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
     ]
     the_pod = pod(gpus=2, min_memory_mib="40000")
     # Without the node-level temperature (written by hand), the hot GPU is judged per GPU.
+    # Any 2 of the 5 GPUs in the device plugin's pool may be handed out; 1 pair in 10 fits.
     the_node = gpu_node("g", table, overrides={Field.TEMPERATURE: None})
     evaluation = run([the_node], the_pod)
     explained = explain(evaluation, the_pod, NOW, Policy())["nodes"][0]
     gpus = explained["gpus"]
     assert (gpus["needed"], gpus["candidates"], gpus["counted"]) == (2, 2, [1, 7])
     assert gpus["allocation_checked"] is True
+    assert (gpus["pool"], gpus["fit_probability"], gpus["inflight"]) == (5, 0.1, 0)
     assert [(row["status"], row["why_not"], row["counted"]) for row in gpus["table"]] == [
         ("allocated", "allocated to pods", False),
         ("candidate", None, True),
@@ -172,17 +174,20 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
     rules = {r["rule"]: r for r in explained["rules"]}
     assert rules["gpus"] == {
         "rule": "gpus",
-        "outcome": "pass",
+        "outcome": "fail",
         "value": 2,
         "limit": "2 gpus",
-        "reason": None,
+        "reason": "gpu fit probability below 0.75",
     }
     assert rules["utilization"]["outcome"] == "per-gpu"
     text = render_text(explain(evaluation, the_pod, NOW, Policy()))
-    assert "gpus: 2 needed, 2 candidates, counted 1, 7 (allocations checked)" in text
+    assert (
+        "gpus: 2 needed, 2 candidates, counted 1, 7, pool 5, fit probability 0.10 "
+        "(allocations checked)"
+    ) in text
     assert "      1  0.00     81251    38C      0  candidate, counted" in text
     assert "      6     -         -      -      -  not measured" in text
-    assert "gpus pass (2 vs 2 gpus)" in text
+    assert "gpus fail (2 vs 2 gpus)" in text
 
 
 def test_explanation_of_a_gpu_shortfall_and_of_a_pod_without_gpus() -> None:

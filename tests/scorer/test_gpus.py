@@ -8,6 +8,7 @@ node-level rules alone would have said.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -309,12 +310,20 @@ def test_worked_example_from_the_docs() -> None:
         "allocated", "allocated", "candidate", "allocated",
         "allocated", "candidate", "allocated", "memory",
     )  # fmt: skip
-    assert verdict.gpus.counted == (2, 5)
-    assert verdict.breakdown == ScoreBreakdown(
-        utilization_headroom_bp=9900,  # (10000 + 9800) / 2
+    # The device plugin hands out any 2 of the 3 unallocated GPUs: 1 pair in 3 has the memory.
+    assert (verdict.gpus.pool, verdict.gpus.fit_bp) == (3, 3333)
+    assert verdict.reason == "gpu fit probability below 0.75"
+    assert not verdict.unresolvable
+    # Without the memory hint every GPU of the pool is a candidate: the expected headroom is
+    # the pool's mean.
+    fits = one(the_node, pod(gpus=2))
+    assert fits.gpus is not None
+    assert (fits.gpus.pool, fits.gpus.fit_bp, fits.gpus.counted) == (3, 10_000, (2, 5, 7))
+    assert fits.breakdown == ScoreBreakdown(
+        utilization_headroom_bp=9667,  # (10000 + 9800 + 9200) / 3
         fragmentation_headroom_bp=3800,  # 1 - 0.62
-        temperature_headroom_bp=10000,  # 38 C and 40 C: both 40 C or more below 85 C
-        percent_bp=9000,
+        temperature_headroom_bp=10000,  # 38, 40 and 44 C: all 40 C or more below 85 C
+        percent_bp=8837,
         score=9,
     )
     three = one(the_node, pod(gpus=3, min_memory_mib="40000"))
@@ -465,10 +474,17 @@ def test_passes_exactly_with_k_candidates_and_scores_the_best_k(
     assert len(check.status) == len(table)
     assert check.candidates == check.status.count("candidate")
     gpus_rule = verdict.rules[-1]
-    assert gpus_rule.outcome == ("pass" if check.candidates >= k else "fail")
+    fits = check.fit_bp is None or check.fit_bp >= round(policy.min_gpu_fit_probability * 10_000)
+    assert gpus_rule.outcome == ("pass" if check.candidates >= k and fits else "fail")
     if check.candidates < k:
         assert not verdict.passed
         assert check.counted == ()
+        return
+    if check.allocation_checked:
+        # A blind device plugin: every candidate of its pool counts, the chance is exact.
+        assert check.pool is not None
+        assert check.fit_bp == math.comb(check.candidates, k) * 10_000 // math.comb(check.pool, k)
+        assert check.counted == tuple(i for i, s in enumerate(check.status) if s == "candidate")
         return
     assert len(check.counted) == k
     assert all(check.status[i] == "candidate" for i in check.counted)

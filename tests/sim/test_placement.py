@@ -296,14 +296,24 @@ def _table(*utilizations: float, mib: int = 80_000, allocated: bool = False) -> 
 
 
 def test_per_gpu_sends_a_four_gpu_pod_where_four_gpus_are_idle() -> None:
-    """Same node mean: the node-aggregate scorer ties (and picks at random), per-GPU does not."""
+    """Same node mean: the node-aggregate scorer ties (and picks at random), per-GPU does not.
+    Where the busy GPUs are unallocated, the device plugin may hand them out: per-GPU avoids
+    that node."""
+    busy_allocated = _table(*[0.0] * 4, *[1.0] * 4)
+    busy_allocated[4:] = [GpuState(1.0, 80_000, 50, True)] * 4
     nodes = [
         _node("even", per_gpu=_table(*[0.5] * 8)),
-        _node("split", per_gpu=_table(*[0.0] * 4, *[1.0] * 4)),
+        _node("split", per_gpu=busy_allocated),
     ]
     pod = _pod(gpus=4)
     assert _pick("per-gpu", pod, nodes) == "split"
     assert _pick("per-gpu", _pod(gpus=5), nodes) == "even"
+    unaccounted = [
+        _node("even", per_gpu=_table(*[0.5] * 8)),
+        _node("split", per_gpu=_table(*[0.0] * 4, *[1.0] * 4)),
+    ]
+    assert _pick("per-gpu", pod, unaccounted) == "even"
+    assert _pick("per-gpu", _pod(gpus=1), unaccounted) == "even"
     assert {n.setup.name for n in nodes} == {
         _pick_seeded("node-aggregate", pod, nodes, seed) for seed in range(20)
     }

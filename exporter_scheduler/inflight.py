@@ -1,0 +1,160 @@
+"""In-flight pods: GPU pods placed on a node that the node's published data cannot show yet.
+
+A node's annotations show a placement only after the kubelet has admitted the pod, the agent has
+sampled and written, and the watch has delivered; its load shows only once the pod's containers
+have run long enough to move the agent's window-averaged utilization. Until then the node looks
+as free as before, and a burst would pile onto it. So each pod bound to a node (by any
+scheduler, or by `spec.nodeName`) is an input to the node's verdict, from the scorer's Pod watch,
+for as long as the node's data cannot show it:
+
+- **allocation pending** while the node's data was sampled no later than the kubelet's first
+  status of the pod (`status.startTime`, written after admission, when the device plugin has
+  allocated its GPUs): `updated-at <= startTime`, or the kubelet has not reported it yet. Both
+  times are the node's own clock, so no skew enters; equal seconds count as pending because
+  both are truncated to the second;
+- **load pending** while the data was sampled before every container had run for the policy's
+  `inflight_load_delay_s` (the agent's utilization window plus the start-up of a GPU process):
+  `updated-at < running_since + delay`, or not every container runs yet;
+- **never** once `inflight_max_s` has passed since the pod was bound (server time), whatever the
+  node publishes, so a node whose kubelet or agent never catches up is not blocked forever;
+- a pod deleted, or in a terminal phase, is gone from the input at once (the watch drops it).
+
+Within a burst the watch is not quick enough: kube-scheduler binds asynchronously, and the next
+pod's filter can arrive before the previous pod's bind is in the watch. So the scorer also
+counts its own expectation: a pod it has just scored is *proposed* on the node(s) it expects
+the scheduler to pick (`PodCache.propose`), as a provisional in-flight pod, until the watch
+shows where the pod really went (which replaces the proposal) or `PROVISIONAL_MAX_S` passes.
+
+`count_inflight` is pure: a function of (the node's bound pods, the node's `updated-at`, now,
+the policy numbers), so verdicts stay a pure function of their inputs, and the moment the time
+bound changes the count is part of each verdict's validity window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Final
+
+import msgspec
+
+BASIS_POINTS: Final = 10_000
+# A proposal the watch has not confirmed within this long is dropped: kube-scheduler's bind
+# takes milliseconds, and one that failed is retried with a new filter (a new proposal).
+PROVISIONAL_MAX_S: Final = 10.0
+
+
+class BoundPod(msgspec.Struct, frozen=True, gc=False):
+    """What the scorer keeps of one GPU pod bound to a node (from the Pod watch)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    # Units of the GPU resource the pod holds (`max(sum of containers, largest init)`).
+    gpus: int
+    # Server time the pod was bound: its `PodScheduled` condition's transition, else its
+    # creation (a pod created with `spec.nodeName` is never scheduled). None: unknown.
+    bound_at: datetime | None
+    # `status.startTime`: the kubelet's first status of the pod, after admission (node clock).
+    admitted_at: datetime | None = None
+    # The latest `state.running.startedAt` once every container runs (node clock), else None.
+    running_since: datetime | None = None
+    # The pod's `expected-gpu-load` hint in basis points per GPU unit; None: the policy default.
+    gpu_load_bp: int | None = None
+    # The pod's `min-gpu-memory-mib` hint (memory it takes on each GPU), if it gave one.
+    memory_mib: int | None = None
+    # The scorer's own expectation of where the pod goes, not yet seen bound in the watch
+    # (`bound_at` is then the scorer's time of the proposal).
+    provisional: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+NO_PODS: Final[tuple[BoundPod, ...]] = ()
+
+
+class CountedPod(msgspec.Struct, frozen=True, gc=False):
+    """One in-flight pod as a verdict counted it."""
+
+    ref: str
+    gpus: int
+    allocation_pending: bool
+    load_pending: bool
+    load_bp: int  # utilization it is expected to add to each of its GPUs, basis points
+    bound_at: datetime | None
+    provisional: bool = False
+
+
+class InFlight(msgspec.Struct, frozen=True, gc=False):
+    """The in-flight pods a node's verdict counted, summed the ways the rules read them."""
+
+    pods: tuple[CountedPod, ...]
+    # GPUs held by pods whose allocation the node's data cannot show yet.
+    allocation_gpus: int
+    # GPUs of pods whose load the node's utilization cannot show yet.
+    load_gpus: int
+    # Sum of gpus x load over the load-pending pods: GPU-equivalents of load, basis points.
+    load_bp: int
+    # Sum of gpus x min-gpu-memory-mib over the load-pending pods that declared it.
+    memory_mib: int
+    # Seconds until the first counted pod reaches `inflight_max_s` (inf: none will).
+    left_s: float
+    # Seconds since the last pod that no longer counts by time alone reached it (inf: none).
+    since_s: float
+
+    @property
+    def empty(self) -> bool:
+        return not self.pods
+
+
+def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
+    pods: Sequence[BoundPod],
+    updated_at: datetime,
+    now: datetime,
+    max_s: float,
+    load_delay_s: float,
+    default_load_bp: int,
+) -> InFlight | None:
+    """The pods of `pods` that the data sampled at `updated_at` cannot show, at `now`.
+
+    None when no pod counts and no time bound lies behind (nothing to show or to date).
+    """
+    counted: list[CountedPod] = []
+    alloc_gpus = load_gpus = load_bp = memory_mib = 0
+    left_s = since_s = math.inf
+    delay = timedelta(seconds=load_delay_s)
+    for pod in pods:
+        if pod.gpus <= 0:
+            continue
+        allocation = pod.admitted_at is None or updated_at <= pod.admitted_at
+        load = pod.running_since is None or updated_at < pod.running_since + delay
+        if not (allocation or load):
+            continue
+        if pod.bound_at is not None:
+            bound_s = PROVISIONAL_MAX_S if pod.provisional else max_s
+            remaining_s = bound_s - (now - pod.bound_at).total_seconds()
+            if remaining_s <= 0:
+                since_s = min(since_s, -remaining_s)
+                continue
+            left_s = min(left_s, remaining_s)
+        per_gpu_bp = default_load_bp if pod.gpu_load_bp is None else pod.gpu_load_bp
+        counted.append(
+            CountedPod(
+                pod.ref, pod.gpus, allocation, load, per_gpu_bp, pod.bound_at, pod.provisional
+            )
+        )
+        if allocation:
+            alloc_gpus += pod.gpus
+        if load:
+            load_gpus += pod.gpus
+            load_bp += pod.gpus * per_gpu_bp
+            if pod.memory_mib is not None:
+                memory_mib += pod.gpus * pod.memory_mib
+    if not counted and since_s == math.inf:
+        return None
+    counted.sort(key=lambda p: p.ref)  # the pods' order in the input is the watch's, not ours
+    return InFlight(tuple(counted), alloc_gpus, load_gpus, load_bp, memory_mib, left_s, since_s)

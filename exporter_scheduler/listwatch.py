@@ -1,0 +1,319 @@
+"""The list + watch loop the scorer's caches share (Nodes, Pods), off the request path.
+
+A background thread LISTs the objects once (in pages), then WATCHes from the list's
+resourceVersion and hands each event to the cache. What the API server does, and what this
+does about it (see the v1.36 wire captures):
+- a watch from a resourceVersion the server no longer holds answers HTTP 200 and then one
+  `ERROR` event with a `Status` of code 410 (after every API server restart too): relist;
+- `BOOKMARK` events carry a skeleton object with no name: only their resourceVersion is kept;
+- a watch ends at its `timeoutSeconds` with a clean end of stream: rewatch from the last version;
+- any connection or server error: retry with capped exponential back-off (with jitter, so a
+  restarted API server is not hit by every scorer at once), telling the cache (`_on_failure`),
+  which keeps or drops what it holds as its data requires.
+
+The real client's list calls are used (so credentials, TLS and proxies behave as everywhere
+else), but bodies are read with msgspec into structs that name only what the cache keeps: the
+rest of each object is skipped in C, never built as Python objects. This module and the caches
+built on it are the scorer's only Kubernetes edge; the client is imported lazily, so the
+default full-node mode without a pod watch never loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Self
+
+import msgspec
+from prometheus_client import Counter, Gauge, Histogram
+
+log = logging.getLogger("exporter_scheduler.listwatch")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTuning:
+    """Timeouts and back-off of the list + watch loop."""
+
+    # The server ends each watch after this long (it may pick a little less); a fresh watch
+    # then continues from the last resourceVersion seen.
+    watch_timeout_s: int = 300
+    # The client gives up on a silent connection this long after the server should have
+    # spoken (bookmarks come about once a minute), to notice a half-open TCP connection.
+    read_timeout_margin_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    list_page_size: int = 500
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+
+class WatchExpiredError(Exception):
+    """The server no longer holds our resourceVersion (410 Gone): a relist is needed."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopMetrics:
+    """The loop's own metrics, one set per watched kind."""
+
+    relists: Counter
+    restarts: Counter  # labelled by cause (`metrics.WATCH_RESTART_CAUSES`)
+    ready: Gauge
+    event_seconds: Histogram
+
+
+def make_api(kubeconfig: str | None) -> Any:
+    """A `CoreV1Api` from a kubeconfig, or the in-cluster credentials; raises when neither."""
+    from kubernetes import client, config  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def watch_error(obj: Any) -> Exception:
+    """An `ERROR` event's Status as the exception the loop acts on."""
+    code, reason, message = (
+        (None, None, None) if obj is None else (obj.code, obj.reason, obj.message)
+    )
+    if code == 410:
+        return WatchExpiredError(message or "410 Gone")
+    return RuntimeError(f"watch error event: {code} {reason}: {message}")
+
+
+class ListWatch:
+    """One kind's list + watch thread. Subclasses say how to list, decode and apply.
+
+    Hooks: `_list(**kwargs)` (the client's list call), `_page` and `_event` (msgspec decoders
+    of a list page and of a watch event, whose object has `metadata.resourceVersion`),
+    `_replace(items)` after a full LIST, `_on_event(type, obj)` for each ADDED, MODIFIED or
+    DELETED, and `_on_failure(exc)` when a list or watch failed.
+    """
+
+    kind: str = "object"
+    _page: msgspec.json.Decoder[Any]
+    _event: msgspec.json.Decoder[Any]
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None,
+        loop_metrics: LoopMetrics,
+        tuning: CacheTuning | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.tuning = tuning if tuning is not None else CacheTuning()
+        self._loop_metrics = loop_metrics
+        self._rng = rng if rng is not None else random.Random()
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._resource_version: str | None = None
+        self._response: Any = None
+        self._api: Any = None
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ hooks
+    def _list(self, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _replace(self, items: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _on_event(self, kind: str, obj: Any) -> bool:
+        """Apply one event; False when it changed nothing the cache keeps."""
+        raise NotImplementedError
+
+    def _on_failure(self, exc: Exception) -> None:
+        """A list or watch failed (the loop retries with back-off)."""
+
+    def _extra_threads(self) -> list[threading.Thread]:
+        return []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Self:
+        """Load credentials (raising at once if there are none) and start the background loops."""
+        if self._api is None:
+            self._api = make_api(self.kubeconfig)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"gpu-scorer-{self.kind}-watch", daemon=True),
+            *self._extra_threads(),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._interrupt()
+        self._notify()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_until(self, predicate: Callable[[Self], bool], timeout_s: float) -> bool:
+        """Block until `predicate(self)` holds after a change, or the timeout (start-up, tests)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout_s)
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        backoff_s = self.tuning.backoff_initial_s
+        restarts = self._loop_metrics.restarts
+        while not self._stop.is_set():
+            try:
+                if self._resource_version is None:
+                    self._relist()
+                self._watch_once()
+                restarts.labels("timeout").inc()
+                backoff_s = self.tuning.backoff_initial_s
+                continue
+            except WatchExpiredError as exc:
+                log.info(
+                    f"{self.kind} watch expired; relisting",
+                    extra={"fields": {"detail": str(exc)}},
+                )
+                restarts.labels("expired").inc()
+                self._resource_version = None
+                continue
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                restarts.labels("error").inc()
+                log.warning(
+                    f"{self.kind} list/watch failed; retrying",
+                    extra={
+                        "fields": {
+                            "error": f"{type(exc).__name__}: {str(exc)[:300]}",
+                            "retry_in_s": round(backoff_s, 3),
+                        }
+                    },
+                )
+                try:
+                    self._on_failure(exc)
+                except Exception:  # the cache's reaction must not stop the loop
+                    log.exception(f"{self.kind} cache failure handling raised")
+                self._notify()
+            # Jitter in [backoff/2, backoff] spreads a fleet's reconnects after an outage.
+            self._stop.wait(self._rng.uniform(backoff_s / 2, backoff_s))
+            backoff_s = min(backoff_s * 2, self.tuning.backoff_max_s)
+
+    def _timeouts(self, read_s: float) -> tuple[float, float]:
+        return (self.tuning.connect_timeout_s, read_s)
+
+    def _relist(self) -> None:
+        items: list[Any] = []
+        continue_token: str | None = None
+        resource_version: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.tuning.list_page_size}
+            if continue_token:
+                kwargs["_continue"] = continue_token
+            response = self._list(
+                _preload_content=False,
+                _request_timeout=self._timeouts(self.tuning.watch_timeout_s),
+                **kwargs,
+            )
+            try:
+                page = self._page.decode(response.data)
+            finally:
+                response.release_conn()
+            items.extend(page.items or ())
+            meta = page.metadata
+            resource_version = None if meta is None else meta.resourceVersion
+            continue_token = None if meta is None else meta.continue_
+            if not continue_token:
+                break
+        self._replace(items)
+        self._resource_version = resource_version
+        self._loop_metrics.relists.inc()
+        self._loop_metrics.ready.set(1)
+        self._notify()
+
+    def _watch_once(self) -> None:
+        response = self._list(
+            watch=True,
+            resource_version=self._resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.tuning.watch_timeout_s,
+            _preload_content=False,
+            _request_timeout=self._timeouts(
+                self.tuning.watch_timeout_s + self.tuning.read_timeout_margin_s
+            ),
+        )
+        self._response = response
+        try:
+            if self._stop.is_set():
+                return
+            for line in lines_of(response):
+                self._apply(line)
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _apply(self, line: bytes) -> None:
+        """One watch event, applied and timed."""
+        started = time.perf_counter()
+        try:
+            event = self._event.decode(line)
+        except msgspec.DecodeError as exc:
+            log.warning(
+                f"undecodable {self.kind} watch event skipped",
+                extra={"fields": {"error": str(exc)}},
+            )
+            return
+        obj = event.object
+        if event.type == "ERROR":
+            raise watch_error(obj)
+        meta = None if obj is None else obj.metadata
+        if meta is None:
+            return
+        if meta.resourceVersion:
+            self._resource_version = meta.resourceVersion
+        # BOOKMARK (a skeleton object with no name) or a type this client does not know.
+        if event.type not in ("ADDED", "MODIFIED", "DELETED") or not meta.name:
+            return
+        if self._on_event(event.type, obj):
+            self._loop_metrics.event_seconds.observe(time.perf_counter() - started)
+            self._notify()
+
+    def _interrupt(self) -> None:
+        response = self._response
+        if response is None:
+            return
+        try:
+            # urllib3's shutdown() unblocks a read in progress in another thread.
+            getattr(response, "shutdown", response.close)()
+        except Exception:  # nothing left to interrupt
+            log.debug("closing the watch response failed", exc_info=True)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+
+def lines_of(response: Any) -> Iterator[bytes]:
+    """Newline-delimited events from a streamed watch body (one event per chunk, usually)."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        pending += chunk
+        while True:
+            end = pending.find(b"\n")
+            if end < 0:
+                break
+            line = pending[:end]
+            pending = pending[end + 1 :]
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
