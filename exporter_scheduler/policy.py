@@ -69,6 +69,10 @@ class Policy:
     # GPUs, blind to load: a node passes only when the chance that all k it hands out are
     # candidates is at least this (7 of 8 candidates pass a 1-GPU pod; 4 of 8 do not).
     min_gpu_fit_probability: float = 0.75
+    # The device plugin's choice of GPUs is blind to load (NVIDIA's picks by topology or in no
+    # defined order), so a node is judged on the GPUs it could hand out. False only where GPUs
+    # are assigned by their load (a load-aware allocator): the best k candidates are counted.
+    blind_device_plugin: bool = True
 
     def __post_init__(self) -> None:
         _check_fraction("utilization_limit", self.utilization_limit)

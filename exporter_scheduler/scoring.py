@@ -340,6 +340,7 @@ class PodClass:
 
     __slots__ = (
         "any_rank",
+        "blind",
         "chain_active",
         "decode",
         "gpu_request",
@@ -435,6 +436,7 @@ class PodClass:
         self.inflight_load_delay_s = policy.inflight_load_delay_s
         self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
         self.min_fit_bp = round(policy.min_gpu_fit_probability * BASIS_POINTS)
+        self.blind = policy.blind_device_plugin
         self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
         self.w_total = self.w_util + self.w_frag + self.w_temp
         self.score_memo = _score_memo((self.temp_limit_c, self.w_util, self.w_frag, self.w_temp))
@@ -1036,7 +1038,8 @@ def _judge_gpus(
     GPUs handed out: the mean over the pool, a GPU that is no candidate counting as none.
     Where allocations are unknown, the pool is unknown too: the node passes with k candidates
     and the score reads the best k (by the headrooms under the policy's weights, ties by
-    index). A node short of k candidates is rejected with the reason of the first criterion
+    index), as they are under the policy's `blind_device_plugin: false` (a load-aware
+    allocator). A node short of k candidates is rejected with the reason of the first criterion
     after which fewer than k GPUs remain (in-flight GPUs count as allocated).
     """
     k = c.gpu_request
@@ -1146,7 +1149,7 @@ def _judge_gpus(
             len(pool) if allocation_checked else None, 0 if allocation_checked else None,
         )  # fmt: skip
         return _GpuJudgement(c.gpus_fail[_shortfall_step(len(gpus), failed, k)], check, 0, 0, False)
-    if allocation_checked:
+    if allocation_checked and c.blind:
         # A blind device plugin: any k of the pool. Expected headrooms are means over the pool.
         pool_size = len(pool)
         chance_bp = fit_bp(candidates, pool_size, k)

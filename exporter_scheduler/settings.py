@@ -53,6 +53,7 @@ POLICY_FIELDS: Final = (
     "inflight_load_delay_s",
     "inflight_gpu_load",
     "min_gpu_fit_probability",
+    "blind_device_plugin",
 )
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -215,6 +216,11 @@ class ScorerSettings(BaseSettings):
         description="Least chance that the k GPUs a blind device plugin hands out are all "
         "candidates (nodes publishing allocations).",
     )
+    blind_device_plugin: bool = Field(
+        _DEFAULT_POLICY.blind_device_plugin,
+        description="Judge a node on the GPUs a load-blind device plugin could hand out; false "
+        "counts the best k (only for a load-aware GPU allocator).",
+    )
 
     @field_validator(
         "utilization_limit",
@@ -289,6 +295,7 @@ class ScorerSettings(BaseSettings):
             inflight_load_delay_s=self.inflight_load_delay_s,
             inflight_gpu_load=self.inflight_gpu_load,
             min_gpu_fit_probability=self.min_gpu_fit_probability,
+            blind_device_plugin=self.blind_device_plugin,
         )
 
     def tls(self) -> TlsFiles | None:

@@ -480,7 +480,7 @@ def test_passes_exactly_with_k_candidates_and_scores_the_best_k(
         assert not verdict.passed
         assert check.counted == ()
         return
-    if check.allocation_checked:
+    if check.allocation_checked and policy.blind_device_plugin:
         # A blind device plugin: every candidate of its pool counts, the chance is exact.
         assert check.pool is not None
         assert check.fit_bp == math.comb(check.candidates, k) * 10_000 // math.comb(check.pool, k)
