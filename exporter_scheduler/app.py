@@ -20,15 +20,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import compress
+from types import MappingProxyType
 from typing import Final, Protocol
 from urllib.parse import parse_qs
 
 from exporter_scheduler import wire
 from exporter_scheduler.explain import explain, rejection_fields, render_text
+from exporter_scheduler.hints import SPREAD_MAX_PER_DOMAIN
 from exporter_scheduler.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
 from exporter_scheduler.nodestore import NodeStore, describe_pod_class
 from exporter_scheduler.policy import Policy
+from exporter_scheduler.profiles import PolicySet, Profile
 from exporter_scheduler.scoring import (
     NodeInput,
     NodeVerdict,
@@ -37,6 +40,14 @@ from exporter_scheduler.scoring import (
     evaluate,
     pod_class_key,
 )
+from exporter_scheduler.spread import (
+    HOSTNAME_KEY,
+    LabelsOf,
+    SpreadCap,
+    SpreadCheck,
+    block_evaluation,
+    check_spread,
+)
 from exporter_scheduler.verdicts import ContentVerdicts, Judgement, TallyKey
 
 # 5000 full Nodes of ~7 KB are ~38 MB; twice that leaves room for bigger Node objects
@@ -44,6 +55,9 @@ from exporter_scheduler.verdicts import ContentVerdicts, Judgement, TallyKey
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
+# Namespaces whose chosen profile is remembered; beyond this the memo starts afresh.
+_MAX_NAMESPACES: Final = 4096
+_NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 
 JSON: Final = b"application/json"
 TEXT: Final = b"text/plain; charset=utf-8"
@@ -57,12 +71,39 @@ PodsOf = Callable[[str], tuple[BoundPod, ...]]
 MAX_PROPOSED_NODES: Final = 3
 
 
+class NamespaceLabels(Protocol):
+    """Namespace labels from a watch (`namespacecache.NamespaceCache`)."""
+
+    generation: int
+
+    def labels(self, namespace: str) -> Mapping[str, str]: ...
+
+
 class Placements(Protocol):
     """Where the scorer records the placements it expects (`podcache.PodCache`)."""
 
     def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None: ...
 
     def forget(self, uid: str) -> None: ...
+
+
+class Groups(Protocol):
+    """The bound pods of each spread group (`podcache.PodCache`)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]: ...
+
+
+# Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
+# cannot be kept: its pods wait rather than exceed it.
+SPREAD_UNCOUNTED: Final = "spread group not counted (pod watch off)"
+_MAX_SEEN_LABELS: Final = 100_000
+
+
+def _capped(request: wire.ExtenderRequest, pod_class: PodClass) -> bool:
+    return pod_class.hints.spread_max_per_domain is not None and pod_class.hint_problem is None
 
 
 log = logging.getLogger("exporter_scheduler.server")
@@ -123,8 +164,21 @@ class ScorerApp:
         metrics: ScorerMetrics | None = None,
         pods_of: PodsOf | None = None,
         placements: Placements | None = None,
+        profiles: tuple[Profile, ...] = (),
+        namespace_labels: NamespaceLabels | None = None,
+        groups: Groups | None = None,
     ) -> None:
+        # The top-level policy; a pod whose namespace a tenant profile matches gets that
+        # profile's policy instead (`_policy_for`).
         self.policy = policy
+        self.policies = PolicySet(policy, profiles)
+        self.namespace_labels = namespace_labels
+        self.groups = groups
+        # Full-node mode: the labels of Nodes seen in requests, for the domains of the nodes
+        # a spread group's pods run on (names-only mode reads them from the node store).
+        self._seen_labels: dict[str, Mapping[str, str]] = {}
+        self._chosen: dict[str, Policy] = {}
+        self._chosen_generation = -1
         # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
         # them in the node store). None without a pod watch.
         self.pods_of = pods_of
@@ -200,6 +254,7 @@ class ScorerApp:
                     response, judgement = self._nodes_reply(verb, request, pod_class, now)
                 if placements is not None:
                     self._propose(verb, request, pod_class, judgement, now, placements)
+                self.metrics.count_request(verb, pod_class.policy.profile)
         except Exception as exc:
             response = self._internal_error(verb, request, exc)
         self._observe(verb, request, started)
@@ -231,10 +286,30 @@ class ScorerApp:
             )
         return request
 
+    def _policy_for(self, namespace: str) -> Policy:
+        """The policy of the first tenant profile matching `namespace` (else the top-level
+        one), memoised per namespace until a namespace's labels change."""
+        policies = self.policies
+        if not policies.profiles:
+            return self.policy
+        source = self.namespace_labels
+        generation = -1 if source is None else source.generation
+        if generation != self._chosen_generation:
+            self._chosen = {}
+            self._chosen_generation = generation
+        chosen = self._chosen.get(namespace)
+        if chosen is None:
+            labels = _NO_LABELS if source is None else source.labels(namespace)
+            chosen = policies.choose(namespace, labels)
+            if len(self._chosen) > _MAX_NAMESPACES:
+                self._chosen = {}
+            self._chosen[namespace] = chosen
+        return chosen
+
     def _pod_class(self, request: wire.ExtenderRequest) -> PodClass:
         """Stage 2: the pod's class, compiled once and reused by every pod with the same hints
-        and GPU request under this policy."""
-        policy = self.policy
+        and GPU request under the policy its namespace chose."""
+        policy = self._policy_for(request.pod.namespace)
         known = self._classes.get(pod_class_key(request.pod, policy))
         if known is not None and known.policy is policy:
             return known
@@ -278,6 +353,7 @@ class ScorerApp:
                 gpu_load_bp=None if load is None else round(load * BASIS_POINTS),
                 memory_mib=hints.min_gpu_memory_mib,
                 provisional=True,
+                group=pod.spread_group,
             ),
             nodes,
             now,
@@ -297,6 +373,17 @@ class ScorerApp:
             lambda record: wire.record_input(record, gpu_keys),
             pods_of=self.pods_of,
         )
+        if _capped(request, pod_class):
+            seen = self._seen_labels
+            nodes = []
+            for record in request.records:
+                name, labels = record.metadata.name, wire.record_labels(record)
+                nodes.append((name, labels))
+                if labels is not None:
+                    seen[name] = labels
+            if len(seen) > _MAX_SEEN_LABELS:
+                self._seen_labels = {}
+            self._apply_spread(request, pod_class, judgement, nodes, seen.get)
         if verb == "prioritize":
             return Response(200, judgement.prioritize_reply()), judgement
         failed, unresolvable = judgement.rejections()
@@ -305,6 +392,47 @@ class ScorerApp:
         )
         self._count_and_log(request, pod_class, judgement, judged)
         return Response(200, parts), judgement
+
+    def _spread_check(
+        self,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
+        labels_of: LabelsOf,
+    ) -> SpreadCheck | dict[str, str]:
+        """The pod's spread cap on `nodes`, or the reason every node fails when the cap cannot
+        be applied (a cap without the group label; no pod watch to count the group)."""
+        pod, hints = request.pod, pod_class.hints
+        prefix = pod_class.policy.keys.prefix
+        assert hints.spread_max_per_domain is not None
+        if pod.spread_group is None:
+            reason = f"invalid pod annotation {prefix}{SPREAD_MAX_PER_DOMAIN}"
+            return dict.fromkeys((name for name, _ in nodes), reason)
+        groups = self.groups
+        if groups is None or not groups.active:
+            return dict.fromkeys((name for name, _ in nodes), SPREAD_UNCOUNTED)
+        cap = SpreadCap(
+            pod.namespace,
+            pod.spread_group,
+            hints.spread_max_per_domain,
+            hints.spread_topology_key or HOSTNAME_KEY,
+        )
+        return check_spread(
+            cap, groups.group_pods(pod.namespace, pod.spread_group), nodes, labels_of
+        )
+
+    def _apply_spread(
+        self,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        judgement: Judgement,
+        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
+        labels_of: LabelsOf,
+    ) -> None:
+        if not nodes:
+            return
+        check = self._spread_check(request, pod_class, nodes, labels_of)
+        judgement.block(check if isinstance(check, dict) else check.blocked)
 
     def _names_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
@@ -316,6 +444,10 @@ class ScorerApp:
         )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
+        store = self.node_store
+        if _capped(request, pod_class):
+            nodes = [(name, store.labels_of(name)) for name in request.node_names]
+            self._apply_spread(request, pod_class, judgement, nodes, store.labels_of)
         replies = judgement.replies  # bytes made earlier from these same entries, if any
         body = None if replies is None else replies.get(verb)
         if body is None:
@@ -370,10 +502,26 @@ class ScorerApp:
         now: datetime,
         query: bytes,
     ) -> Response:
-        evaluation = evaluate(
-            request.pod, self._nodes_of(request), now, self.policy, pod_class=pod_class
+        nodes = self._nodes_of(request)
+        evaluation = evaluate(request.pod, nodes, now, pod_class.policy, pod_class=pod_class)
+        spread: SpreadCheck | dict[str, str] | None = None
+        if _capped(request, pod_class):
+            if request.form == "names" and self.node_store is not None:
+                labelled = [(n.name, n.labels) for n in nodes]
+                labels_of: LabelsOf = self.node_store.labels_of
+            else:
+                labelled = [(r.metadata.name, wire.record_labels(r)) for r in request.records]
+                labels_of = {**self._seen_labels, **dict(labelled)}.get
+            spread = self._spread_check(request, pod_class, labelled, labels_of)
+            blocked = spread if isinstance(spread, dict) else spread.blocked
+            evaluation = block_evaluation(evaluation, blocked)
+        document = explain(
+            evaluation,
+            request.pod,
+            now,
+            pod_class.policy,
+            spread=spread if isinstance(spread, SpreadCheck) else None,
         )
-        document = explain(evaluation, request.pod, now, self.policy)
         output = parse_qs(query.decode("latin-1")).get("output", ["json"])[-1]
         if output == "text":
             return Response(200, render_text(document).encode(), TEXT)

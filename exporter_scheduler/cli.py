@@ -31,6 +31,8 @@ from exporter_scheduler.app import ObservabilityApp, ScorerApp
 from exporter_scheduler.explain import explain, render_text
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodedata import NodeDataCollector
+from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES
+from exporter_scheduler.profiles import PolicySet
 from exporter_scheduler.scoring import evaluate
 from exporter_scheduler.server import HttpServer
 from exporter_scheduler.settings import (
@@ -48,6 +50,7 @@ PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
 if TYPE_CHECKING:
+    from exporter_scheduler.namespacecache import NamespaceCache
     from exporter_scheduler.nodecache import NodeCache
     from exporter_scheduler.podcache import PodCache
 
@@ -175,6 +178,8 @@ def _serve(args: argparse.Namespace) -> int:
     metrics = ScorerMetrics()
     cache = None
     pod_cache = None
+    namespaces: NamespaceCache | Literal[False] | None = None
+    policies = settings.policy_set()
     try:
         if settings.node_cache:
             # Imported here so that full-node mode never loads the kubernetes client.
@@ -185,12 +190,17 @@ def _serve(args: argparse.Namespace) -> int:
                     kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
                     keys=policy.keys,
                     metrics=metrics,
+                    # Each profile's pod classes have verdict tables of their own.
+                    max_classes=DEFAULT_MAX_CLASSES * len(policies.policies()),
                 ).start()
             except Exception as exc:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
             metrics.registry.register(NodeDataCollector(cache, policy))
         pod_cache = _start_pod_watch(settings, metrics, cache, log)
+        namespaces = _start_namespace_watch(settings, policies, metrics, log)
+        if namespaces is False:
+            return 1
         app = ScorerApp(
             policy=policy,
             node_store=None if cache is None else cache.store,
@@ -200,6 +210,9 @@ def _serve(args: argparse.Namespace) -> int:
             # Names-only mode reads the pods from the node store; full-node mode from here.
             pods_of=pod_cache.pods_of if pod_cache is not None and cache is None else None,
             placements=pod_cache,
+            groups=pod_cache,
+            profiles=policies.profiles,
+            namespace_labels=namespaces,
         )
         try:
             server = HttpServer(
@@ -252,6 +265,8 @@ def _serve(args: argparse.Namespace) -> int:
                 signal.signal(sig, handler)
         return 0
     finally:
+        if namespaces:
+            namespaces.stop()
         if pod_cache is not None:
             pod_cache.stop()
         if cache is not None:
@@ -296,6 +311,29 @@ def _start_pod_watch(
         return None
 
 
+def _start_namespace_watch(
+    settings: ScorerSettings, policies: PolicySet, metrics: ScorerMetrics, log: logging.Logger
+) -> NamespaceCache | Literal[False] | None:
+    """The Namespace watch when a profile chooses by namespace labels (None when none does;
+    False when it cannot start: such profiles cannot work without credentials)."""
+    if not policies.reads_labels:
+        return None
+    from exporter_scheduler.namespacecache import NamespaceCache  # noqa: PLC0415
+
+    try:
+        return NamespaceCache(
+            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            metrics=metrics,
+        ).start()
+    except Exception as exc:
+        log.error(
+            "a profile chooses by namespace-selector, which needs a Namespace watch, and "
+            "there are no Kubernetes credentials for it: %s",
+            exc,
+        )
+        return False
+
+
 def _explain(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
     policy = settings.policy()
@@ -319,6 +357,8 @@ def _explain(args: argparse.Namespace) -> int:
             f"--request {args.request}: explain needs full Node objects (a request sent with "
             "nodeCacheCapable: false); this one carries only node names"
         )
+    # Offline there are no namespace labels: only profiles chosen by namespace name can match.
+    policy = settings.policy_set().choose(request.pod.namespace, {})
     evaluation = evaluate(request.pod, request.nodes, now, policy)
     document = explain(evaluation, request.pod, now, policy)
     if args.output == "json":

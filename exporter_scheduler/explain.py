@@ -22,6 +22,7 @@ from exporter_scheduler.scoring import (
     PodInput,
     ScoreBreakdown,
 )
+from exporter_scheduler.spread import SpreadCheck
 from gpu_contract.schema import NodeGpuState, format_timestamp
 
 
@@ -40,8 +41,16 @@ def _fraction(bp: int) -> float:
     return bp / BASIS_POINTS
 
 
-def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy) -> dict[str, Any]:
-    """Everything behind `evaluation`, as plain JSON-able data (str keys, no NaN, no sets)."""
+def explain(
+    evaluation: Evaluation,
+    pod: PodInput,
+    now: datetime,
+    policy: Policy,
+    *,
+    spread: SpreadCheck | None = None,
+) -> dict[str, Any]:
+    """Everything behind `evaluation`, as plain JSON-able data (str keys, no NaN, no sets).
+    `spread`: the pod's spread cap as applied to the same nodes (already in the verdicts)."""
     w_util, w_frag, w_temp = weight_milli(policy)
     prefix = policy.keys.prefix
     hint_annotations = {
@@ -88,6 +97,7 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
             }
         ),
         "policy": {
+            "profile": policy.profile,
             "annotation_prefix": prefix,
             "utilization_limit": policy.utilization_limit,
             "effective_utilization_limit": evaluation.utilization_limit,
@@ -117,6 +127,7 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
                 "basis": chain.basis,
             }
         ),
+        "spread": None if spread is None else _spread(spread),
         "nodes": nodes,
         "summary": {
             "nodes": len(nodes),
@@ -125,6 +136,21 @@ def explain(evaluation: Evaluation, pod: PodInput, now: datetime, policy: Policy
             "unresolvable": sum(1 for v in evaluation.verdicts if not v.passed and v.unresolvable),
             "reasons": dict(sorted(reasons.items())),
         },
+    }
+
+
+def _spread(check: SpreadCheck) -> dict[str, Any]:
+    cap = check.cap
+    return {
+        "group": cap.group,
+        "namespace": cap.namespace,
+        "max_per_domain": cap.max_per_domain,
+        "topology_key": cap.topology_key,
+        # The group's pods per domain, in-flight and the scorer's proposals included.
+        "counts": dict(check.counts),
+        "uncounted_pods": check.uncounted,
+        "domains": dict(check.domains),
+        "blocked": dict(sorted(check.blocked.items())),
     }
 
 
@@ -319,7 +345,8 @@ def render_text(explanation: dict[str, Any]) -> str:
     lines = [
         f"pod {pod['namespace']}/{pod['name']} (gpu request {pod['gpu_request']}) "
         f"at {explanation['now']}",
-        f"policy: utilization limit {_show(policy['effective_utilization_limit'])}"
+        f"policy {policy['profile']}: utilization limit "
+        f"{_show(policy['effective_utilization_limit'])}"
         f" (cluster {_show(policy['utilization_limit'])}), "
         f"temperature limit {policy['temperature_limit_c']}C, "
         f"stale after {policy['stale_after_s']:g}s, missing data {policy['missing_data']}"
@@ -342,6 +369,13 @@ def render_text(explanation: dict[str, Any]) -> str:
         lines.append(
             f"model chain {','.join(chain['preference'])} at {_show(chain['threshold'])}: "
             f"kept {chosen} ({chain['basis']})"
+        )
+    spread = explanation.get("spread")
+    if spread is not None:
+        counts = ", ".join(f"{d} {n}" for d, n in spread["counts"].items()) or "none yet"
+        lines.append(
+            f"spread group {spread['namespace']}/{spread['group']}: at most "
+            f"{spread['max_per_domain']} per {spread['topology_key']}; pods per domain: {counts}"
         )
     for node in explanation["nodes"]:
         lines.append("")

@@ -9,6 +9,7 @@ its owner asked us not to.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -22,6 +23,16 @@ MIN_GPU_MEMORY_MIB: Final = "min-gpu-memory-mib"
 # Utilization one unit of the pod's GPU request adds to a GPU once it runs: what the scorer
 # counts for the pod while the node's data cannot show it yet (exporter_scheduler/inflight.py).
 EXPECTED_GPU_LOAD: Final = "expected-gpu-load"
+# Group caps (exporter_scheduler/spread.py): the group is the pod's `spread-group` label.
+SPREAD_GROUP_LABEL: Final = "spread-group"
+SPREAD_MAX_PER_DOMAIN: Final = "spread-max-per-domain"
+SPREAD_TOPOLOGY_KEY: Final = "spread-topology-key"
+MAX_SPREAD_PER_DOMAIN: Final = 100_000
+# A qualified label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63.
+_LABEL_KEY: Final = re.compile(
+    r"(?:(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
 # The order in which hints are checked, and so which one an error names when several are bad.
 HINT_NAMES: Final = (
     MODEL_PREFERENCE,
@@ -29,6 +40,8 @@ HINT_NAMES: Final = (
     MAX_UTILIZATION,
     MIN_GPU_MEMORY_MIB,
     EXPECTED_GPU_LOAD,
+    SPREAD_MAX_PER_DOMAIN,
+    SPREAD_TOPOLOGY_KEY,
 )
 
 # A preference entry that matches every node, whatever its model (or none): "anything else last".
@@ -50,6 +63,8 @@ class PodHints:
     max_utilization: float | None = None
     min_gpu_memory_mib: int | None = None
     expected_gpu_load: float | None = None
+    spread_max_per_domain: int | None = None
+    spread_topology_key: str | None = None
 
 
 NO_HINTS: Final = PodHints()
@@ -113,9 +128,35 @@ def parse_hints(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Po
             return HintError(key, text, value)
         load = value
 
-    if not preference and fractions == [None, None] and min_memory is None and load is None:
+    spread_max: int | None = None
+    key = prefix + SPREAD_MAX_PER_DOMAIN
+    text = get(key)
+    if text is not None:
+        count = _parse_count(text)
+        if isinstance(count, str):
+            return HintError(key, text, count)
+        spread_max = count
+
+    spread_key: str | None = None
+    key = prefix + SPREAD_TOPOLOGY_KEY
+    text = get(key)
+    if text is not None:
+        if not isinstance(text, str) or not _LABEL_KEY.fullmatch(text.strip()):
+            return HintError(key, str(text), "not a label key (e.g. topology.kubernetes.io/zone)")
+        spread_key = text.strip()
+
+    if (
+        not preference
+        and fractions == [None, None]
+        and min_memory is None
+        and load is None
+        and spread_max is None
+        and spread_key is None
+    ):
         return NO_HINTS
-    return PodHints(preference, fractions[0], fractions[1], min_memory, load)
+    return PodHints(
+        preference, fractions[0], fractions[1], min_memory, load, spread_max, spread_key
+    )
 
 
 def _parse_preference(text: str) -> tuple[str, ...] | str:
@@ -150,6 +191,18 @@ def _parse_fraction(text: str) -> float | str:
         return "not a finite number"
     if not 0.0 <= value <= 1.0:
         return "not a fraction between 0 and 1"
+    return value
+
+
+def _parse_count(text: str) -> int | str:
+    if not isinstance(text, str):
+        return "not a string"
+    stripped = text.strip()
+    if not stripped.isascii() or not stripped.isdigit() or len(stripped) > _MAX_NUMBER_CHARS:
+        return "not a whole number"
+    value = int(stripped)
+    if not 1 <= value <= MAX_SPREAD_PER_DOMAIN:
+        return f"not between 1 and {MAX_SPREAD_PER_DOMAIN}"
     return value
 
 

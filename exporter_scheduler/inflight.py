@@ -68,6 +68,8 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
     # The scorer's own expectation of where the pod goes, not yet seen bound in the watch
     # (`bound_at` is then the scorer's time of the proposal).
     provisional: bool = False
+    # Its `<prefix>spread-group` label: the group a spread cap counts it in (spread.py).
+    group: str | None = None
 
     @property
     def ref(self) -> str:

@@ -105,6 +105,13 @@ class ScorerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.requests_by_profile = Counter(
+            "gpu_scorer_requests",
+            "Extender requests answered with verdicts, by verb and by the tenant profile the "
+            "pod's namespace chose (`default`: the top-level policy).",
+            ["verb", "profile"],
+            registry=r,
+        )
         self.nodes_per_request = Histogram(
             "gpu_scorer_request_nodes",
             "Nodes in an extender request, by verb.",
@@ -216,8 +223,32 @@ class ScorerMetrics:
             registry=r,
         )
 
+        self.namespace_cache_relists = Counter(
+            "gpu_scorer_namespace_cache_relists",
+            "Full LISTs of Namespaces (tenant profiles chosen by namespace labels only).",
+            registry=r,
+        )
+        self.namespace_cache_watch_restarts = Counter(
+            "gpu_scorer_namespace_cache_watch_restarts",
+            "Namespace watches that ended (timeout, 410 Gone, connection error) and were reopened.",
+            ["cause"],
+            registry=r,
+        )
+        self.namespace_cache_event_seconds = Histogram(
+            "gpu_scorer_namespace_cache_event_seconds",
+            "Time the namespace watch spent on one event that changed a namespace's labels.",
+            buckets=EVENT_BUCKETS_S,
+            registry=r,
+        )
+        self.namespace_cache_ready = Gauge(
+            "gpu_scorer_namespace_cache_ready",
+            "1 once the namespace watch holds its first full LIST (profiles chosen by labels).",
+            registry=r,
+        )
+
         # Bound children for the request path: `labels()` takes a lock and builds a key per call.
         self.request_seconds_by_verb = {v: self.request_seconds.labels(v) for v in VERBS}
+        self._profile_children: dict[tuple[str, str], Counter] = {}
         self.nodes_per_request_by_verb = {v: self.nodes_per_request.labels(v) for v in VERBS}
         self.request_path_judgements_by_verb = {
             v: self.request_path_judgements.labels(v) for v in VERBS
@@ -231,8 +262,17 @@ class ScorerMetrics:
         for cause in WATCH_RESTART_CAUSES:
             self.node_cache_watch_restarts.labels(cause)
             self.pod_cache_watch_restarts.labels(cause)
+            self.namespace_cache_watch_restarts.labels(cause)
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}
+
+    def count_request(self, verb: str, profile: str) -> None:
+        child = self._profile_children.get((verb, profile))
+        if child is None:
+            child = self._profile_children[verb, profile] = self.requests_by_profile.labels(
+                verb, profile
+            )
+        child.inc()
 
     def tally_verdicts(self, verdicts: Iterable[VerdictLike]) -> VerdictTally:
         """Count one request's verdicts (one pass over the nodes) without adding them yet."""

@@ -18,7 +18,8 @@ import logging
 import random
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, Final
 
 import msgspec
@@ -46,6 +47,7 @@ log = logging.getLogger("exporter_scheduler.nodecache")
 # its clock has moved past it) cannot spin the thread.
 _EXPIRY_POLL_MAX_S: Final = 5.0
 _EXPIRY_POLL_MIN_S: Final = 0.01
+_NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class _Decoders:
@@ -59,6 +61,7 @@ class _Decoders:
             [
                 ("name", str | None, None),
                 ("resourceVersion", str | None, None),
+                ("labels", dict[str, str] | None, None),
                 ("annotations", gpu_annotations_type(keys) | None, None),
                 ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
                 # NodeList only: the token for the next page (`continue` is a Python keyword).
@@ -201,4 +204,9 @@ class NodeCache(ListWatch):
             agent_write_time=agent_write_time(meta.managedFields),
             predecoded=(prefix, predecode(annotations, self.keys)),
             foreign_writer=foreign_writer(meta.managedFields),
+            labels=_frozen_labels(meta.labels),
         )
+
+
+def _frozen_labels(labels: dict[str, str] | None) -> Mapping[str, str]:
+    return _NO_LABELS if not labels else MappingProxyType(labels)

@@ -226,6 +226,8 @@ class NodeStore:
             node = self._with_pods(node)
             old = self._nodes.get(node.name)
             if old is not None and _same_data(old, node):
+                if old.labels != node.labels:  # read by spread caps only, per request
+                    self._nodes[node.name] = dataclasses.replace(old, labels=node.labels)
                 return False
             self._nodes[node.name] = node
             self._judge_everywhere(node)
@@ -248,6 +250,8 @@ class NodeStore:
             for node in map(self._with_pods, nodes):
                 kept = old.get(node.name)
                 if kept is not None and _same_data(kept, node):
+                    if kept.labels != node.labels:
+                        kept = dataclasses.replace(kept, labels=node.labels)
                     fresh[node.name] = kept
                 else:
                     fresh[node.name] = node
@@ -276,6 +280,10 @@ class NodeStore:
 
     def pods_of(self, name: str) -> tuple[BoundPod, ...]:
         return self._pods.get(name, NO_PODS)
+
+    def labels_of(self, name: str) -> Mapping[str, str] | None:
+        node = self._nodes.get(name)
+        return None if node is None else node.labels
 
     def _set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
         if self._pods.get(name, NO_PODS) == pods:
@@ -422,7 +430,7 @@ def _same_data(a: NodeInput, b: NodeInput) -> bool:
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
     """The pod class in a log line: the hint annotations and the GPU request that define it."""
     _, hints, gpu_request = pod_class.key
-    return {"hints": dict(hints), "gpu_request": gpu_request}
+    return {"profile": pod_class.policy.profile, "hints": dict(hints), "gpu_request": gpu_request}
 
 
 def _log_rejection(pod_class: PodClass, verdict: NodeVerdict) -> None:

@@ -30,7 +30,13 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from exporter_scheduler.hints import EXPECTED_GPU_LOAD, MIN_GPU_MEMORY_MIB, HintError, parse_hints
+from exporter_scheduler.hints import (
+    EXPECTED_GPU_LOAD,
+    MIN_GPU_MEMORY_MIB,
+    SPREAD_GROUP_LABEL,
+    HintError,
+    parse_hints,
+)
 from exporter_scheduler.inflight import BASIS_POINTS, NO_PODS, PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.listwatch import CacheTuning, ListWatch, LoopMetrics
 from exporter_scheduler.metrics import ScorerMetrics
@@ -89,6 +95,7 @@ class _Meta(msgspec.Struct):
     resourceVersion: str | None = None  # noqa: N815
     creationTimestamp: str | None = None  # noqa: N815
     annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
     # PodList only: the token for the next page (`continue` is a Python keyword).
     continue_: str | None = msgspec.field(default=None, name="continue")
 
@@ -179,6 +186,7 @@ def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod
         running_since=running_since,
         gpu_load_bp=load_bp,
         memory_mib=memory_mib,
+        group=(meta.labels or {}).get(keys.prefix + SPREAD_GROUP_LABEL),
     )
 
 
@@ -221,6 +229,8 @@ class PodCache(ListWatch):
         self._by_node: dict[str, tuple[BoundPod, ...]] = {}
         # The scorer's own proposals (`propose`) by pod uid, until the watch shows the pod.
         self._proposed: dict[str, tuple[BoundPod, ...]] = {}
+        # Spread groups: (namespace, group) -> the members held, bound or proposed.
+        self._groups: dict[tuple[str, str], dict[tuple[str, str, bool], BoundPod]] = {}
         self._sinks: list[PodSink] = []
         self._active: bool | None = None  # None until the first LIST or failure
         m.inflight_accounting.set(0)
@@ -239,6 +249,11 @@ class PodCache(ListWatch):
     def pods_of(self, node: str) -> tuple[BoundPod, ...]:
         """The GPU pods bound to `node` (no I/O, no lock: one dict read)."""
         return self._by_node.get(node, NO_PODS)
+
+    def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]:
+        """The bound (and proposed) pods of spread group `group` in `namespace`."""
+        members = self._groups.get((namespace, group))
+        return () if members is None else tuple(members.values())
 
     def by_node(self) -> PodsByNode:
         return dict(self._by_node)
@@ -283,6 +298,24 @@ class PodCache(ListWatch):
             node = proposal.node
             self._publish(node, tuple(p for p in self.pods_of(node) if p is not proposal))
 
+    def _ungroup(self, pod: BoundPod) -> None:
+        assert pod.group is not None
+        key = (pod.namespace, pod.group)
+        members = self._groups.get(key)
+        if members is not None:
+            members.pop(_member(pod), None)
+            if not members:
+                del self._groups[key]
+
+    def _regroup(self) -> None:
+        """Under the lock: the group index rebuilt from every node's pods (after a LIST)."""
+        groups: dict[tuple[str, str], dict[tuple[str, str, bool], BoundPod]] = {}
+        for pods in self._by_node.values():
+            for pod in pods:
+                if pod.group is not None:
+                    groups.setdefault((pod.namespace, pod.group), {})[_member(pod)] = pod
+        self._groups = groups
+
     def _expire_proposals(self, now: datetime) -> None:
         for uid, proposals in list(self._proposed.items()):
             bound_at = proposals[0].bound_at if proposals else None
@@ -291,6 +324,12 @@ class PodCache(ListWatch):
 
     def _publish(self, node: str, pods: tuple[BoundPod, ...]) -> None:
         """Under the lock: `node`'s pods are now `pods`; every sink is told."""
+        for pod in self._by_node.get(node, NO_PODS):
+            if pod.group is not None:
+                self._ungroup(pod)
+        for pod in pods:
+            if pod.group is not None:
+                self._groups.setdefault((pod.namespace, pod.group), {})[_member(pod)] = pod
         if pods:
             self._by_node[node] = pods
         else:
@@ -315,6 +354,7 @@ class PodCache(ListWatch):
             self._by_uid = by_uid
             self._proposed = {}
             self._by_node = {node: _ordered(pods) for node, pods in by_node.items()}
+            self._regroup()
             for sink in self._sinks:
                 sink.replace_pods(self._by_node)
             self._set_active(True, "pod watch synced")
@@ -346,6 +386,7 @@ class PodCache(ListWatch):
             self._by_uid = {}
             self._proposed = {}
             self._by_node = {}
+            self._groups = {}
             self._resource_version = None  # relist: events missed while down are not replayed
             for sink in self._sinks:
                 sink.replace_pods(_EMPTY)
@@ -364,6 +405,10 @@ class PodCache(ListWatch):
                 "in-flight accounting off: verdicts read the nodes' annotations alone",
                 extra={"fields": {"why": why}},
             )
+
+
+def _member(pod: BoundPod) -> tuple[str, str, bool]:
+    return (pod.uid, pod.node, pod.provisional)
 
 
 def _ordered(pods: list[BoundPod] | tuple[BoundPod, ...]) -> tuple[BoundPod, ...]:

@@ -73,6 +73,9 @@ class Policy:
     # defined order), so a node is judged on the GPUs it could hand out. False only where GPUs
     # are assigned by their load (a load-aware allocator): the best k candidates are counted.
     blind_device_plugin: bool = True
+    # The tenant profile this policy is (`exporter_scheduler.profiles`); `default` for the
+    # top-level policy. Named in explanations, logs and the request metrics.
+    profile: str = "default"
 
     def __post_init__(self) -> None:
         _check_fraction("utilization_limit", self.utilization_limit)

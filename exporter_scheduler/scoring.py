@@ -113,6 +113,10 @@ class NodeInput:
     # The GPU pods bound to the node (from the Pod watch), in-flight or not: `judge_node`
     # counts those the node's data cannot show yet (`inflight.count_inflight`).
     pods: tuple[BoundPod, ...] = NO_PODS
+    # The Node's labels, read only by the spread cap's topology domains (`spread.py`); None
+    # when unknown (a full-node request's Nodes carry theirs, decoded only when a cap needs
+    # them).
+    labels: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,8 @@ class PodInput:
     # Read only to record where the scorer expects it to go (`podcache.PodCache.propose`);
     # no verdict reads it.
     uid: str = ""
+    # The pod's `<prefix>spread-group` label: the group its spread cap counts (spread.py).
+    spread_group: str | None = None
 
 
 class RuleOutcome(msgspec.Struct, frozen=True, gc=False):

@@ -29,6 +29,7 @@ from pydantic_settings import (
 from exporter_scheduler.app import DEFAULT_MAX_BODY_BYTES
 from exporter_scheduler.policy import MAX_TEMPERATURE_LIMIT_C, MAX_WEIGHT, MIN_TEMPERATURE_LIMIT_C
 from exporter_scheduler.policy import Policy as _Policy
+from exporter_scheduler.profiles import PolicySet, ProfileError, parse_profiles
 from exporter_scheduler.server import DEFAULT_KEEP_ALIVE_S, TlsFiles
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError
 
@@ -55,6 +56,10 @@ POLICY_FIELDS: Final = (
     "min_gpu_fit_probability",
     "blind_device_plugin",
 )
+
+# What a profile may override: the policy settings but the cluster-wide ones.
+_PROFILE_FIELDS: Final = tuple(f for f in POLICY_FIELDS if f != "annotation_prefix")
+FILE_ONLY: Final = frozenset({"profiles"})
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -216,6 +221,11 @@ class ScorerSettings(BaseSettings):
         description="Least chance that the k GPUs a blind device plugin hands out are all "
         "candidates (nodes publishing allocations).",
     )
+    profiles: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Policy file only: tenant profiles, each a name, namespaces and/or a "
+        "namespace-selector, and the policy settings it overrides (docs/scoring.md).",
+    )
     blind_device_plugin: bool = Field(
         _DEFAULT_POLICY.blind_device_plugin,
         description="Judge a node on the GPUs a load-blind device plugin could hand out; false "
@@ -258,7 +268,7 @@ class ScorerSettings(BaseSettings):
                 raise ValueError(f"{_source(name)}: file not found: {path}")
         if self.kubeconfig is not None and not self.kubeconfig.is_file():
             raise ValueError(f"{_source('kubeconfig')}: kubeconfig not found: {self.kubeconfig}")
-        self.policy()  # raises ValueError naming the field and its bound
+        self.policy_set()  # raises ValueError naming the field (and profile) and its bound
         return self
 
     @classmethod
@@ -298,6 +308,15 @@ class ScorerSettings(BaseSettings):
             blind_device_plugin=self.blind_device_plugin,
         )
 
+    def policy_set(self) -> PolicySet:
+        """The top-level policy and the tenant profiles built on it."""
+        default = self.policy()
+        try:
+            profiles = parse_profiles(self.profiles, default, _PROFILE_FIELDS)
+        except ProfileError as exc:
+            raise ValueError(f"policy file: {exc}") from None
+        return PolicySet(default, profiles)
+
     def tls(self) -> TlsFiles | None:
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
@@ -332,6 +351,9 @@ def read_policy_file(path: Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in loaded.items():
         name = str(key).replace("-", "_")
+        if name == "profiles":
+            values[name] = value  # checked with the policy it builds on (`policy_set`)
+            continue
         if name not in POLICY_FIELDS:
             raise SettingsError(
                 f"policy file {path}: unknown setting {key!r}; known: {', '.join(POLICY_FIELDS)}"
@@ -375,5 +397,6 @@ def load_settings(flags: Mapping[str, Any] | None = None) -> ScorerSettings:
 
 
 def settings_fields() -> dict[str, FieldInfo]:
-    """Every setting and its pydantic field (for the CLI parser and the docs)."""
-    return dict(ScorerSettings.model_fields)
+    """Every setting and its pydantic field (for the CLI parser and the docs); `profiles` is
+    the policy file's alone (a list of mappings has no flag)."""
+    return {k: v for k, v in ScorerSettings.model_fields.items() if k not in FILE_ONLY}

@@ -237,7 +237,17 @@ class Judgement:
     scattered in memory and every pass over them costs more than the work it does.
     """
 
-    __slots__ = ("_counts", "_ids", "chain", "entries", "judged", "names", "replies", "tally_keys")
+    __slots__ = (
+        "_counts",
+        "_ids",
+        "blocked",
+        "chain",
+        "entries",
+        "judged",
+        "names",
+        "replies",
+        "tally_keys",
+    )
 
     def __init__(
         self,
@@ -262,6 +272,15 @@ class Judgement:
         self.judged = judged  # entries this request had to judge itself
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
+        # Nodes a cross-node step after the chain rejects (a spread cap), with its reason.
+        self.blocked: Mapping[str, str] | None = None
+
+    def block(self, blocked: Mapping[str, str]) -> None:
+        """Reject `blocked` nodes (name -> reason) that pass, as unresolvable. The replies made
+        earlier from the same entries no longer apply."""
+        if blocked:
+            self.blocked = blocked
+            self.replies = None
 
     def _chosen(self) -> int | None:
         return None if self.chain is None else self.chain.chosen_rank
@@ -272,12 +291,30 @@ class Judgement:
         return self._ids
 
     def passed_mask(self) -> list[bool]:
-        """Per node, in request order: does it pass, after the chain."""
+        """Per node, in request order: does it pass, after the chain and any block."""
+        mask = self._chain_mask()
+        blocked = self.blocked
+        if blocked:
+            mask = [ok and name not in blocked for ok, name in zip(mask, self.names, strict=True)]
+        return mask
+
+    def _chain_mask(self) -> list[bool]:
         chosen = self._chosen()
         if chosen is None:
             passed_by_id = [key[0] for key in self.tally_keys]
             return list(map(passed_by_id.__getitem__, self._tally_ids()))
         return list(map(eq, map(_PASSED_RANK, self.entries), repeat(chosen)))
+
+    def _newly_blocked(self) -> list[tuple[int, str]]:
+        """(index, reason) of the nodes that pass the chain but are blocked."""
+        blocked = self.blocked
+        if not blocked:
+            return []
+        return [
+            (i, blocked[name])
+            for i, (ok, name) in enumerate(zip(self._chain_mask(), self.names, strict=True))
+            if ok and name in blocked
+        ]
 
     def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
         """`FailedNodes` and `FailedAndUnresolvableNodes`, after the chain."""
@@ -295,17 +332,23 @@ class Judgement:
             reason = self._not_preferred()
             for e in self._unkept(chosen):
                 unresolvable[e.node.name] = reason
+        for i, reason in self._newly_blocked():
+            unresolvable[self.names[i]] = reason
         return failed, unresolvable
 
     def prioritize_reply(self) -> bytes:
         """The bytes `wire.encode_prioritize_reply(evaluation.scores())` gives."""
         entries, chosen = self.entries, self._chosen()
-        if chosen is None:  # no chain, or nothing passed (every score is 0 already)
+        blocked = self.blocked
+        if chosen is None and not blocked:  # nothing to zero (every failed score is 0 already)
             return b"[" + b",".join(map(_PRIORITY, entries)) + b"]"
         zero = encode_host_priority
         pieces = [
-            zero(e.node.name, 0) if e.passed and e.passed_rank != chosen else e.priority
-            for e in entries
+            zero(e.node.name, 0)
+            if (chosen is not None and e.passed and e.passed_rank != chosen)
+            or (blocked and name in blocked)
+            else e.priority
+            for e, name in zip(entries, self.names, strict=True)
         ]
         return b"[" + b",".join(pieces) + b"]"
 
@@ -319,10 +362,13 @@ class Judgement:
         """The nodes with the highest score above 0 after the chain, if at most `most` share
         it (more: the scheduler's own scores decide among them, so none is expected)."""
         chosen = self._chosen()
+        blocked = self.blocked or {}
         best = 0
         top: list[str] = []
         for e in self.entries:
             score = 0 if chosen is not None and e.passed and e.passed_rank != chosen else e.score
+            if e.node.name in blocked:
+                score = 0
             if score > best:
                 best, top = score, [e.node.name]
             elif score == best and best > 0:
@@ -339,6 +385,15 @@ class Judgement:
             reason = self._not_preferred()
             for e in self._unkept(chosen):
                 key = keys[e.tally]
+                counts[key] -= 1
+                moved = (False, True, reason, key[3])
+                counts[moved] = counts.get(moved, 0) + 1
+            counts = {k: n for k, n in counts.items() if n}
+        newly_blocked = self._newly_blocked()
+        if newly_blocked:
+            entries = self.entries
+            for i, reason in newly_blocked:
+                key = keys[entries[i].tally]
                 counts[key] -= 1
                 moved = (False, True, reason, key[3])
                 counts[moved] = counts.get(moved, 0) + 1

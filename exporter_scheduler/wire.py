@@ -27,6 +27,7 @@ from typing import Any, Final, Literal, Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from exporter_scheduler.hints import SPREAD_GROUP_LABEL
 from exporter_scheduler.scoring import ForeignWriter, NodeInput, PodInput
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, Keys, parse_timestamp
 
@@ -56,6 +57,7 @@ class _ObjectMeta(msgspec.Struct):
     namespace: str | None = None
     uid: str | None = None
     annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
 
 
 class _Pod(msgspec.Struct):
@@ -136,6 +138,8 @@ class _NodeTypes:
             "NodeMeta",
             [
                 ("name", str | None, None),
+                # Only delimited: decoded by `record_labels` when a spread cap needs them.
+                ("labels", msgspec.Raw | UnsetType, UNSET),
                 ("annotations", gpu | None, None),
                 ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
             ],
@@ -278,6 +282,21 @@ def record_input(record: Any, gpu_fields: Sequence[str]) -> NodeInput:
     )
 
 
+_LABELS: Final = msgspec.json.Decoder(dict[str, str] | None)
+
+
+def record_labels(record: Any) -> dict[str, str] | None:
+    """A decoded Node record's labels (None when unreadable: then the node's domain is
+    unknown, which a spread cap treats as a node without the label)."""
+    raw = record.metadata.labels
+    if raw is UNSET:
+        return {}
+    try:
+        return _LABELS.decode(raw) or {}
+    except msgspec.DecodeError:
+        return None
+
+
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
     text = str(exc)
     if where:
@@ -334,14 +353,16 @@ def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     return max(total, largest_init)
 
 
-def _pod_input(pod: _Pod, resource: str) -> PodInput:
+def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
     meta = pod.metadata or _ObjectMeta()
+    labels = meta.labels
     return PodInput(
         namespace=meta.namespace or "",
         name=meta.name or "",
         annotations=meta.annotations or {},
         gpu_request=pod_gpu_request(pod.spec, resource),
         uid=meta.uid or "",
+        spread_group=None if labels is None else labels.get(keys.prefix + SPREAD_GROUP_LABEL),
     )
 
 
@@ -511,7 +532,7 @@ def decode_args(
         pod, nodes, names, nodes_raw = _case_folded_args(body, types)
     if pod is UNSET or pod is None:
         raise WireError("missing_pod", "request has no Pod")
-    pod_input = _pod_input(pod, gpu_resource_name)
+    pod_input = _pod_input(pod, gpu_resource_name, keys)
     if nodes is not UNSET and nodes is not None:
         records = nodes.items or []
         node_names = _check_named(records)
