@@ -73,6 +73,7 @@ _PASSED_RANK: Final = attrgetter("passed_rank")
 _BELOW_RANK: Final = attrgetter("below_rank")
 TALLY: Final = attrgetter("tally")
 _PRIORITY: Final = attrgetter("priority")
+_SCORE: Final = attrgetter("score")
 
 
 def all_hold(entries: Sequence[Entry], now_ts: float) -> bool:
@@ -355,6 +356,13 @@ class Judgement:
     def only_passed(self) -> str | None:
         """The one node that passed, after the chain, if exactly one did: kube-scheduler then
         binds the pod there without scoring."""
+        if self.chain is None and not self.blocked:
+            # Counted from the few distinct tally keys first: the common answer (many pass)
+            # costs no pass over the entries.
+            keys = self.tally_keys
+            by_id = self._counts if self._counts is not None else Counter(self._tally_ids())
+            if sum(n for i, n in by_id.items() if keys[i][0]) != 1:
+                return None
         passed = list(compress(self.names, self.passed_mask()))
         return passed[0] if len(passed) == 1 else None
 
@@ -362,18 +370,18 @@ class Judgement:
         """The nodes with the highest score above 0 after the chain, if at most `most` share
         it (more: the scheduler's own scores decide among them, so none is expected)."""
         chosen = self._chosen()
-        blocked = self.blocked or {}
-        best = 0
-        top: list[str] = []
-        for e in self.entries:
-            score = 0 if chosen is not None and e.passed and e.passed_rank != chosen else e.score
-            if e.node.name in blocked:
-                score = 0
-            if score > best:
-                best, top = score, [e.node.name]
-            elif score == best and best > 0:
-                top.append(e.node.name)
-        return top if len(top) <= most else []
+        blocked = self.blocked
+        scores = list(map(_SCORE, self.entries))  # in C: this runs on every prioritize
+        if chosen is not None or blocked:
+            for i, (e, name) in enumerate(zip(self.entries, self.names, strict=True)):
+                if (chosen is not None and e.passed and e.passed_rank != chosen) or (
+                    blocked and name in blocked
+                ):
+                    scores[i] = 0
+        best = max(scores, default=0)
+        if best <= 0 or scores.count(best) > most:
+            return []
+        return list(compress(self.names, map(eq, scores, repeat(best))))
 
     def tally(self) -> dict[TallyKey, int]:
         """Node counts per `(passed, unresolvable, reason, data_status)`, after the chain."""
