@@ -270,6 +270,8 @@ def _inflight(v: NodeVerdict) -> dict[str, Any] | None:
                 "load_pending": p.load_pending,
                 "gpu_load": _fraction(p.load_bp),
                 "bound_at": _time(p.bound_at),
+                # The scorer's own expectation, not yet seen bound in the Pod watch.
+                "provisional": p.provisional,
             }
             for p in inflight.pods
         ],
@@ -472,7 +474,12 @@ def _inflight_lines(inflight: dict[str, Any]) -> list[str]:
         ]
         lines.append(
             f"    {p['pod']}: {p['gpus']} gpu, {' and '.join(pending)} pending, "
-            f"load {_show(p['gpu_load'])}, bound {p['bound_at'] or 'at an unknown time'}"
+            f"load {_show(p['gpu_load'])}, "
+            + (
+                f"proposed by the scorer {p['bound_at']}"
+                if p["provisional"]
+                else f"bound {p['bound_at'] or 'at an unknown time'}"
+            )
         )
     return lines
 
