@@ -75,6 +75,8 @@ VARIANTS: dict[str, Variant] = {
     "defaults-k8s-1.36": Variant(kube_version="1.36.0"),
     "scheduler-off": Variant({"scheduler": {"enabled": False}}),
     "full-node": Variant({"scorer": {"nodeCache": False}}),
+    "full-node-no-pod-watch": Variant({"scorer": {"nodeCache": False, "podWatch": False}}),
+    "no-pod-watch": Variant({"scorer": {"podWatch": False}}),
     "sidecar": Variant({"scorer": {"mode": "sidecar"}}),
     "sidecar-full-node": Variant({"scorer": {"mode": "sidecar", "nodeCache": False}}),
     "admission-policy-off": Variant({"agent": {"admissionPolicy": {"enabled": False}}}),
@@ -158,7 +160,15 @@ VARIANTS: dict[str, Variant] = {
             "scorer": {
                 "pathPrefix": "/gpu-extender/",
                 "staleAfterSeconds": 120,
-                "policy": {"utilization_limit": 0.8, "missing_data": "strict"},
+                "policy": {
+                    "utilization_limit": 0.8,
+                    "missing_data": "strict",
+                    "inflight_max_s": 300,
+                    "inflight_load_delay_s": 90,
+                    "inflight_gpu_load": 0.5,
+                    "min_gpu_fit_probability": 0.9,
+                    "blind_device_plugin": False,
+                },
             },
             "scheduler": {"extender": {"ignorable": False, "weight": 10, "httpTimeout": "500ms"}},
         }

@@ -200,8 +200,10 @@ def test_scorer_settings_from_the_chart_validate(
     assert settings.stale_after_s > heartbeat
     tls = values.get("scorer", {}).get("tls", {})
     assert (settings.tls() is not None) is bool(tls.get("enabled"))
-    if "policy" in values.get("scorer", {}):
-        assert settings.utilization_limit == values["scorer"]["policy"]["utilization_limit"]
+    # Every policy value reaches the scorer through its policy file, as given.
+    for name, value in values.get("scorer", {}).get("policy", {}).items():
+        assert getattr(settings, name) == value, name
+    assert settings.pod_watch is values.get("scorer", {}).get("podWatch", True)
 
 
 def _captured_nodes(nodes: Sequence[NodeInput]) -> NodeStore:

@@ -339,8 +339,8 @@ def test_scorer_requires_the_agents_writes_where_only_the_agent_may_write(
     assert env_of(scorer, rendered)["GPU_SCORER_REQUIRE_AGENT_WRITER"] == expected
 
 
-def test_scorer_has_no_credentials_in_full_node_mode() -> None:
-    rendered = render("full-node")
+def test_scorer_has_no_credentials_in_full_node_mode_without_the_pod_watch() -> None:
+    rendered = render("full-node-no-pod-watch")
     deployment = rendered.get("Deployment", SCORER)
     assert deployment["spec"]["replicas"] >= 2
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
@@ -348,15 +348,51 @@ def test_scorer_has_no_credentials_in_full_node_mode() -> None:
     assert rendered.maybe("ClusterRole", SCORER) is None
     assert rendered.maybe("ClusterRoleBinding", SCORER) is None
     assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is False
+    scorer = containers(deployment)["scorer"]
+    assert env_of(scorer, rendered)["GPU_SCORER_POD_WATCH"] == "false"
 
 
-def test_scorer_may_only_list_and_watch_nodes_in_names_only_mode() -> None:
-    rendered = render("defaults")  # names only is the default
-    pod = rendered.get("Deployment", SCORER)["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is True
-    rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
-    assert rendered.get("ClusterRole", SCORER)["rules"] == [rule]
-    assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is True
+NODES_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
+PODS_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+
+
+@pytest.mark.parametrize(
+    ("variant", "rules", "node_cache", "pod_watch"),
+    [
+        # Names only (the default): its Node cache, and the pod watch of in-flight accounting.
+        pytest.param("defaults", [NODES_RULE, PODS_RULE], True, "true", id="names-only"),
+        # Full nodes: no Node watch, but the pod watch needs the token all the same.
+        pytest.param("full-node", [PODS_RULE], False, "true", id="full-node"),
+        pytest.param("no-pod-watch", [NODES_RULE], True, "false", id="names-only-no-pod-watch"),
+    ],
+)
+def test_scorer_may_only_list_and_watch_what_its_watches_read(
+    variant: str, rules: list[Manifest], node_cache: bool, pod_watch: str
+) -> None:
+    rendered = render(variant)
+    deployment = rendered.get("Deployment", SCORER)
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    assert rendered.get("ServiceAccount", SCORER)["automountServiceAccountToken"] is True
+    assert rendered.get("ClusterRole", SCORER)["rules"] == rules
+    binding = rendered.get("ClusterRoleBinding", SCORER)
+    assert binding["roleRef"]["name"] == SCORER
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": SCORER, "namespace": NAMESPACE}
+    ]
+    assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is node_cache
+    env = env_of(containers(deployment)["scorer"], rendered)
+    assert env["GPU_SCORER_POD_WATCH"] == pod_watch
+
+
+@pytest.mark.parametrize("variant", ["sidecar", "sidecar-full-node"])
+def test_a_sidecar_scorer_watches_with_the_schedulers_identity(variant: str) -> None:
+    # system:kube-scheduler already lists and watches nodes and pods; the chart adds no role.
+    rendered = render(variant)
+    assert rendered.maybe("ClusterRole", SCORER) is None
+    scheduler = rendered.get("Deployment", SCHEDULER)["spec"]["template"]["spec"]
+    assert scheduler.get("automountServiceAccountToken", True) is True
+    env = env_of(containers(rendered.get("Deployment", SCHEDULER))["scorer"], rendered)
+    assert env["GPU_SCORER_POD_WATCH"] == "true"
 
 
 def test_scorer_is_spread_probed_and_protected_by_a_disruption_budget() -> None:
@@ -525,7 +561,8 @@ def test_service_monitors_for_both_metrics_endpoints() -> None:
 
 
 @pytest.mark.parametrize(
-    "variant", ["defaults", "sidecar-tls", "scheduler-off", "simulated-custom-prefix"]
+    "variant",
+    ["defaults", "sidecar-tls", "scheduler-off", "simulated-custom-prefix", "no-pod-watch"],
 )
 def test_notes_tell_how_to_see_annotations_opt_in_and_check_the_scorer(variant: str) -> None:
     values = VARIANTS[variant].values
@@ -536,6 +573,7 @@ def test_notes_tell_how_to_see_annotations_opt_in_and_check_the_scorer(variant: 
     if values.get("scheduler", {}).get("enabled", True):
         assert "schedulerName: gpu-scheduler" in text
         assert f"{prefix}gpu-model-preference" in text
+        assert f"{prefix}expected-gpu-load" in text
         assert "FailedScheduling" in text
     else:
         assert f"http://{SCORER}.{NAMESPACE}.svc:8888" in text
@@ -543,6 +581,8 @@ def test_notes_tell_how_to_see_annotations_opt_in_and_check_the_scorer(variant: 
         assert f"deploy/{SCHEDULER} -c scorer" in text
         # The metrics port is plain HTTP whatever the extender port uses.
         assert "http://127.0.0.1:9401/metrics" in text
+    watching = values.get("scorer", {}).get("podWatch", True)
+    assert ("grep '^gpu_scorer_inflight_accounting'" in text) is watching
 
 
 # ---------------------------------------------------------------------- refusals
@@ -579,6 +619,15 @@ def test_notes_tell_how_to_see_annotations_opt_in_and_check_the_scorer(variant: 
             {"scorer": {"policy": {"utilization_limit": 1.5}}}, "utilization_limit", id="bad-policy"
         ),
         pytest.param({"scorer": {"policy": {"stale_after": 9}}}, "stale_after", id="policy-typo"),
+        pytest.param(
+            {"scorer": {"policy": {"min_gpu_fit_probability": 1.5}}},
+            "min_gpu_fit_probability",
+            id="fit-probability-above-1",
+        ),
+        pytest.param(
+            {"scorer": {"policy": {"inflight_max_s": -1}}}, "inflight_max_s", id="negative-seconds"
+        ),
+        pytest.param({"scorer": {"podWatch": "yes"}}, "podWatch", id="pod-watch-not-a-bool"),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(values: dict[str, Any], message: str) -> None:

@@ -17,7 +17,14 @@ import pytest
 import yaml
 
 from tests.deploy.chart_support import NAMESPACE, HelmError, render
-from tests.ops.ops_support import OPERATIONS_DOC, RULES_FILE, UNIT_TESTS, promtool
+from tests.ops.ops_support import (
+    OPERATIONS_DOC,
+    RULES_FILE,
+    UNIT_TESTS,
+    exported_metric_names,
+    promtool,
+)
+from tests.ops.promql_names import metric_names
 from tests.ops.rules_file import chart_rules, plain_rules_text
 
 pytestmark = pytest.mark.helm
@@ -111,6 +118,35 @@ def test_alerts_can_be_left_out_relabelled_and_held_longer() -> None:
     assert alerts["GpuNodeUnavailable"]["labels"] == {"team": "gpu-platform", "severity": "page"}
     url = alerts["GpuAgentNotWriting"]["annotations"]["runbook_url"]
     assert url == "https://wiki.example.com/gpu#gpuagentnotwriting"
+
+
+@pytest.mark.parametrize(
+    ("values", "present"),
+    [
+        pytest.param({}, True, id="pod-watch-on"),
+        pytest.param({"scorer": {"podWatch": False}}, False, id="pod-watch-off"),
+        pytest.param(
+            {"scorer": {"nodeCache": False, "podWatch": False}}, False, id="full-node-no-watch"
+        ),
+    ],
+)
+def test_the_inflight_alert_follows_the_pod_watch(values: dict[str, Any], present: bool) -> None:
+    # Without the pod watch the gauge is 0 by choice: an alert on it would always fire.
+    alerts = _alerts(chart_rules(values))
+    assert ("GpuScorerInflightAccountingOff" in alerts) is present
+    assert len(alerts) == len(_alerts(_plain())) - (0 if present else 1)
+
+
+def test_every_alert_selects_only_exported_metrics() -> None:
+    exported = exported_metric_names()
+    unknown = {
+        name: sorted(metric_names(rule["expr"]) - exported)
+        for name, rule in _alerts(_plain()).items()
+        if metric_names(rule["expr"]) - exported
+    }
+    assert unknown == {}
+    # The check sees a name the project does not export.
+    assert metric_names("gpu_scorer_inflight_accounting_total == 0") - exported
 
 
 @pytest.mark.parametrize("key", ["disabled", "for"])

@@ -74,6 +74,8 @@ def test_every_query_selects_only_exported_metrics() -> None:
         ("verdicts by reason", "gpu_scorer_filter_verdicts_total"),
         ("node cache state", "gpu_scorer_node_cache_ready"),
         ("node cache relists", "gpu_scorer_node_cache_relists_total"),
+        ("in-flight accounting", "gpu_scorer_inflight_accounting"),
+        ("pod watch restarts", "gpu_scorer_pod_cache_watch_restarts_total"),
         ("GPU health", "gpu_agent_health"),
     ],
 )

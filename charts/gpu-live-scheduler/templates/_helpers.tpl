@@ -106,6 +106,12 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 {{- default (include "gls.scheduler.fullname" .) .Values.scheduler.leaderElection.resourceName -}}
 {{- end -}}
 
+{{/* Whether the scorer talks to the API server at all: its Node watch (names-only mode) or its
+Pod watch (in-flight accounting). Only then does it get RBAC and a service account token. */}}
+{{- define "gls.scorer.needsApi" -}}
+{{- if or .Values.scorer.nodeCache .Values.scorer.podWatch -}}true{{- end -}}
+{{- end -}}
+
 {{- define "gls.scorer.sidecar" -}}
 {{- if eq .Values.scorer.mode "sidecar" -}}true{{- end -}}
 {{- end -}}
@@ -204,6 +210,7 @@ GPU_SCORER_PORT: {{ .Values.scorer.port | toString | quote }}
 GPU_SCORER_METRICS_PORT: {{ .Values.scorer.metricsPort | toString | quote }}
 GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
+GPU_SCORER_POD_WATCH: {{ .Values.scorer.podWatch | toString | quote }}
 GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
 GPU_SCORER_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
 GPU_SCORER_STALE_AFTER_S: {{ include "gls.scorer.staleAfterSeconds" . | quote }}

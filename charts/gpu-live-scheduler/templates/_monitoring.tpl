@@ -1,8 +1,9 @@
 {{/*
 The alert rules of files/alerts.yaml with the chart's values applied: the ${name} thresholds
-filled in, alerts named in prometheusRule.disabled left out, prometheusRule.for and alertLabels
-applied, and a runbook_url per alert. The PrometheusRule's spec, and (rendered with the chart's
-defaults) prometheus/gpu-live-scheduler.rules.yaml.
+filled in, alerts named in prometheusRule.disabled left out (and GpuScorerInflightAccountingOff
+when scorer.podWatch is false: the scorer then runs without in-flight accounting by choice),
+prometheusRule.for and alertLabels applied, and a runbook_url per alert. The PrometheusRule's
+spec, and (rendered with the chart's defaults) prometheus/gpu-live-scheduler.rules.yaml.
 */}}
 {{- define "gls.alertRules" -}}
 {{- $v := .Values.prometheusRule -}}
@@ -26,13 +27,17 @@ defaults) prometheus/gpu-live-scheduler.rules.yaml.
 {{- with regexFind "\\$\\{[^}]*\\}" $text -}}
 {{- fail (printf "files/alerts.yaml: no value for %s" .) -}}
 {{- end -}}
+{{- $left := $v.disabled -}}
+{{- if not .Values.scorer.podWatch -}}
+{{- $left = append $left "GpuScorerInflightAccountingOff" -}}
+{{- end -}}
 {{- $names := list -}}
 {{- $groups := list -}}
 {{- range (fromYaml $text).groups -}}
 {{- $rules := list -}}
 {{- range .rules -}}
 {{- $names = append $names .alert -}}
-{{- if not (has .alert $v.disabled) -}}
+{{- if not (has .alert $left) -}}
 {{- $rule := deepCopy . -}}
 {{- with get $v.for .alert -}}
 {{- $_ := set $rule "for" . -}}
