@@ -22,7 +22,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Keys, NodeGpuState, encode, merge_patch
+from gpu_contract.schema import (
+    DEFAULT_KEYS,
+    FIELD_MANAGER,
+    GpuState,
+    Health,
+    Keys,
+    NodeGpuState,
+    encode,
+    format_timestamp,
+    merge_patch,
+)
 from gpu_sim import kube_objects as ko
 from gpu_sim.cluster import GPU_RESOURCE, LOOPBACK, ClusterError, KubeApi, free_port
 
@@ -91,6 +101,43 @@ def gpu_state(
         temperature_c=temperature_c,
         gpu_model=gpu_model,
         gpu_count=gpu_count,
+    )
+
+
+def per_gpu_node_state(
+    gpus: Sequence[tuple[float, bool | None]],
+    *,
+    gpu_model: str = "NVIDIA-A100-SXM4-80GB",
+    at: datetime | None = None,
+) -> NodeGpuState:
+    """A healthy node as the agent publishes it from per-GPU readings, one `(utilization,
+    allocated)` per GPU in index order (`allocated` None: the kubelet's allocations unknown):
+    the per-GPU keys, and the node-level keys summarising the same GPUs. A busier GPU has less
+    memory free (its process holds it) and runs hotter."""
+    total_mib = 81_000
+    table = tuple(
+        GpuState(
+            utilization,
+            round(total_mib * (1 - 0.9 * utilization)),
+            40 + round(30 * utilization),
+            allocated,
+        )
+        for utilization, allocated in gpus
+    )
+    free = [gpu.memory_free_mib or 0 for gpu in table]
+    largest = max(free)
+    return NodeGpuState(
+        health=Health.OK,
+        updated_at=(at or datetime.now(UTC)).replace(microsecond=0),
+        utilization=sum(u for u, _ in gpus) / len(gpus),
+        utilization_max=max(u for u, _ in gpus),
+        memory_fragmentation=1 - largest / sum(free) if len(free) > 1 else 0.0,
+        memory_free_mib=sum(free),
+        memory_largest_free_mib=largest,
+        temperature_c=max(gpu.temperature_c or 0 for gpu in table),
+        gpu_model=gpu_model,
+        gpu_count=len(table),
+        gpus=table,
     )
 
 
@@ -174,6 +221,27 @@ def pod_bound_token(
     return str(answer["status"]["token"])
 
 
+def service_account_token(
+    api: KubeApi,
+    *,
+    namespace: str,
+    service_account: str,
+    audience: str,
+    expiration_s: int = 3600,
+) -> str:
+    """A TokenRequest for `service_account`, bound to no object (what a workload outside the
+    cluster gets, or a test that grants the account its RBAC step by step)."""
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"audiences": [audience], "expirationSeconds": expiration_s},
+    }
+    answer = api.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token", request
+    )
+    return str(answer["status"]["token"])
+
+
 # ----------------------------------------------------------------------------- pods
 
 
@@ -237,6 +305,71 @@ def running_pod(
             ],
         },
     }
+
+
+def placed_gpu_pod(
+    name: str,
+    *,
+    node_name: str,
+    gpus: int = 1,
+    annotations: Mapping[str, str] | None = None,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """A GPU pod created with `spec.nodeName` set: bound without any scheduler (a DaemonSet's
+    pod, or another scheduler's that writes the node name itself)."""
+    pod = gpu_pod(
+        name,
+        scheduler_name="default-scheduler",
+        gpus=gpus,
+        annotations=annotations,
+        namespace=namespace,
+    )
+    pod["spec"]["nodeName"] = node_name
+    return pod
+
+
+def report_pod_status(
+    api: KubeApi,
+    name: str,
+    *,
+    admitted_at: datetime,
+    running_since: datetime | None = None,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """Write a pod's status as its kubelet does (there is none on this plane): `startTime` once
+    admitted (its device plugin has allocated the GPUs), and, with `running_since`, every
+    container running since then and the phase `Running`; else the containers still being
+    created and the phase `Pending`. Both times are the node's clock, whole seconds."""
+    pod = api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    if running_since is None:
+        state: dict[str, Any] = {"waiting": {"reason": "ContainerCreating"}}
+        phase, ready = "Pending", False
+    else:
+        state = {"running": {"startedAt": format_timestamp(running_since)}}
+        phase, ready = "Running", True
+    statuses = [
+        {
+            "name": container["name"],
+            "image": container["image"],
+            "imageID": "",
+            "ready": ready,
+            "started": ready,
+            "restartCount": 0,
+            "state": state,
+        }
+        for container in pod["spec"]["containers"]
+    ]
+    body = {
+        "status": {
+            "phase": phase,
+            "startTime": format_timestamp(admitted_at),
+            "containerStatuses": statuses,
+        }
+    }
+    stored: dict[str, Any] = api.merge_patch(
+        f"/api/v1/namespaces/{namespace}/pods/{name}/status", body, field_manager="kubelet"
+    )
+    return stored
 
 
 def create_pod(api: KubeApi, pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -373,6 +506,14 @@ class ScorerProcess(BinaryProcess):
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
             return str(response.read().decode())
 
+    def metric(self, name: str) -> float | None:
+        """The value of an unlabelled metric in `/metrics`, or None when it is not there."""
+        for line in self.metrics().splitlines():
+            sample, _, value = line.partition(" ")
+            if sample == name:
+                return float(value)
+        return None
+
 
 def scorer_process(
     log_dir: Path,
@@ -381,13 +522,20 @@ def scorer_process(
     port: int | None = None,
     extra_args: Sequence[str] = (),
     name: str = "gpu-scorer",
+    node_cache: bool | None = None,
 ) -> ScorerProcess:
-    """`gpu-scorer serve` on loopback; names only (`--node-cache`) when given a kubeconfig."""
+    """`gpu-scorer serve` on loopback; names only (`--node-cache`) when given a kubeconfig,
+    unless `node_cache=False`: full Node objects, the kubeconfig then serving the pod watch
+    (in-flight accounting) alone."""
     port = port or free_port()
     argv = [sys.executable, "-m", "exporter_scheduler", "serve", f"--host={LOOPBACK}"]
     argv.append(f"--port={port}")
+    if node_cache is None:
+        node_cache = kubeconfig is not None
+    if node_cache:
+        argv.append("--node-cache")
     if kubeconfig is not None:
-        argv += ["--node-cache", f"--kubeconfig={kubeconfig}"]
+        argv.append(f"--kubeconfig={kubeconfig}")
     argv += list(extra_args)
     return ScorerProcess(name=name, argv=argv, log_path=log_dir / f"{name}.log", port=port)
 

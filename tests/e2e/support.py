@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +27,9 @@ from gpu_sim.cluster_workload import (
     delete_nodes,
     delete_pods,
     pod_bound_token,
+    pod_node,
     register_node,
+    wait_for,
 )
 from gpu_sim.nodes import gpu_node
 from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
@@ -194,3 +199,55 @@ def installed_agent(
                 api.delete(f"{_BINDING_PATH}/{name}")
             elif manifest["kind"] == "ValidatingAdmissionPolicy":
                 api.delete(f"{_VAP_PATH}/{name}")
+
+
+# ----------------------------------------------------------------------------- pods and verdicts
+
+
+def bound_nodes(api: KubeApi, pods: Sequence[str], *, timeout_s: float = 30.0) -> dict[str, str]:
+    """pod -> node once every pod is bound."""
+
+    def all_bound() -> dict[str, str] | None:
+        placed = {pod: pod_node(api, pod) for pod in pods}
+        if all(placed.values()):
+            return {pod: node for pod, node in placed.items() if node}
+        return None
+
+    return wait_for(f"{len(pods)} pods to be bound", all_bound, timeout_s=timeout_s)
+
+
+def explain_nodes(
+    scorer_url: str,
+    api: KubeApi,
+    pod: Mapping[str, Any],
+    nodes: Sequence[str],
+    *,
+    names_only: bool,
+) -> dict[str, dict[str, Any]]:
+    """The scorer's explanation of each node for `pod` (`POST /explain`), by node name: sent
+    as the scheduler would send it, node names only or the Node objects as the API holds them."""
+    if names_only:
+        args: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": list(nodes)}
+    else:
+        items = [api.get(f"/api/v1/nodes/{name}") for name in nodes]
+        args = {"Pod": pod, "Nodes": {"items": items}, "NodeNames": None}
+    request = urllib.request.Request(
+        f"{scorer_url}/explain",
+        data=json.dumps(args).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            document = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"explain answered {exc.code}: {exc.read()[:500]!r}") from None
+    if "nodes" not in document:
+        raise AssertionError(f"explain failed: {document}")
+    return {node["name"]: node for node in document["nodes"]}
+
+
+def inflight_refs(node: Mapping[str, Any]) -> list[str]:
+    """`namespace/name` of the in-flight pods an explained node's verdict counted."""
+    inflight = node["inflight"]
+    return [] if inflight is None else [p["pod"] for p in inflight["pods"]]

@@ -134,35 +134,60 @@ def test_memory_hint_skips_nodes_without_a_big_enough_gpu(stack: Stack, scope: S
     assert bound_nodes(api, [pod]) == {pod: scope.name("roomy")}
 
 
-def per_gpu_state(utilizations: list[float], *, at: datetime) -> NodeGpuState:
+def per_gpu_state(
+    utilizations: list[float], *, at: datetime, allocated: list[bool] | None = None
+) -> NodeGpuState:
     """A node's state with the per-GPU keys as the agent writes them, node-level values the
-    summaries of the same GPUs."""
+    summaries of the same GPUs; `allocated`: the kubelet's allocations (else none)."""
     mean = sum(utilizations) / len(utilizations)
     state = gpu_state(utilization=mean, gpu_count=len(utilizations), at=at)
+    taken = allocated or [False] * len(utilizations)
     return dataclasses.replace(
         state,
         utilization_max=max(utilizations),
-        gpus=tuple(GpuState(u, 81_000, 55, False) for u in utilizations),
+        gpus=tuple(GpuState(u, 81_000, 55, a) for u, a in zip(utilizations, taken, strict=True)),
     )
 
 
-def _split_and_even(scope: Scope) -> tuple[str, str]:
+def _split_and_even(scope: Scope, *, busy_allocated: bool = True) -> tuple[str, str]:
     """Two 8-GPU nodes with the same node mean (0.50): four idle and four saturated GPUs, or
-    eight half-busy ones. The node-level keys alone cannot tell them apart."""
+    eight half-busy ones. The node-level keys alone cannot tell them apart. `busy_allocated`:
+    the kubelet's allocations account for the saturated GPUs (their pods are known), so the
+    device plugin hands out only the idle ones; else it may hand out any of the eight."""
     now = datetime.now(UTC)
     split = scope.node("split")
     even = scope.node("even")
-    publish(scope.api, split, per_gpu_state([0.0] * 4 + [1.0] * 4, at=now))
+    busy = [False] * 4 + [busy_allocated] * 4
+    publish(scope.api, split, per_gpu_state([0.0] * 4 + [1.0] * 4, at=now, allocated=busy))
     publish(scope.api, even, per_gpu_state([0.5] * 8, at=now))
     scope.settle()
     return split, even
 
 
-def test_a_four_gpu_pod_goes_where_four_gpus_are_idle(stack: Stack, scope: Scope) -> None:
-    # The split node scores 9 (the mean of its four idle GPUs), the even one 6.
-    split, _ = _split_and_even(scope)
+@dataclass(frozen=True)
+class FourGpuCase:
+    name: str
+    busy_allocated: bool
+    binds_to: str  # the short name of the node
+
+
+FOUR_GPU_CASES = [
+    # The split node offers exactly its four idle GPUs and scores 9 (their mean), the even
+    # one 6.
+    FourGpuCase("busy-gpus-allocated", busy_allocated=True, binds_to="split"),
+    # Nothing accounts for the saturated GPUs: a device plugin blind to load hands out four of
+    # the eight, all idle with a chance of 1 in 70, so only the even node is fit.
+    FourGpuCase("busy-gpus-unaccounted", busy_allocated=False, binds_to="even"),
+]
+
+
+@pytest.mark.parametrize("case", FOUR_GPU_CASES, ids=lambda c: c.name)
+def test_a_four_gpu_pod_goes_where_four_gpus_are_idle(
+    stack: Stack, scope: Scope, case: FourGpuCase
+) -> None:
+    _split_and_even(scope, busy_allocated=case.busy_allocated)
     pod = scope.pod(gpu_pod(scope.name("four"), scheduler_name=stack.scheduler_name, gpus=4))
-    assert bound_nodes(scope.api, [pod]) == {pod: split}
+    assert bound_nodes(scope.api, [pod]) == {pod: scope.name(case.binds_to)}
 
 
 def test_a_five_gpu_pod_is_kept_off_a_node_with_four_usable_gpus(
@@ -250,8 +275,15 @@ def test_full_node_mode_hides_running_pods_from_the_default_scores(
         scope.pods.append(name)
     scope.settle()
 
+    # Pods that declare no GPU load: the scorer's in-flight accounting adds none to the node
+    # they land on, so its scores stay level and only the default plugins tell the nodes apart.
+    no_load = {hint("expected-gpu-load"): "0"}
     pods = [
-        scope.pod(gpu_pod(scope.name(f"gpu-{i}"), scheduler_name=stack.scheduler_name))
+        scope.pod(
+            gpu_pod(
+                scope.name(f"gpu-{i}"), scheduler_name=stack.scheduler_name, annotations=no_load
+            )
+        )
         for i in range(12)
     ]
     placed = Counter(bound_nodes(api, pods).values())
