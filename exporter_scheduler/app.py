@@ -69,6 +69,8 @@ PodsOf = Callable[[str], tuple[BoundPod, ...]]
 # A prioritize whose top score is shared by more nodes than this proposes none of them: the
 # scheduler's own scores pick among them, and counting the pod on each would hold them all.
 MAX_PROPOSED_NODES: Final = 3
+# A spread-capped pod is proposed on every tied node up to this many (a bound on the work).
+MAX_CAPPED_PROPOSED_NODES: Final = 256
 
 
 class NamespaceLabels(Protocol):
@@ -337,7 +339,10 @@ class ScorerApp:
             only = judgement.only_passed()
             nodes = [] if only is None else [only]
         else:
-            nodes = judgement.top_scored(MAX_PROPOSED_NODES)
+            # A capped pod holds a slot on every node tied at the top: the next pod of its
+            # group may come before its bind is seen, and must not take the same last slot.
+            most = MAX_CAPPED_PROPOSED_NODES if _capped(request, pod_class) else MAX_PROPOSED_NODES
+            nodes = judgement.top_scored(most)
         if not nodes:
             return
         hints = pod_class.hints

@@ -238,7 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
                     "port": settings.port,
                     "metrics_port": settings.metrics_port,
                     "path_prefix": settings.path_prefix,
-                    "mode": "names-only (node cache)" if cache else "full nodes",
+                    "mode": "names-only (node cache)" if cache is not None else "full nodes",
                     "tls": settings.tls() is not None,
                 }
             },

@@ -85,6 +85,8 @@ def explain(
             "max_utilization": hints.max_utilization,
             "min_gpu_memory_mib": hints.min_gpu_memory_mib,
             "expected_gpu_load": hints.expected_gpu_load,
+            "spread_max_per_domain": hints.spread_max_per_domain,
+            "spread_topology_key": hints.spread_topology_key,
         },
         "hint_error": (
             None
@@ -349,7 +351,7 @@ def render_text(explanation: dict[str, Any]) -> str:
         f"at {explanation['now']}",
         f"policy {policy['profile']}: utilization limit "
         f"{_show(policy['effective_utilization_limit'])}"
-        f" (cluster {_show(policy['utilization_limit'])}), "
+        f" (policy {_show(policy['utilization_limit'])}), "
         f"temperature limit {policy['temperature_limit_c']}C, "
         f"stale after {policy['stale_after_s']:g}s, missing data {policy['missing_data']}"
         + (", only the agent's writes trusted" if policy["require_agent_writer"] else ""),

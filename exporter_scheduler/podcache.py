@@ -105,7 +105,9 @@ class _Object(msgspec.Struct):
 
     metadata: _Meta | None = None
     spec: _Spec | None = None
-    status: _Status | None = None
+    # A Pod's status, or a Status object's own `status` ("Failure"): an ERROR event must
+    # decode, or its 410 is never seen and the watch is retried from a version that is gone.
+    status: _Status | str | None = None
     code: int | None = None
     reason: str | None = None
     message: str | None = None
@@ -147,7 +149,7 @@ def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod
         return None
     if gpus <= 0:
         return None
-    status = status or _Status()
+    status = status if isinstance(status, _Status) else _Status()
     bound_at = None
     for condition in status.conditions or ():
         if condition.type == "PodScheduled" and condition.status == "True":

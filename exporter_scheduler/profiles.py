@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -106,9 +106,16 @@ class PolicySet:
 
 
 def parse_profiles(
-    raw: object, default: Policy, policy_fields: Sequence[str]
+    raw: object,
+    default: Policy,
+    policy_fields: Sequence[str],
+    coerce: Callable[[str, object], object] = lambda _field, value: value,
 ) -> tuple[Profile, ...]:
-    """The `profiles:` list of a policy file, each built on `default`; raises `ProfileError`."""
+    """The `profiles:` list of a policy file, each built on `default`; raises `ProfileError`.
+
+    `coerce(field, value)` reads a value as the setting of that name reads it (the settings
+    layer passes its own types, so that `"false"` means false in a profile as everywhere
+    else), raising ValueError for a value of the wrong kind."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -145,7 +152,10 @@ def parse_profiles(
                 raise ProfileError(
                     f"{where}: unknown setting {key!r}; known: {', '.join(policy_fields)}"
                 )
-            overrides[field] = value
+            try:
+                overrides[field] = coerce(field, value)
+            except ValueError as exc:
+                raise ProfileError(f"{where}: {key}: {exc}") from None
         try:
             policy = dataclasses.replace(default, profile=name, **overrides)
         except (ValueError, TypeError) as exc:

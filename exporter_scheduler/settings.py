@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -312,7 +312,7 @@ class ScorerSettings(BaseSettings):
         """The top-level policy and the tenant profiles built on it."""
         default = self.policy()
         try:
-            profiles = parse_profiles(self.profiles, default, _PROFILE_FIELDS)
+            profiles = parse_profiles(self.profiles, default, _PROFILE_FIELDS, _coerce)
         except ProfileError as exc:
             raise ValueError(f"policy file: {exc}") from None
         return PolicySet(default, profiles)
@@ -362,7 +362,20 @@ def read_policy_file(path: Path) -> dict[str, Any]:
     return values
 
 
+def _coerce(field: str, value: object) -> object:
+    """A profile's override read with the setting's own type (bounds are the Policy's)."""
+    annotation = ScorerSettings.model_fields[field].annotation
+    assert annotation is not None  # every setting is annotated
+    try:
+        return TypeAdapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        message = "; ".join(str(e["msg"]) for e in exc.errors(include_url=False))
+        raise ValueError(f"{message} (got {value!r})") from None
+
+
 def _describe(field: str) -> str:
+    if field in FILE_ONLY:
+        return f"policy file's {field}"
     if field in ScorerSettings.model_fields:
         return f"setting {field} ({flag_name(field)} / {env_name(field)})"
     return f"setting {field}" if field else "settings"

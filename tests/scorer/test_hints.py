@@ -22,6 +22,9 @@ PREF = PREFIX + "gpu-model-preference"
 FALLBACK = PREFIX + "gpu-fallback-utilization"
 MAX_UTIL = PREFIX + "max-utilization"
 MIN_MEM = PREFIX + "min-gpu-memory-mib"
+LOAD = PREFIX + "expected-gpu-load"
+SPREAD_MAX = PREFIX + "spread-max-per-domain"
+SPREAD_KEY = PREFIX + "spread-topology-key"
 
 VALID = [
     pytest.param({}, NO_HINTS, id="none"),
@@ -37,6 +40,32 @@ VALID = [
     pytest.param({MAX_UTIL: "1"}, PodHints(max_utilization=1.0), id="max-utilization-one"),
     pytest.param({MIN_MEM: "40000"}, PodHints(min_gpu_memory_mib=40000), id="min-memory"),
     pytest.param({MIN_MEM: " 0 "}, PodHints(min_gpu_memory_mib=0), id="min-memory-zero"),
+    pytest.param({LOAD: "0.25"}, PodHints(expected_gpu_load=0.25), id="expected-load"),
+    pytest.param({LOAD: " 1 "}, PodHints(expected_gpu_load=1.0), id="expected-load-full"),
+    pytest.param({LOAD: "0"}, PodHints(expected_gpu_load=0.0), id="expected-load-none"),
+    pytest.param(
+        {MIN_MEM: "20000", LOAD: "0.5"},
+        PodHints(min_gpu_memory_mib=20000, expected_gpu_load=0.5),
+        id="expected-load-beside-memory",
+    ),
+    pytest.param({SPREAD_MAX: "2"}, PodHints(spread_max_per_domain=2), id="spread-cap"),
+    pytest.param({SPREAD_MAX: " 1 "}, PodHints(spread_max_per_domain=1), id="spread-cap-spaces"),
+    pytest.param(
+        {SPREAD_MAX: "100000"}, PodHints(spread_max_per_domain=100_000), id="spread-cap-largest"
+    ),
+    pytest.param(
+        {SPREAD_KEY: "topology.kubernetes.io/zone"},
+        PodHints(spread_topology_key="topology.kubernetes.io/zone"),
+        id="spread-key-prefixed",
+    ),
+    pytest.param(
+        {SPREAD_KEY: " rack_1 "}, PodHints(spread_topology_key="rack_1"), id="spread-key-bare"
+    ),
+    pytest.param(
+        {SPREAD_MAX: "1", SPREAD_KEY: "example.com/rack"},
+        PodHints(spread_max_per_domain=1, spread_topology_key="example.com/rack"),
+        id="spread-cap-and-key",
+    ),
 ]
 
 
@@ -66,6 +95,40 @@ INVALID = [
     pytest.param({MIN_MEM: "٤٠"}, MIN_MEM, "digits only", id="memory-non-ascii-digits"),
     pytest.param({MIN_MEM: "9" * 5000}, MIN_MEM, "digits only", id="memory-huge"),
     pytest.param({MIN_MEM: "99999999"}, MIN_MEM, "above", id="memory-above-cap"),
+    pytest.param({LOAD: "half"}, LOAD, "not a number", id="expected-load-word"),
+    pytest.param({LOAD: "50%"}, LOAD, "not a number", id="expected-load-percent"),
+    pytest.param({LOAD: ""}, LOAD, "not a number", id="expected-load-empty"),
+    pytest.param({LOAD: "nan"}, LOAD, "not a finite number", id="expected-load-nan"),
+    pytest.param({LOAD: "1.5"}, LOAD, "between 0 and 1", id="expected-load-above-one"),
+    pytest.param({LOAD: "-0.1"}, LOAD, "between 0 and 1", id="expected-load-negative"),
+    pytest.param({LOAD: "1" * 40}, LOAD, "not a number", id="expected-load-huge-text"),
+    pytest.param(
+        {MIN_MEM: "x", LOAD: "x"}, MIN_MEM, "digits only", id="memory-named-before-expected-load"
+    ),
+    pytest.param({SPREAD_MAX: "0"}, SPREAD_MAX, "between 1 and 100000", id="spread-cap-zero"),
+    pytest.param(
+        {SPREAD_MAX: "100001"}, SPREAD_MAX, "between 1 and 100000", id="spread-cap-above-bound"
+    ),
+    pytest.param({SPREAD_MAX: "-1"}, SPREAD_MAX, "whole number", id="spread-cap-negative"),
+    pytest.param({SPREAD_MAX: "1.5"}, SPREAD_MAX, "whole number", id="spread-cap-fraction"),
+    pytest.param({SPREAD_MAX: "two"}, SPREAD_MAX, "whole number", id="spread-cap-word"),
+    pytest.param({SPREAD_MAX: ""}, SPREAD_MAX, "whole number", id="spread-cap-empty"),
+    pytest.param({SPREAD_MAX: "٣"}, SPREAD_MAX, "whole number", id="spread-cap-non-ascii"),
+    pytest.param({SPREAD_MAX: "9" * 5000}, SPREAD_MAX, "whole number", id="spread-cap-huge"),
+    pytest.param({SPREAD_KEY: ""}, SPREAD_KEY, "not a label key", id="spread-key-empty"),
+    pytest.param({SPREAD_KEY: "rack name"}, SPREAD_KEY, "not a label key", id="spread-key-space"),
+    pytest.param({SPREAD_KEY: "a/b/c"}, SPREAD_KEY, "not a label key", id="spread-key-two-slashes"),
+    pytest.param({SPREAD_KEY: "/zone"}, SPREAD_KEY, "not a label key", id="spread-key-no-prefix"),
+    pytest.param(
+        {SPREAD_KEY: "Example.com/zone"},
+        SPREAD_KEY,
+        "not a label key",
+        id="spread-key-upper-prefix",
+    ),
+    pytest.param({SPREAD_KEY: "x" * 64}, SPREAD_KEY, "not a label key", id="spread-key-too-long"),
+    pytest.param(
+        {SPREAD_MAX: "0", SPREAD_KEY: ""}, SPREAD_MAX, "between", id="spread-cap-named-before-key"
+    ),
     pytest.param(
         {PREF: "", MIN_MEM: "x"}, PREF, "empty", id="first-bad-hint-in-fixed-order-is-named"
     ),
@@ -123,6 +186,9 @@ def test_wildcard_matches_everything_at_its_rank() -> None:
         pytest.param(pod(preference=""), id="preference"),
         pytest.param(pod(max_utilization="high"), id="max-utilization"),
         pytest.param(pod(fallback="2"), id="fallback"),
+        pytest.param(pod(expected_gpu_load="lots"), id="expected-gpu-load"),
+        pytest.param(pod(extra={SPREAD_MAX: "0"}), id="spread-cap"),
+        pytest.param(pod(extra={SPREAD_KEY: "a b"}), id="spread-key"),
     ],
 )
 def test_invalid_hint_rejects_every_node_as_unresolvable(the_pod: PodInput) -> None:
@@ -147,7 +213,7 @@ def test_parse_hints_never_raises(annotations: dict[str, str]) -> None:
 
 
 @given(
-    st.sampled_from([PREF, FALLBACK, MAX_UTIL, MIN_MEM]),
+    st.sampled_from([PREF, FALLBACK, MAX_UTIL, MIN_MEM, LOAD, SPREAD_MAX, SPREAD_KEY]),
     st.text(max_size=80),
 )
 def test_every_hint_value_parses_or_names_its_annotation(key: str, value: str) -> None:
