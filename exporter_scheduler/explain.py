@@ -420,7 +420,7 @@ def render_text(explanation: dict[str, Any]) -> str:
             rules.append(text)
         lines.append("  rules: " + "; ".join(rules))
         inflight = node["inflight"]
-        if inflight is not None:
+        if inflight is not None and inflight["pods"]:
             lines.extend(_inflight_lines(inflight))
         gpus = node["gpus"]
         if gpus is not None:

@@ -26,12 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger("exporter_scheduler.listwatch")
+
+# A watch that ends sooner than this after opening is reopened after the back-off.
+_SHORT_WATCH_S: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +177,14 @@ class ListWatch:
             try:
                 if self._resource_version is None:
                     self._relist()
+                opened = time.monotonic()
                 self._watch_once()
                 restarts.labels("timeout").inc()
-                backoff_s = self.tuning.backoff_initial_s
-                continue
+                if time.monotonic() - opened >= _SHORT_WATCH_S:
+                    backoff_s = self.tuning.backoff_initial_s
+                    continue
+                # A stream closed as soon as it opened (a proxy, an overloaded server) is
+                # retried with back-off, not at once: the loop must not spin.
             except WatchExpiredError as exc:
                 log.info(
                     f"{self.kind} watch expired; relisting",

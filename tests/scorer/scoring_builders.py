@@ -1,13 +1,16 @@
-"""Small builders for scorer tests: a node as the agent would annotate it, a pod with hints."""
+"""Small builders for scorer tests: a node as the agent would annotate it, a pod with hints, a
+GPU pod bound to a node as the pod watch keeps it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from agent.aggregate import aggregate
 from agent.records import DeviceAllocations, GpuReading, NodeReading
+from exporter_scheduler.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import Evaluation, NodeInput, NodeVerdict, PodInput, evaluate
 from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
@@ -164,6 +167,7 @@ def pod(
     fallback: str | None = None,
     max_utilization: str | None = None,
     min_memory_mib: str | None = None,
+    expected_gpu_load: str | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> PodInput:
     annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{}"}
@@ -172,11 +176,52 @@ def pod(
         ("gpu-fallback-utilization", fallback),
         ("max-utilization", max_utilization),
         ("min-gpu-memory-mib", min_memory_mib),
+        ("expected-gpu-load", expected_gpu_load),
     ):
         if value is not None:
             annotations[PREFIX + name] = value
     annotations.update(extra or {})
     return PodInput("default", "gpu-pod", annotations, gpu_request=gpus)
+
+
+def _before_now(age_s: float | None) -> datetime | None:
+    return None if age_s is None else NOW - timedelta(seconds=age_s)
+
+
+def bound_pod(
+    name: str = "inflight",
+    *,
+    node_name: str = "node-a",
+    gpus: int = 1,
+    bound_age_s: float | None = 5.0,
+    admitted_age_s: float | None = None,
+    running_age_s: float | None = None,
+    gpu_load: float | None = None,
+    memory_mib: int | None = None,
+    provisional: bool = False,
+) -> BoundPod:
+    """A GPU pod bound to `node_name` as the pod watch keeps it. Each `*_age_s` is how long
+    before NOW it was bound, admitted by the kubelet (`status.startTime`) and had every
+    container running; None: not yet (or, for the bind, unknown). By default it was bound 5 s
+    ago and the kubelet has not reported it: allocation and load pending on any node data."""
+    return BoundPod(
+        namespace="default",
+        name=name,
+        uid=f"uid-{name}",
+        node=node_name,
+        gpus=gpus,
+        bound_at=_before_now(bound_age_s),
+        admitted_at=_before_now(admitted_age_s),
+        running_since=_before_now(running_age_s),
+        gpu_load_bp=None if gpu_load is None else round(gpu_load * BASIS_POINTS),
+        memory_mib=memory_mib,
+        provisional=provisional,
+    )
+
+
+def with_pods(the_node: NodeInput, *pods: BoundPod) -> NodeInput:
+    """`the_node` with `pods` bound to it (as the pod watch hands them to a verdict)."""
+    return dataclasses.replace(the_node, pods=tuple(pods))
 
 
 def run(

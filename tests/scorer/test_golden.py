@@ -7,6 +7,7 @@ annotations put in, and the verdicts are checked against the utilization each no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,15 +15,22 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler import wire
+from exporter_scheduler.app import ScorerApp
+from exporter_scheduler.metrics import ScorerMetrics, Verb
 from exporter_scheduler.nodecache import CacheTuning, NodeCache
+from exporter_scheduler.podcache import PodCache
+from exporter_scheduler.policy import Policy
+from exporter_scheduler.scoring import evaluate
 from gpu_sim.apiserver import ApiServerStandIn
 from tests.scorer._http_helpers import (
     FIXTURES,
+    NOW,
     call,
     check_filter_reply,
     check_prioritize_reply,
     connect,
+    fixed_clock,
     gpu_annotations,
     make_app,
     serving,
@@ -144,3 +152,37 @@ def test_names_only_captures(path: Path, names_only_server: Any) -> None:
             else {}
         )
         assert reply["FailedAndUnresolvableNodes"] == {}
+
+
+@pytest.mark.parametrize("agent_annotations", [False, True], ids=["as-captured", "agent-keys"])
+def test_captured_sequence_with_the_scorers_own_proposals(agent_annotations: bool) -> None:
+    """The full-node captures in the order the scheduler sent them, to a scorer that records
+    its decisions as in-flight pods (a pod watch with nothing bound yet): each reply is what a
+    fresh evaluation of the request's Nodes, with the pods proposed so far, gives."""
+    policy = Policy()
+    pods = PodCache(metrics=ScorerMetrics())
+    pods._replace([])  # the first LIST: accounting on, no pod bound
+    app = ScorerApp(policy=policy, clock=fixed_clock(), pods_of=pods.pods_of, placements=pods)
+    counted = 0
+    for param in _captures("nodecache-false"):
+        (path,) = param.values
+        body = path.read_bytes()
+        if agent_annotations:
+            body = _with_agent_annotations(body)
+        verb: Verb = "filter" if _verb(path) == "filter" else "prioritize"
+        request = wire.decode_args(body, gpu_resource_name=policy.gpu_resource_name)
+        if verb == "filter":
+            pods.forget(request.pod.uid)  # what the filter itself does first
+        nodes = [dataclasses.replace(n, pods=pods.pods_of(n.name)) for n in request.nodes]
+        expected = evaluate(request.pod, nodes, NOW, policy)
+        counted += sum(1 for v in expected.verdicts if v.inflight is not None)
+        reply = app.handle(verb, body).body
+        if verb == "prioritize":
+            assert reply == wire.encode_prioritize_reply(expected.scores())
+        else:
+            document = json.loads(reply)
+            passed = [item["metadata"]["name"] for item in document["Nodes"]["items"]]
+            assert passed == expected.passed_names()
+            assert document["FailedNodes"] == expected.failed()
+            assert document["FailedAndUnresolvableNodes"] == expected.unresolvable()
+    assert counted > 0  # later pods met the earlier pods' proposals

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,7 +34,7 @@ from exporter_scheduler.scoring import NodeInput, PodClass, PodInput, evaluate, 
 from exporter_scheduler.verdicts import TallyKey
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, GpuState, Health, format_timestamp
 from tests.scorer._http_helpers import pod
-from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100
+from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100, bound_pod
 from tests.scorer.scoring_builders import node as scoring_node
 
 NAMES = ("n0", "n1", "n2", "n3", "n4", "n5")
@@ -183,6 +184,26 @@ node_data = st.fixed_dictionaries(
     }
 )
 
+# GPU pods bound to a node (the pod watch's `set_pods` / `replace_pods`), around the
+# boundaries of data sampled 5 s to 180 s ago: admitted or running before or after the sample,
+# the 60 s load delay, the 600 s time bound and a proposal's 10 s.
+pod_age = st.one_of(st.none(), st.sampled_from([0.0, 4.0, 9.5, 30.0, 70.0, 595.0, 600.0]))
+node_pods = st.lists(
+    st.builds(
+        bound_pod,
+        name=st.sampled_from(["a", "b", "c"]),
+        gpus=st.integers(0, 4),
+        bound_age_s=pod_age,
+        admitted_age_s=pod_age,
+        running_age_s=pod_age,
+        gpu_load=st.sampled_from([None, 0.5]),
+        memory_mib=st.sampled_from([None, 30_000]),
+        provisional=st.booleans(),
+    ),
+    max_size=3,
+    unique_by=lambda p: p.name,
+).map(tuple)
+
 # Mostly the plain pod, so that requests meet the entries earlier requests and writes made.
 pod_index = st.one_of(st.just(0), st.integers(0, len(PODS) - 1))
 names_request = st.tuples(
@@ -209,6 +230,11 @@ step = st.one_of(
     st.tuples(st.just("delete"), st.sampled_from(NAMES)),
     st.tuples(st.just("relist")),
     st.tuples(st.just("refresh")),
+    # Bound pods set for one node or all at once, before or after its data arrives.
+    st.tuples(st.just("pods"), st.sampled_from([*NAMES, "ghost"]), node_pods),
+    st.tuples(
+        st.just("replace_pods"), st.dictionaries(st.sampled_from(NAMES), node_pods, max_size=3)
+    ),
     # Forward and backward, small steps (inside windows) and large ones (across them).
     st.tuples(
         st.just("clock"),
@@ -239,12 +265,18 @@ def test_replies_match_a_fresh_evaluation(
     app = ScorerApp(policy=policy, clock=clock, node_store=store)
     expected_counts: Counter[str] = Counter()
     reference_metrics = ScorerMetrics()
+    bound: dict[str, tuple[Any, ...]] = {}  # the pods set, by node (kept apart from the store)
     for action, *args in steps:
         if action in ("names", "nodes"):
             verb, pod_index, names, *layout = args
             if action == "names":
                 body = names_body(PODS[pod_index], names)
                 nodes = store.lookup(names)
+                # The store's nodes carry the pods last set for them, whatever the order.
+                known = set(store.names())
+                assert [n.pods for n in nodes] == [
+                    bound.get(n.name, ()) if n.name in known else () for n in nodes
+                ]
             else:
                 cached = store.lookup([n for n in names if n in store.names()])
                 body = nodes_body(PODS[pod_index], cached, layout[0])
@@ -270,6 +302,16 @@ def test_replies_match_a_fresh_evaluation(
             )
         elif action == "refresh":
             store.refresh_expired()
+        elif action == "pods":
+            name, pods = args
+            bound[name] = tuple(msgspec.structs.replace(p, node=name) for p in pods)
+            store.set_pods(name, bound[name])
+        elif action == "replace_pods":
+            bound = {
+                name: tuple(msgspec.structs.replace(p, node=name) for p in pods)
+                for name, pods in args[0].items()
+            }
+            store.replace_pods(bound)
         else:
             clock.now += timedelta(seconds=args[0])
     expected_counts = counters(reference_metrics)
