@@ -69,6 +69,37 @@ class Variant:
 
 TLS = {"enabled": True, "secretName": "gpu-scorer-tls"}
 MTLS = {**TLS, "clientAuth": True, "clientSecretName": "gpu-scheduler-client-tls"}
+# Two tenant profiles over a top-level policy: one chosen by namespace names, one by labels.
+TENANT_POLICY: dict[str, Any] = {
+    "utilization_limit": 0.9,
+    "profiles": [
+        {
+            "name": "training",
+            "namespaces": ["ml-train-*", "research"],
+            "utilization_limit": 0.5,
+            "weight_temperature": 2,
+        },
+        {
+            "name": "inference",
+            "namespace-selector": {
+                "matchLabels": {"workload": "inference"},
+                "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["dev"]}],
+            },
+            "missing_data": "strict",
+            "min_gpu_fit_probability": 0.9,
+        },
+    ],
+}
+# A guard selector with every operator.
+GUARD_SELECTOR: dict[str, Any] = {
+    "matchLabels": {"gpu.acme.io/tenant": "yes"},
+    "matchExpressions": [
+        {"key": "team", "operator": "In", "values": ["ml", "cv"]},
+        {"key": "tier", "operator": "NotIn", "values": ["dev"]},
+        {"key": "gpu.acme.io/quota", "operator": "Exists"},
+        {"key": "legacy", "operator": "DoesNotExist"},
+    ],
+}
 
 VARIANTS: dict[str, Variant] = {
     "defaults": Variant(),
@@ -175,6 +206,39 @@ VARIANTS: dict[str, Variant] = {
     ),
     "agent-only": Variant({"scorer": {"enabled": False}, "scheduler": {"enabled": False}}),
     "pod-resources-off": Variant({"agent": {"podResources": {"enabled": False}}}),
+    "tenant-profiles": Variant({"scorer": {"policy": TENANT_POLICY}}),
+    "tenant-profiles-by-name": Variant(
+        {"scorer": {"policy": {"profiles": [TENANT_POLICY["profiles"][0]]}}}
+    ),
+    "tenant-profiles-full-node-no-pod-watch": Variant(
+        {"scorer": {"nodeCache": False, "podWatch": False, "policy": TENANT_POLICY}}
+    ),
+    "scheduler-guard-deny": Variant(
+        {
+            "scheduler": {
+                "name": "gpu-live",
+                "extender": {
+                    "managedResources": [
+                        {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+                        {"name": "nvidia.com/mig-1g.10gb", "ignoredByScheduler": False},
+                    ]
+                },
+            },
+            "schedulerGuard": {
+                "namespaceSelector": GUARD_SELECTOR,
+                "requireScheduler": {"validationActions": ["Deny"], "failurePolicy": "Ignore"},
+                "restrictScheduler": {"validationActions": ["Deny", "Audit"]},
+            },
+        }
+    ),
+    "scheduler-guard-off": Variant(
+        {
+            "schedulerGuard": {
+                "requireScheduler": {"enabled": False},
+                "restrictScheduler": {"enabled": False},
+            }
+        }
+    ),
     "pinned-images": Variant(
         {
             "image": {"digest": "sha256:" + "ab" * 32},

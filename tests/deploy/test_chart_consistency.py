@@ -31,7 +31,13 @@ from exporter_scheduler.cli import build_parser as scorer_parser
 from exporter_scheduler.nodestore import NodeStore
 from exporter_scheduler.scoring import NodeInput
 from exporter_scheduler.server import HttpServer
-from exporter_scheduler.settings import POLICY_FIELDS, ScorerSettings, env_name, settings_fields
+from exporter_scheduler.settings import (
+    FILE_ONLY,
+    POLICY_FIELDS,
+    ScorerSettings,
+    env_name,
+    settings_fields,
+)
 from exporter_scheduler.settings import load_settings as load_scorer_settings
 from tests.deploy.chart_support import (
     CHART,
@@ -312,11 +318,8 @@ def test_scorer_ports_and_probes_match_its_settings(variant: str) -> None:
 
 def test_policy_values_are_the_scorers_policy_fields() -> None:
     # scorer.policy becomes --policy-file; the prefix, the staleness and the writer check come
-    # from their own values.
+    # from their own values; the tenant profiles are the policy file's alone.
     schema = json.loads((CHART / "values.schema.json").read_text())
     policy = schema["properties"]["scorer"]["properties"]["policy"]["properties"]
-    assert set(policy) == set(POLICY_FIELDS) - {
-        "annotation_prefix",
-        "stale_after_s",
-        "require_agent_writer",
-    }
+    from_other_values = {"annotation_prefix", "stale_after_s", "require_agent_writer"}
+    assert set(policy) == (set(POLICY_FIELDS) - from_other_values) | FILE_ONLY

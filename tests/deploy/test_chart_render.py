@@ -301,14 +301,17 @@ def _policy_names(variant: str) -> set[str]:
 
 AGENT_POLICY = f"{FULLNAME}-agent-own-node-annotations"
 GPU_DATA_POLICY = f"{FULLNAME}-gpu-data-writers"
+# The schedulerName guard (tests/deploy/test_scheduler_guard_policy.py).
+GUARD_POLICIES = {f"{FULLNAME}-require-scheduler", f"{FULLNAME}-restrict-scheduler"}
 
 
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("defaults", {AGENT_POLICY, GPU_DATA_POLICY}),
-        ("admission-policy-off", {GPU_DATA_POLICY}),
-        ("gpu-data-policy-off", {AGENT_POLICY}),
+        ("defaults", {AGENT_POLICY, GPU_DATA_POLICY, *GUARD_POLICIES}),
+        ("admission-policy-off", {GPU_DATA_POLICY, *GUARD_POLICIES}),
+        ("gpu-data-policy-off", {AGENT_POLICY, *GUARD_POLICIES}),
+        ("scheduler-guard-off", {AGENT_POLICY, GPU_DATA_POLICY}),
     ],
 )
 def test_admission_policy_toggles(variant: str, expected: set[str]) -> None:

@@ -46,6 +46,8 @@ CHECKED_VARIANTS = (
     "grafana-dashboard",
     "mtls-service-monitor",
     "cert-manager-mtls",
+    "tenant-profiles",
+    "scheduler-guard-deny",
 )
 
 
@@ -107,3 +109,17 @@ def test_the_api_server_refuses_an_invalid_object(admin: KubeApi) -> None:
     status, body = admin.raw("POST", path, policy)
     assert status == 400, body
     assert b"podSelektor" in body
+
+
+def test_a_sidecar_scorer_may_watch_what_it_reads(admin: KubeApi) -> None:
+    # In sidecar mode the scorer runs as the chart's kube-scheduler, which the chart binds to
+    # system:kube-scheduler and adds no role to: that role must list and watch what the
+    # scorer's watches read (Nodes, Pods, and Namespaces for profiles chosen by labels).
+    role = admin.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/system:kube-scheduler")
+    readable = {
+        resource
+        for rule in role["rules"]
+        if "" in rule.get("apiGroups", []) and {"list", "watch"} <= set(rule.get("verbs", []))
+        for resource in rule.get("resources", [])
+    }
+    assert {"nodes", "pods", "namespaces"} <= readable, sorted(readable)

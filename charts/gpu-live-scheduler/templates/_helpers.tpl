@@ -106,10 +106,18 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 {{- default (include "gls.scheduler.fullname" .) .Values.scheduler.leaderElection.resourceName -}}
 {{- end -}}
 
-{{/* Whether the scorer talks to the API server at all: its Node watch (names-only mode) or its
-Pod watch (in-flight accounting). Only then does it get RBAC and a service account token. */}}
+{{/* Whether a tenant profile chooses by namespace labels: the scorer then watches Namespaces. */}}
+{{- define "gls.scorer.readsNamespaces" -}}
+{{- range (.Values.scorer.policy.profiles | default list) -}}
+{{- if hasKey . "namespace-selector" -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the scorer talks to the API server at all: its Node watch (names-only mode), its
+Pod watch (in-flight accounting) or its Namespace watch (profiles chosen by namespace labels).
+Only then does it get RBAC and a service account token. */}}
 {{- define "gls.scorer.needsApi" -}}
-{{- if or .Values.scorer.nodeCache .Values.scorer.podWatch -}}true{{- end -}}
+{{- if or .Values.scorer.nodeCache .Values.scorer.podWatch (include "gls.scorer.readsNamespaces" .) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "gls.scorer.sidecar" -}}
@@ -317,6 +325,97 @@ readinessProbe:
 {{- if and .Values.scorer.tls.certManager.enabled (not .Values.scorer.tls.certManager.issuerRef.name) -}}
 {{- fail "scorer.tls.certManager.enabled needs scorer.tls.certManager.issuerRef.name: the cert-manager Issuer or ClusterIssuer that signs both certificates" -}}
 {{- end -}}
+{{- $profiles := dict -}}
+{{- range $index, $profile := (.Values.scorer.policy.profiles | default list) -}}
+{{- if eq .name "default" -}}
+{{- fail (printf "scorer.policy.profiles[%d]: the name \"default\" stands for the top-level policy (the namespaces no profile matches); give the profile a name of its own" $index) -}}
+{{- end -}}
+{{- if hasKey $profiles .name -}}
+{{- fail (printf "scorer.policy.profiles: the name %q is used twice; each profile needs a name of its own (the scorer's metrics and logs name the profile a pod got)" .name) -}}
+{{- end -}}
+{{- $_ := set $profiles .name true -}}
+{{- end -}}
+{{- range $policy := list "requireScheduler" "restrictScheduler" -}}
+{{- $actions := index $.Values.schedulerGuard $policy "validationActions" -}}
+{{- if and (has "Deny" $actions) (has "Warn" $actions) -}}
+{{- fail (printf "schedulerGuard.%s.validationActions: Deny and Warn cannot be combined (the API server refuses such a binding): [Deny] or [Deny, Audit] to refuse, [Warn, Audit] to warn" $policy) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (include "gls.guard.enabled" .) (not .Values.schedulerGuard.namespaceSelector) (gt (len .Values.scheduler.name) 63) -}}
+{{- fail (printf "schedulerGuard: the default opt-in label %sscheduler=%s needs a label value of at most 63 characters: set schedulerGuard.namespaceSelector" (include "gls.annotationPrefix" .) .Values.scheduler.name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ------------------------------------------------------------------ the schedulerName guard */}}
+
+{{/* Whether either guard policy is rendered: they guard this chart's own kube-scheduler. */}}
+{{- define "gls.guard.enabled" -}}
+{{- if and .Values.scheduler.enabled (or .Values.schedulerGuard.requireScheduler.enabled .Values.schedulerGuard.restrictScheduler.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The namespaces that opt in to the chart's scheduler, as JSON: schedulerGuard.namespaceSelector,
+or by default those labelled <annotationPrefix>/scheduler=<scheduler.name>. */}}
+{{- define "gls.guard.namespaceSelector" -}}
+{{- if .Values.schedulerGuard.namespaceSelector -}}
+{{- .Values.schedulerGuard.namespaceSelector | toJson -}}
+{{- else -}}
+{{- dict "matchLabels" (dict (printf "%sscheduler" (include "gls.annotationPrefix" .)) .Values.scheduler.name) | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The opt-in selector in kubectl's -l syntax, for messages: `k=v,k2 in (a,b),k3,!k4`. */}}
+{{- define "gls.guard.selectorText" -}}
+{{- $selector := include "gls.guard.namespaceSelector" . | fromJson -}}
+{{- $terms := list -}}
+{{- range $key, $value := ($selector.matchLabels | default dict) -}}
+{{- $terms = append $terms (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- range ($selector.matchExpressions | default list) -}}
+{{- if eq .operator "In" -}}
+{{- $terms = append $terms (printf "%s in (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- $terms = append $terms (printf "%s notin (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $terms = append $terms .key -}}
+{{- else -}}
+{{- $terms = append $terms (printf "!%s" .key) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $terms -}}
+{{- end -}}
+
+{{/* The opt-in selector as a CEL condition on `variables.labels` (a namespace's labels), with
+Kubernetes' meaning of each operator: NotIn and DoesNotExist hold for a label that is absent.
+Label keys and values cannot hold quotes or backslashes, so their JSON strings are CEL strings. */}}
+{{- define "gls.guard.selectorCel" -}}
+{{- $selector := include "gls.guard.namespaceSelector" . | fromJson -}}
+{{- $terms := list -}}
+{{- range $key, $value := ($selector.matchLabels | default dict) -}}
+{{- $terms = append $terms (printf "(%s in variables.labels && variables.labels[%s] == %s)" (toJson $key) (toJson $key) (toJson $value)) -}}
+{{- end -}}
+{{- range ($selector.matchExpressions | default list) -}}
+{{- $key := toJson .key -}}
+{{- if eq .operator "In" -}}
+{{- $terms = append $terms (printf "(%s in variables.labels && variables.labels[%s] in %s)" $key $key (toJson .values)) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- $terms = append $terms (printf "!(%s in variables.labels && variables.labels[%s] in %s)" $key $key (toJson .values)) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $terms = append $terms (printf "%s in variables.labels" $key) -}}
+{{- else -}}
+{{- $terms = append $terms (printf "!(%s in variables.labels)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- join " && " $terms -}}
+{{- end -}}
+
+{{/* The GPU resources whose pods the guard holds to the scheduler, as a JSON list: the scorer's
+GPU resource and every resource kube-scheduler sends to the scorer (managedResources). */}}
+{{- define "gls.guard.gpuResources" -}}
+{{- $names := list (get .Values.scorer.policy "gpu_resource_name" | default "nvidia.com/gpu") -}}
+{{- range .Values.scheduler.extender.managedResources -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
 {{- end -}}
 
 {{/*
