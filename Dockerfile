@@ -19,7 +19,10 @@ COPY pyproject.toml README.md /src/
 COPY agent /src/agent
 COPY exporter_scheduler /src/exporter_scheduler
 COPY gpu_contract /src/gpu_contract
-COPY gpu_sim /src/gpu_sim
+COPY loopback_cluster /src/loopback_cluster
+COPY kube_standins /src/kube_standins
+COPY fleet_sim /src/fleet_sim
+COPY demo /src/demo
 # The build backend is pinned too (PIP_CONSTRAINT reaches pip's isolated build environment).
 RUN PIP_CONSTRAINT=/src/docker/build-constraints.txt \
         pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src \

@@ -195,11 +195,11 @@ def main() -> int:
     if command == "test":
         return test(extra)
     if command == "demo":
-        return _run(_python(), "-m", "gpu_sim.demo", *extra, env=env)
+        return _run(_python(), "-m", "demo", *extra, env=env)
     if command == "figures":
         return _run(_python(), "-m", "benchmarks.figures", *extra, env=env)
     if command == "cluster":
-        return _run(_python(), "-m", "gpu_sim.cluster", *extra, env=env)
+        return _run(_python(), "-m", "loopback_cluster.control_plane", *extra, env=env)
     if command == "rules":
         return _run(_python(), "-m", "tests.ops.rules_file", "--write", *extra, env=env)
     print(__doc__)

@@ -46,8 +46,8 @@ from agent.simulated import SimulatedSource
 from agent.sources import open_source
 from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.kubelet import PodResourcesStandIn
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.kubelet import PodResourcesStandIn
 
 TICK_TARGET_MS = 5.0
 RSS_TARGET_MB = 80.0

@@ -12,9 +12,9 @@ from typing import Any
 from agent.podresources_wire import ContainerDevices, DeviceGroup
 from agent.simulated import SimulatedSource
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, FIELD_MANAGER, Field
-from gpu_sim.cluster import GPU_RESOURCE, ControlPlane
-from gpu_sim.cluster_workload import agent_process, wait_for
-from gpu_sim.kubelet import PodResourcesStandIn
+from kube_standins.kubelet import PodResourcesStandIn
+from loopback_cluster.control_plane import GPU_RESOURCE, ControlPlane
+from loopback_cluster.workload import agent_process, wait_for
 from tests.e2e.support import Scope
 
 SAMPLE_S = 0.25

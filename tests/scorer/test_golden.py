@@ -16,7 +16,7 @@ import pytest
 
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodecache import CacheTuning, NodeCache
-from gpu_sim.apiserver import ApiServerStandIn
+from kube_standins.apiserver import ApiServerStandIn
 from tests.scorer._http_helpers import (
     FIXTURES,
     call,
