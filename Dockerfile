@@ -19,12 +19,15 @@ COPY pyproject.toml README.md /src/
 COPY agent /src/agent
 COPY exporter_scheduler /src/exporter_scheduler
 COPY gpu_contract /src/gpu_contract
-COPY gpu_sim /src/gpu_sim
 # The build backend is pinned too (PIP_CONSTRAINT reaches pip's isolated build environment).
+# The environment is made without pip and filled by the base's pip (`--python`), so neither pip
+# nor setuptools is in what the final stage copies. `--no-compile`: the image runs with
+# PYTHONOPTIMIZE=2, which reads only the -OO bytecode compiled below (plain .pyc files would add
+# about 50 MB that nothing loads).
 RUN PIP_CONSTRAINT=/src/docker/build-constraints.txt \
         pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src \
-    && python -m venv /opt/gpu-live-scheduler \
-    && /opt/gpu-live-scheduler/bin/pip install --no-cache-dir \
+    && python -m venv --without-pip /opt/gpu-live-scheduler \
+    && pip --python /opt/gpu-live-scheduler/bin/python install --no-cache-dir --no-compile \
         --only-binary=:all: \
         --constraint /src/docker/constraints.txt \
         /wheels/*.whl \

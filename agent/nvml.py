@@ -28,8 +28,7 @@ from typing import Any, Final
 
 import pynvml  # type: ignore[import-untyped]  # NVIDIA ships no type information
 
-from agent.records import GpuReading, NodeReading
-from agent.sources import SourceUnavailable
+from agent.records import GpuReading, NodeReading, SourceUnavailable
 
 _MIB: Final = 1024 * 1024
 

@@ -2,7 +2,9 @@
 
 Sources (real NVML, simulated traces) produce a `NodeReading`; `agent.aggregate` turns it into the
 contract's `NodeGpuState`. Units are in the field names. `None` means "this GPU could not tell us",
-which is different from zero and is never published as zero.
+which is different from zero and is never published as zero. `SourceUnavailable`, the one error a
+source raises when it cannot start, lives here too, beside what sources produce, so that a source
+(`agent.nvml`) need not import `agent.sources`, which opens the sources.
 """
 
 from __future__ import annotations
@@ -67,3 +69,11 @@ class NodeReading:
     error_kinds: tuple[str, ...] = ()
     # The kubelet's device allocations read this tick; None when not read or not known.
     allocations: DeviceAllocations | None = None
+
+
+class SourceUnavailable(RuntimeError):  # noqa: N818  (the name is part of the interface)
+    """The source cannot start at all (NVML library missing, driver not loaded, ...).
+
+    The message is one line an operator can act on; the agent exits non-zero on it, so the kubelet
+    backs off instead of the pod spinning.
+    """

@@ -10,7 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal, Protocol
 
-from agent.records import NodeReading
+from agent.records import NodeReading, SourceUnavailable
+
+__all__ = ["SOURCE_KINDS", "GpuSource", "SourceKind", "SourceUnavailable", "open_source"]
 
 SourceKind = Literal["nvml", "simulated"]
 SOURCE_KINDS: tuple[SourceKind, ...] = ("nvml", "simulated")
@@ -30,14 +32,6 @@ class GpuSource(Protocol):
     def close(self) -> None:
         """Release the source (for NVML: `nvmlShutdown()`). Safe to call more than once."""
         ...
-
-
-class SourceUnavailable(RuntimeError):  # noqa: N818  (the name is part of the interface)
-    """The source cannot start at all (NVML library missing, driver not loaded, ...).
-
-    The message is one line an operator can act on; the agent exits non-zero on it, so the kubelet
-    backs off instead of the pod spinning.
-    """
 
 
 def open_source(

@@ -16,6 +16,7 @@ and a kubelet pod-resources stand-in (a real gRPC server), sampling every 0.5 s 
 
     python -m benchmarks.agent_tick            # table
     python -m benchmarks.agent_tick --json     # one JSON object (for benchmarks.figures)
+    python -m benchmarks.agent_tick --image    # also the daemon run from the built image (root)
 
 Targets: <= 5 ms per tick for 8 GPUs (excluding NVML), <= 80 MB peak RSS.
 """
@@ -31,10 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from agent.aggregate import aggregate
@@ -46,8 +47,9 @@ from agent.simulated import SimulatedSource
 from agent.sources import open_source
 from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.kubelet import PodResourcesStandIn
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.kubelet import PodResourcesStandIn
+from loopback_cluster import image
 
 TICK_TARGET_MS = 5.0
 RSS_TARGET_MB = 80.0
@@ -174,28 +176,41 @@ def _daemon_peak(
         if pod_resources_socket
         else ["--pod-resources=false"]
     )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            *python_flags,
-            "-m",
-            "agent",
-            "run",
-            "--source=simulated",
-            "--node-name=bench-node",
-            f"--kubeconfig={kubeconfig}",
-            "--metrics-port=0",
-            "--sample-interval=0.5",
-            "--min-write-interval=1",
-            "--heartbeat=2",
-            "--log-level=WARNING",
-            *pod_resources,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    argv = [sys.executable, *python_flags, "-m", "agent", *_run_args(kubeconfig), *pod_resources]
+    return _peak(argv, env=env, seconds=seconds)
+
+
+def _run_args(kubeconfig: Path | str) -> list[str]:
+    return [
+        "run",
+        "--source=simulated",
+        "--node-name=bench-node",
+        f"--kubeconfig={kubeconfig}",
+        "--metrics-port=0",
+        "--sample-interval=0.5",
+        "--min-write-interval=1",
+        "--heartbeat=2",
+        "--log-level=WARNING",
+    ]
+
+
+def _peak(
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None,
+    seconds: float,
+    started: Callable[[], bool] | None = None,
+) -> tuple[int | None, int | None, bool, int, str]:
+    """Run `argv` (a daemon) for `seconds`, then SIGTERM it; as `_daemon_peak`. With `started`,
+    the `seconds` count from when it first holds (at most a minute's wait), so that a slow
+    start (a fresh image's files are not in the page cache yet) is not cut short."""
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        deadline = time.monotonic() + 60.0
+        while started is not None and not started() and time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            time.sleep(0.1)
         time.sleep(seconds)
         hwm_kib = _proc_status_kib(process.pid, "VmHWM")
         rss_kib = _proc_status_kib(process.pid, "VmRSS")
@@ -285,12 +300,76 @@ def bench_rss(
     }
 
 
+def bench_rss_in_image(seconds: float, *, pod_resources: bool = True) -> dict[str, Any]:
+    """Peak RSS of the daemon run from the image (`python3 dev.py image`), as the chart runs it:
+    the image's own interpreter and `PYTHONOPTIMIZE=2`, uid 65532, or uid 0 with the kubelet's
+    socket (the chart's `podResources.runAsRoot`), a read-only root. Needs root."""
+    built, reason = image.current()
+    if built is None:
+        raise RuntimeError(f"no image to measure: {reason}")
+    with ApiServerStandIn(token="bench-token") as server, tempfile.TemporaryDirectory() as tmp:
+        server.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-node"}})
+        kube_dir, sockets = Path(tmp) / "kube", Path(tmp) / "pod-resources"
+        for folder in (Path(tmp), kube_dir, sockets):
+            folder.mkdir(exist_ok=True)
+            folder.chmod(0o755)
+        server.write_kubeconfig(kube_dir / "kubeconfig").chmod(0o644)
+        socket_in_image = "/var/lib/kubelet/pod-resources/kubelet.sock"
+        container = image.Container(
+            argv=[
+                "gpu-agent",
+                *_run_args("/etc/bench/kubeconfig"),
+                f"--pod-resources-socket={socket_in_image}"
+                if pod_resources
+                else "--pod-resources=false",
+            ],
+            uid=0 if pod_resources else 65532,
+            gid=65532,
+            read_only={
+                kube_dir: PurePosixPath("/etc/bench"),
+                sockets: PurePosixPath(socket_in_image).parent,
+            },
+        )
+        kubelet = (
+            _kubelet_for_the_simulated_node(str(sockets / "kubelet.sock"))
+            if pod_resources
+            else None
+        )
+        try:
+            with image.mounted(built.image) as rootfs:
+                argv = image.container_argv(rootfs, container, image=built.image)
+                hwm_kib, rss_kib, alive, code, stderr = _peak(
+                    argv,
+                    env=None,
+                    seconds=seconds,
+                    started=lambda: server.node_writes("bench-node") > 0,
+                )
+        finally:
+            if kubelet is not None:
+                kubelet.stop()
+        writes = server.node_writes("bench-node")
+    if not alive:
+        raise RuntimeError("the daemon exited early: " + stderr[-500:])
+    return {
+        "seconds": seconds,
+        "image": built.image,
+        "peak_rss_mb": None if hwm_kib is None else hwm_kib / 1024,
+        "rss_mb": None if rss_kib is None else rss_kib / 1024,
+        "writes": writes,
+        "exit_code": code,
+        "pod_resources": pod_resources,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ticks", type=int, default=2000, help="ticks per GPU count")
     parser.add_argument("--rss-seconds", type=float, default=6.0, help="daemon run time")
     parser.add_argument("--no-rss", action="store_true", help="skip the daemon RSS run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--image", action="store_true", help="also run the daemon from the built image (root)"
+    )
     args = parser.parse_args(argv)
 
     ticks = [bench_tick(gpus, args.ticks) for gpus in (1, 8)]
@@ -300,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     rss_optimized_off = (
         None if args.no_rss else bench_rss(args.rss_seconds, optimize=True, pod_resources=False)
     )
-    result = {
+    result: dict[str, Any] = {
         "machine": machine_description(),
         "targets": {"tick_ms_8_gpus": TICK_TARGET_MS, "peak_rss_mb": RSS_TARGET_MB},
         "ticks": ticks,
@@ -309,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
         "rss_no_pod_resources": rss_off,
         "rss_optimized_no_pod_resources": rss_optimized_off,
     }
+    if args.image and not args.no_rss:
+        result["rss_image"] = bench_rss_in_image(args.rss_seconds)
+        result["rss_image_no_pod_resources"] = bench_rss_in_image(
+            args.rss_seconds, pod_resources=False
+        )
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -336,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         ("python -OO", rss_optimized),
         ("python, --pod-resources=false", rss_off),
         ("python -OO, --pod-resources=false", rss_optimized_off),
+        ("in the image", result.get("rss_image")),
+        ("in the image, --pod-resources=false", result.get("rss_image_no_pod_resources")),
     ):
         if measured is None:
             continue

@@ -9,7 +9,7 @@ kube-scheduler binds asynchronously: once a pod's scheduling cycle has picked a 
 scorer learns of the bind from its pod watch (`exporter_scheduler.podcache`), which comes later,
 so for a while the node's verdict cannot count that pod. The scorer therefore also counts its
 own last answer as a provisional placement (`PodCache.propose`). This measures the lag and
-what the proposals are worth, on the loopback control plane (`gpu_sim.cluster`):
+what the proposals are worth, on the loopback control plane (`loopback_cluster.control_plane`):
 
 1. a fleet of `--nodes` 8-GPU nodes with per-GPU data and allocations published: 8 of them have
    4 idle GPUs and 4 saturated ones that the kubelet's allocations account for (two at each
@@ -55,7 +55,8 @@ from typing import IO, Any, Final
 import msgspec
 
 from benchmarks.machine import machine_description
-from gpu_sim.cluster import (
+from kube_standins.nodes import gpu_node
+from loopback_cluster.control_plane import (
     ControlPlane,
     ExtenderConfig,
     KubeApi,
@@ -63,14 +64,13 @@ from gpu_sim.cluster import (
     free_port,
     running_control_plane,
 )
-from gpu_sim.cluster_workload import (
+from loopback_cluster.workload import (
     gpu_pod,
     per_gpu_node_state,
     publish,
     register_node,
     wait_for,
 )
-from gpu_sim.nodes import gpu_node
 
 MODES: Final = ("names", "full")
 GPUS: Final = 8

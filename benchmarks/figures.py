@@ -3,9 +3,9 @@
     python3 dev.py figures                      # = python -m benchmarks.figures
     python -m benchmarks.figures --quick --out-dir /tmp/perf --no-benchmarks   # smoke run
 
-It runs, in this order and on this machine: the write-budget simulation (`gpu_sim.fleet`, including
-a 429 storm and a sensitivity sweep of the write policy), the placement comparison
-(`gpu_sim.placement`), the agent tick benchmark (`benchmarks.agent_tick --json`) and the scorer
+It runs, in this order and on this machine: the write-budget simulation (`fleet_sim.fleet`,
+including a 429 storm and a sensitivity sweep of the write policy), the placement comparison
+(`fleet_sim.placement`), the agent tick benchmark (`benchmarks.agent_tick --json`) and the scorer
 latency benchmark (`benchmarks.scorer_latency --json`), each benchmark as its own process so its
 timings are not disturbed by this one's memory. It writes PNGs (matplotlib, Agg) under
 `<out-dir>/img/` and rewrites `<out-dir>/performance.md` from the template below. A benchmark that
@@ -39,8 +39,8 @@ import numpy as np
 from agent.limiter import WRITE_REASONS, WritePolicy
 from benchmarks import real_scheduler, scheduler_profile
 from benchmarks.machine import machine_description
-from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
-from gpu_sim.placement import (
+from fleet_sim.fleet import ApiStorm, FleetConfig, FleetResult, simulate
+from fleet_sim.placement import (
     POLICIES,
     WORKLOADS,
     PlacementConfig,
@@ -485,7 +485,7 @@ def _fleet_section(
         ]
     )
     exact_cmd = (
-        f"python -m gpu_sim.fleet --nodes {exact.config.nodes} "
+        f"python -m fleet_sim.fleet --nodes {exact.config.nodes} "
         f"--duration-s {exact.config.duration_s:g} --seed {seed}"
     )
     exact_ages = exact.age_percentiles()
@@ -615,18 +615,19 @@ def _fleet_section(
         )
     per_gpu_text = _per_gpu_paragraph(main, variants)
     fleet_cmd = (
-        f"python -m gpu_sim.fleet --nodes {cfg.nodes} --duration-s {cfg.duration_s:g} --seed {seed}"
+        f"python -m fleet_sim.fleet --nodes {cfg.nodes} --duration-s {cfg.duration_s:g}"
+        f" --seed {seed}"
     )
     return f"""## Write budget at fleet scale
 
-Command: `{fleet_cmd}` (the same run as `{COMMAND}`; `python -m gpu_sim.fleet --nodes 5000`
+Command: `{fleet_cmd}` (the same run as `{COMMAND}`; `python -m fleet_sim.fleet --nodes 5000`
 simulates a whole 5,000-node hour, about {5000 * 3600 / cfg.interval_s * tick_s / 60:.0f} minutes
 here).
 
 **Model.** {cfg.nodes} nodes of {cfg.gpus_per_node} GPUs each, {_span(cfg.duration_s)} of
 cluster time sampled every {cfg.interval_s:g} s, the first {cfg.warmup_s:g} s (every agent's first
 write) left out of the rates. Each node runs the agent's real path: a seeded trace
-(`gpu_sim/traces.py`: steady training with checkpoint dips, bursty inference, idle nodes, diurnal
+(`fleet_sim/traces.py`: steady training with checkpoint dips, bursty inference, idle nodes, diurnal
 serving, batch jobs that start and end; thermal lag; a few hot nodes) becomes a `NodeReading`,
 `agent.aggregate` makes the contract state, `agent.limiter.decide` says whether to write, and a
 write's size is the real merge-patch body (`encode` + `merge_patch`, compact JSON). The naive
@@ -758,7 +759,7 @@ def _storm_section(result: FleetResult, storm: ApiStorm, seed: int) -> str:
     attempts_storm = float(result.bin_attempts[during].sum())
     naive_storm = float(result.bin_naive_attempts[during].sum())
     cmd = (
-        f"python -m gpu_sim.fleet --nodes {cfg.nodes} --duration-s {cfg.duration_s:g} "
+        f"python -m fleet_sim.fleet --nodes {cfg.nodes} --duration-s {cfg.duration_s:g} "
         f"--seed {seed} --storm {storm.start_s:g}:{storm.end_s:g}:{storm.retry_after_s:g}"
     )
     return f"""## A 429 storm
@@ -833,14 +834,14 @@ def _placement_section(results: Mapping[str, PlacementResult], config: Placement
     )
     mix = ", ".join(f"{kind} {share:.0%}" for kind, share, _, _ in WORKLOADS)
     cmd = (
-        f"python -m gpu_sim.placement --nodes {config.nodes} --duration-s "
+        f"python -m fleet_sim.placement --nodes {config.nodes} --duration-s "
         f"{config.duration_s:g} --seed {config.seed}"
     )
     return f"""## Scheduling quality
 
 Command: `{cmd}`.
 
-**Model** (`gpu_sim/placement.py`). {config.nodes} nodes in pools {pools}; a Poisson stream
+**Model** (`fleet_sim/placement.py`). {config.nodes} nodes in pools {pools}; a Poisson stream
 ({mix}) of training pods (1, 2, 4 or 8 GPUs, 16-70 GB per GPU, ~90 % busy, half preferring
 `A100,H100`, some `H100,A100`), inference pods (1 GPU, 4-14 GB, 15-55 % busy, some preferring
 `L4,T4` or `A100,V100`), shared inference (tensor-parallel replicas over 2 time-sliced GPUs,
@@ -1057,7 +1058,7 @@ def _agent_section(bench: Mapping[str, Any]) -> str:
         )
     rss_text = (
         "A real `gpu-agent run --source simulated` writing to the API stand-in and reading "
-        "allocations from a real gRPC kubelet stand-in (`gpu_sim/kubelet.py`):\n\n"
+        "allocations from a real gRPC kubelet stand-in (`kube_standins/kubelet.py`):\n\n"
         + "\n".join(rss_lines)
         if rss_lines
         else "Peak RSS was not measured in this run."

@@ -3,12 +3,12 @@
     python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
         [--rounds 3] [--modes none,names,full,...] [--json]
 
-The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in
-the scheduler's loop. On the loopback control plane (`gpu_sim.cluster`, built by `python3
-dev.py cluster build`) it registers N realistic GPU Nodes (~6 KB each, the agent's annotations
-on every one), starts both scorers (names only, with its node cache; full Node objects), and
-keeps patching GPU annotations at a fleet's write rate for the whole run. Then, per mode (no
-extender, names only, full nodes), in rounds that rotate the order:
+The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in the
+scheduler's loop. On the loopback control plane (`loopback_cluster.control_plane`, built by `python3
+dev.py cluster build`) it registers N realistic GPU Nodes (~6 KB each, the agent's annotations on
+every one), starts both scorers (names only, with its node cache; full Node objects), and keeps
+patching GPU annotations at a fleet's write rate for the whole run. Then, per mode (no extender,
+names only, full nodes), in rounds that rotate the order:
 
 1. create a burst of 1-GPU pods for that mode's schedulerName while no scheduler serves it;
 2. start a kube-scheduler with that mode's configuration: it schedules the backlog;
@@ -44,7 +44,8 @@ from typing import Any, Final
 
 from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
-from gpu_sim.cluster import (
+from kube_standins.nodes import gpu_node
+from loopback_cluster.control_plane import (
     ControlPlane,
     ExtenderConfig,
     Scheduler,
@@ -52,7 +53,7 @@ from gpu_sim.cluster import (
     free_port,
     running_control_plane,
 )
-from gpu_sim.cluster_workload import (
+from loopback_cluster.workload import (
     BinaryProcess,
     ScorerProcess,
     apply,
@@ -62,7 +63,6 @@ from gpu_sim.cluster_workload import (
     scorer_process,
     wait_for,
 )
-from gpu_sim.nodes import gpu_node
 
 MODES: Final = ("none", "names", "full")
 # Extenders that decide nothing, to split the extender's cost (`--modes`): compiled Go (the

@@ -44,7 +44,7 @@ from benchmarks.real_scheduler import (
     measure,
     node_plan,
 )
-from gpu_sim.cluster import LOOPBACK, ControlPlane, Scheduler
+from loopback_cluster.control_plane import LOOPBACK, ControlPlane, Scheduler
 
 DEFAULT_MODES: Final = ("none", "names", "null-go-names", "full", "null-go-full")
 # (label, function-name pattern, only under the extender's send): matched against pprof's

@@ -54,7 +54,7 @@ from typing import IO, Any, Literal
 
 from benchmarks.machine import machine_description
 from gpu_contract.schema import GpuState, Health, NodeGpuState, encode
-from gpu_sim.nodes import gpu_node, with_agent_write
+from kube_standins.nodes import gpu_node, with_agent_write
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().parent / "scorer_child.py"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpu_sim.apiserver import ApiServerStandIn, ManualClock
+from kube_standins.apiserver import ApiServerStandIn, ManualClock
 
 # The time of the first capture in the kube-apiserver fixtures.
 FIXTURE_T0 = datetime(2026, 11, 30, 14, 19, 24, tzinfo=UTC)

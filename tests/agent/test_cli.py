@@ -13,7 +13,7 @@ import pytest
 from agent import cli
 from agent.settings import AgentSettings
 from gpu_contract.schema import DEFAULT_KEYS, SCHEMA_VERSION, Field, decode
-from gpu_sim.apiserver import write_kubeconfig
+from kube_standins.apiserver import write_kubeconfig
 from tests.agent.fake_nvml import DRIVER_NOT_LOADED, FakeNvml, a100
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from agent import cli
 from gpu_contract.schema import DEFAULT_KEYS, Field
-from gpu_sim.apiserver import ApiServerStandIn, Fault, write_kubeconfig
-from gpu_sim.nodes import gpu_node
+from kube_standins.apiserver import ApiServerStandIn, Fault, write_kubeconfig
+from kube_standins.nodes import gpu_node
 
 NODE = "gpu-node-1"
 

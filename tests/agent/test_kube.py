@@ -39,8 +39,8 @@ from agent.limiter import WritePolicy
 from agent.metrics import AgentMetrics
 from agent.sources import open_source
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, parse_timestamp
-from gpu_sim.apiserver import ApiServerStandIn, Fault, write_kubeconfig
-from gpu_sim.nodes import gpu_node
+from kube_standins.apiserver import ApiServerStandIn, Fault, write_kubeconfig
+from kube_standins.nodes import gpu_node
 
 NODE = "gpu-node-1"
 FOREIGN = {"other.example.com/keep": "yes"}

@@ -2,7 +2,7 @@
 
 The protobuf classes are generated from the agent's own `agent/podresources_v1.proto` with
 grpcio-tools (a development dependency), so the codec is checked against protobuf's encoder and
-decoder, not against itself. The server is real grpc on a unix socket (`gpu_sim.kubelet`),
+decoder, not against itself. The server is real grpc on a unix socket (`kube_standins.kubelet`),
 answering with bytes those classes serialize, in the shapes a kubelet with the NVIDIA device
 plugin sends: whole GPUs, MIG devices, time-slicing replicas, and other resources to ignore.
 """
@@ -34,7 +34,7 @@ from agent.podresources_wire import (
     encode_list_response,
 )
 from agent.records import GpuReading
-from gpu_sim.kubelet import LIST, PodResourcesStandIn
+from kube_standins.kubelet import LIST, PodResourcesStandIn
 
 PROTO = Path(__file__).parents[2] / "agent" / "podresources_v1.proto"
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_contract.schema import FIELD_MANAGER
-from gpu_sim import kube_objects as ko
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node, with_agent_write
+from kube_standins import objects as ko
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node, with_agent_write
 from tests.contract.apiserver_wire import request
 
 T0 = datetime(2026, 11, 30, 14, 19, 24, tzinfo=UTC)

@@ -20,8 +20,8 @@ import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from gpu_sim.apiserver import ApiServerStandIn, Fault, ManualClock
-from gpu_sim.nodes import gpu_node
+from kube_standins.apiserver import ApiServerStandIn, Fault, ManualClock
+from kube_standins.nodes import gpu_node
 from tests.contract.apiserver_wire import RawResponse, fixture, request
 
 AGENT = "/api/v1/nodes/gpu-node-1?fieldManager=gpu-scheduler-agent"

@@ -18,8 +18,8 @@ import pytest
 from kubernetes import watch as kube_watch
 from kubernetes.client.rest import ApiException
 
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node
 from tests.contract.apiserver_wire import fixture_lines, open_watch, request
 
 MERGE = "application/merge-patch+json"

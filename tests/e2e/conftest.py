@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_sim.cluster import ControlPlane, KubeApi
+from loopback_cluster.control_plane import ControlPlane, KubeApi
 from tests.e2e.support import Scope, require_control_plane, started_control_plane
 
 _HERE = Path(__file__).resolve().parent

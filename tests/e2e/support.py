@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpu_sim.cluster import (
+from kube_standins.nodes import gpu_node
+from loopback_cluster.control_plane import (
     SERVICE_ACCOUNT_ISSUER,
     BuildSpec,
     ControlPlane,
@@ -22,7 +23,7 @@ from gpu_sim.cluster import (
     missing_binaries_reason,
     running_control_plane,
 )
-from gpu_sim.cluster_workload import (
+from loopback_cluster.workload import (
     apply,
     delete_nodes,
     delete_pods,
@@ -31,7 +32,6 @@ from gpu_sim.cluster_workload import (
     register_node,
     wait_for,
 )
-from gpu_sim.nodes import gpu_node
 from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
 
 # Watch events reach every watcher on loopback within milliseconds; this leaves a wide margin.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, Field
-from gpu_sim.cluster import ControlPlane, KubeApi
-from gpu_sim.cluster_workload import agent_process, wait_for
+from loopback_cluster.control_plane import ControlPlane, KubeApi
+from loopback_cluster.workload import agent_process, wait_for
 from tests.e2e.support import AgentIdentity, Scope, installed_agent
 
 

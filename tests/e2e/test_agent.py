@@ -12,15 +12,16 @@ from typing import Any
 from agent.podresources_wire import ContainerDevices, DeviceGroup
 from agent.simulated import SimulatedSource
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, FIELD_MANAGER, Field
-from gpu_sim.cluster import GPU_RESOURCE, ControlPlane
-from gpu_sim.cluster_workload import agent_process, wait_for
-from gpu_sim.kubelet import PodResourcesStandIn
+from kube_standins.kubelet import PodResourcesStandIn
+from loopback_cluster.control_plane import GPU_RESOURCE, ControlPlane
+from loopback_cluster.workload import agent_process, wait_for
 from tests.e2e.support import Scope
 
 SAMPLE_S = 0.25
 MIN_WRITE_S = 1.0
 HEARTBEAT_S = 2.5
 WATCH_S = 9.0
+FIRST_WRITE_S = 30.0
 # What polling the Node every 50 ms and a loaded 2-core machine can blur a write time by.
 TIMING_SLACK_S = 0.3
 
@@ -68,9 +69,13 @@ def test_agent_writes_its_own_keys_at_the_configured_rates_and_stops_on_sigterm(
         # one is a new resourceVersion carrying a new value of it.
         write_times: list[float] = []
         last_updated_at: str | None = None
+        # The window opens at the first write, not at the start: on a loaded machine the
+        # interpreter's start-up alone can take seconds, and it is not what is measured here.
         started = time.monotonic()
         node: dict[str, Any] = {}
-        while time.monotonic() - started < WATCH_S:
+        while time.monotonic() - (write_times[0] if write_times else started) < WATCH_S:
+            if not write_times and time.monotonic() - started > FIRST_WRITE_S:
+                raise AssertionError(f"no write within {FIRST_WRITE_S:g} s:\n{agent.log()}")
             node = api.get(f"/api/v1/nodes/{node_name}")
             updated_at = node["metadata"]["annotations"].get(DEFAULT_KEYS[Field.UPDATED_AT])
             if updated_at is not None and updated_at != last_updated_at:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_sim.cluster import KubeApi
+from loopback_cluster.control_plane import KubeApi
 from tests.deploy.chart_support import NAMESPACE, VARIANTS, parse_manifests, template
 
 # Kinds served by the operators the chart integrates with, not by kube-apiserver: their CRDs are

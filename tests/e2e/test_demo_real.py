@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpu_sim.demo import DemoOptions, run
+from demo.loop import run
+from demo.options import DemoOptions
 
 # Headless, on the faster demo clock the stand-in demo's tests use.
 FAST = DemoOptions(

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from gpu_contract.schema import DEFAULT_KEYS, Field
-from gpu_sim.cluster import (
+from loopback_cluster.control_plane import (
     ControlPlane,
     ExtenderConfig,
     KubeApi,
     SchedulerConfig,
     free_port,
 )
-from gpu_sim.cluster_workload import (
+from loopback_cluster.workload import (
     agent_process,
     gpu_pod,
     gpu_state,

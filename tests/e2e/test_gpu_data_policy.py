@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 
 from gpu_contract.schema import DEFAULT_KEYS, DEFAULT_PREFIX, Field
-from gpu_sim.cluster import ControlPlane, KubeApi, free_port
-from gpu_sim.cluster_workload import apply, gpu_state, publish, wait_for
-from gpu_sim.nodes import gpu_node
+from kube_standins.nodes import gpu_node
+from loopback_cluster.control_plane import ControlPlane, KubeApi, free_port
+from loopback_cluster.workload import apply, gpu_state, publish, wait_for
 from tests.deploy.chart_support import FULLNAME
 from tests.e2e.support import AgentIdentity, Scope, installed_agent, started_control_plane
 

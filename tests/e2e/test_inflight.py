@@ -26,14 +26,14 @@ from typing import Any
 import pytest
 
 from gpu_contract.schema import format_timestamp
-from gpu_sim.cluster import (
+from loopback_cluster.control_plane import (
     SERVICE_ACCOUNT_ISSUER,
     ControlPlane,
     ExtenderConfig,
     KubeApi,
     SchedulerConfig,
 )
-from gpu_sim.cluster_workload import (
+from loopback_cluster.workload import (
     ScorerProcess,
     apply,
     delete_pods,

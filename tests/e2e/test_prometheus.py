@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_sim.cluster import ControlPlane
+from loopback_cluster.control_plane import ControlPlane
 from tests.e2e.support import Scope
 from tests.ops.ops_support import dashboard_queries, require_tool
 from tests.ops.rules_file import chart_rules

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gpu_contract.schema import DEFAULT_PREFIX, GpuState, NodeGpuState
-from gpu_sim.cluster import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
-from gpu_sim.cluster_workload import (
+from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
+from loopback_cluster.workload import (
     ScorerProcess,
     gpu_pod,
     gpu_state,

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from gpu_sim.cluster import ControlPlane, KubeApi, ManagedProcess, Ports
-from gpu_sim.cluster_workload import apply, wait_for
+from loopback_cluster.control_plane import ControlPlane, KubeApi, ManagedProcess, Ports
+from loopback_cluster.workload import apply, wait_for
 from tests.deploy.admission_cel import CelPolicy
 from tests.deploy.chart_support import FULLNAME, ROOT, parse_manifests, template
 from tests.e2e.support import require_control_plane

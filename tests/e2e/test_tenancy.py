@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from gpu_contract.schema import DEFAULT_PREFIX
-from gpu_sim.cluster import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
-from gpu_sim.cluster_workload import (
+from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
+from loopback_cluster.workload import (
     ScorerProcess,
     delete_pods,
     gpu_pod,

@@ -16,8 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_sim.cluster import ControlPlane, ExtenderConfig, ExtenderTls, SchedulerConfig, free_port
-from gpu_sim.cluster_workload import (
+from loopback_cluster.control_plane import (
+    ControlPlane,
+    ExtenderConfig,
+    ExtenderTls,
+    SchedulerConfig,
+    free_port,
+)
+from loopback_cluster.workload import (
     gpu_pod,
     gpu_state,
     pod_events,

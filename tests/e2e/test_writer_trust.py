@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_sim.cluster import ControlPlane, ExtenderConfig, SchedulerConfig
-from gpu_sim.cluster_workload import (
+from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, SchedulerConfig
+from loopback_cluster.workload import (
     gpu_pod,
     gpu_state,
     pod_node,

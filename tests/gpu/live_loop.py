@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gpu_contract.schema import DEFAULT_PREFIX
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node
 
 NODE = "gpu-node-live"
 

@@ -22,7 +22,7 @@ from exporter_scheduler.nodecache import CacheTuning, NodeCache
 from exporter_scheduler.podcache import PodCache
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import evaluate
-from gpu_sim.apiserver import ApiServerStandIn
+from kube_standins.apiserver import ApiServerStandIn
 from tests.scorer._http_helpers import (
     FIXTURES,
     NOW,

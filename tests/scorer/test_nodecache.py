@@ -16,8 +16,8 @@ import pytest
 
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodecache import CacheTuning, NodeCache, WatchExpiredError
-from gpu_sim.apiserver import ApiServerStandIn, Fault
-from gpu_sim.nodes import gpu_node, with_agent_write
+from kube_standins.apiserver import ApiServerStandIn, Fault
+from kube_standins.nodes import gpu_node, with_agent_write
 from tests.fixture_paths import APISERVER_FIXTURES
 from tests.scorer._http_helpers import gpu_annotations, node
 

@@ -18,8 +18,8 @@ from exporter_scheduler.nodedata import OLDEST_AGE, NodeDataCollector, summarize
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput
 from gpu_contract.schema import DEFAULT_KEYS, Field
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node, with_agent_write
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node, with_agent_write
 from tests.scorer.scoring_builders import NOW, node
 
 ZERO = {"fresh": 0, "stale": 0, "missing": 0, "invalid": 0, "clock-skew": 0, "untrusted": 0}

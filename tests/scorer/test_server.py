@@ -365,7 +365,7 @@ def test_metrics_port_serves_only_metrics_and_probes() -> None:
 
 
 def test_renewed_certificate_files_are_picked_up_without_a_restart(tmp_path: Path) -> None:
-    from gpu_sim.cluster import Pki  # noqa: PLC0415  (cryptography, a development dependency)
+    from loopback_cluster.control_plane import Pki  # noqa: PLC0415  (cryptography, a development dependency)
 
     old, new = Pki(tmp_path / "old").generate(), Pki(tmp_path / "new").generate()
     cert, key = old.issue_serving_cert("serving", ["127.0.0.1"])

@@ -1,6 +1,6 @@
 """`require_agent_writer`: GPU annotations count only when managedFields show the agent wrote them.
 
-The Nodes are built as the API server records writes (`gpu_sim.nodes.with_agent_write` and the
+The Nodes are built as the API server records writes (`kube_standins.nodes.with_agent_write` and the
 same managedFields bookkeeping for another field manager, checked against a real v1.36 server
 by the contract tests), then read through the scorer's own decoders: the full-node request
 path (`wire.node_input_from_json`) and the names-only node cache's watch-event decoder.
@@ -20,8 +20,8 @@ from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, evaluate, written_by_agent
 from exporter_scheduler.wire import node_input_from_json
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health, NodeGpuState, encode
-from gpu_sim import kube_objects as ko
-from gpu_sim.nodes import gpu_node, with_agent_write
+from kube_standins import objects as ko
+from kube_standins.nodes import gpu_node, with_agent_write
 
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)
 AGENT_AT = NOW - timedelta(seconds=20)

@@ -17,11 +17,12 @@ import pytest
 from rich.console import Console
 
 from agent.simulated import SimulatedSource
-from gpu_sim import demo
-from gpu_sim.demo import DemoOptions, parse_args, plan_fleet, run
-from gpu_sim.demo_parts import SimulatedLoad
-from gpu_sim.scheduler_driver import Attempt, PodSpec
-from gpu_sim.tui import DemoSnapshot, LatencyFigures, NodeView, render, summary_lines
+from demo import loop
+from demo.loop import parse_args, plan_fleet, run
+from demo.options import DemoOptions
+from demo.parts import SimulatedLoad
+from demo.tui import DemoSnapshot, LatencyFigures, NodeView, render, summary_lines
+from kube_standins.scheduler_driver import Attempt, PodSpec
 
 # Headless, on a faster demo clock than the default show.
 FAST = DemoOptions(tui=False, sample_interval_s=0.5, min_write_interval_s=1.0, heartbeat_s=5.0)
@@ -78,10 +79,10 @@ def test_headless_run_places_pods_with_reasons(node_cache: bool, no_leaked_threa
 
 
 def test_ctrl_c_stops_every_part(monkeypatch: pytest.MonkeyPatch, no_leaked_threads: None) -> None:
-    def interrupted(_demo: demo.Demo, _out: object) -> None:
+    def interrupted(_demo: loop.Demo, _out: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(demo, "_run_plain", interrupted)
+    monkeypatch.setattr(loop, "_run_plain", interrupted)
     out = io.StringIO()
     started = time.monotonic()
     outcome = run(replace(FAST, duration_s=30.0, nodes=2), out=out)

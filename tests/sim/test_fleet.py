@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.limiter import WritePolicy
+from fleet_sim.fleet import ApiStorm, FleetConfig, FleetResult, main, patch_bytes, simulate
+from fleet_sim.traces import Profile, make_fleet
 from gpu_contract import DEFAULT_KEYS, merge_patch
-from gpu_sim.fleet import ApiStorm, FleetConfig, FleetResult, main, patch_bytes, simulate
-from gpu_sim.traces import Profile, make_fleet
 
 BASE = FleetConfig(nodes=16, duration_s=1200.0, seed=3)
 STORM = ApiStorm(start_s=400.0, end_s=700.0, retry_after_s=30.0)

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState
 from exporter_scheduler.policy import Policy
-from gpu_contract import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
-from gpu_sim.placement import (
+from fleet_sim.placement import (
     PER_GPU_KEYS,
     POLICIES,
     WORKLOADS,
@@ -39,7 +38,8 @@ from gpu_sim.placement import (
     stranded_fraction,
     suitable_gpus,
 )
-from gpu_sim.traces import A100_80GB, L4_24GB, V100_32GB, GpuModel
+from fleet_sim.traces import A100_80GB, L4_24GB, V100_32GB, GpuModel
+from gpu_contract import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
 
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"

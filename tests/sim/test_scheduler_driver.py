@@ -23,9 +23,9 @@ from exporter_scheduler.nodecache import NodeCache
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.server import HttpServer
 from gpu_contract.schema import Health, NodeGpuState, encode
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node
-from gpu_sim.scheduler_driver import (
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node
+from kube_standins.scheduler_driver import (
     INSUFFICIENT_GPU,
     LOWER_SCORE,
     DriverConfig,

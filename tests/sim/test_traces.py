@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from agent.aggregate import aggregate
-from gpu_contract import Health
-from gpu_sim.traces import (
+from fleet_sim.traces import (
     A100_80GB,
     T4_16GB,
     NodeSpec,
@@ -18,6 +17,7 @@ from gpu_sim.traces import (
     make_fleet,
     node_reading,
 )
+from gpu_contract import Health
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 

@@ -52,8 +52,8 @@ from agent.records import DeviceAllocations, GpuReading, NodeReading
 from exporter_scheduler.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.scoring import NodeInput, PodInput, evaluate
+from fleet_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
-from gpu_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 
 PolicyName = Literal["per-gpu", "node-aggregate", "utilization-only", "allocation-spread", "random"]
 POLICIES: Final[tuple[PolicyName, ...]] = (
@@ -1007,11 +1007,11 @@ def compare(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m gpu_sim.placement --nodes 80 --duration-s 10800`: every policy, as JSON."""
+    """`python -m fleet_sim.placement --nodes 80 --duration-s 10800`: every policy, as JSON."""
     import argparse  # noqa: PLC0415  (only the command line needs it)
     import json  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(prog="python -m gpu_sim.placement", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fleet_sim.placement", description=__doc__)
     parser.add_argument("--nodes", type=int, default=80)
     parser.add_argument("--duration-s", type=float, default=3 * 3600.0)
     parser.add_argument("--seed", type=int, default=11)

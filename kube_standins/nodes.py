@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpu_contract.schema import FIELD_MANAGER
-from gpu_sim import kube_objects as ko
+from kube_standins import objects as ko
 
 __all__ = ["DEFAULT_EXTRA_IMAGES", "KUBELET_VERSION", "gpu_node", "with_agent_write"]
 

@@ -9,7 +9,7 @@ injectable clock, no-op patches that change nothing, watch streams with one chun
 BOOKMARKs, and the `ERROR` 410 event inside an HTTP 200 for a too-old resourceVersion.
 
 Faults (`Fault`) let a test make the next matching requests fail with the real server's answer for
-that status, hang, or drop the connection. Object semantics live in `gpu_sim.kube_objects`; this
+that status, hang, or drop the connection. Object semantics live in `kube_standins.objects`; this
 module is the store, the watch fan-out and the HTTP edge.
 """
 
@@ -36,8 +36,8 @@ from types import TracebackType
 from typing import Any, Final, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from gpu_sim import kube_objects as ko
-from gpu_sim.kube_objects import ApiError, JsonObj
+from kube_standins import objects as ko
+from kube_standins.objects import ApiError, JsonObj
 
 __all__ = [
     "ApiServerStandIn",

@@ -14,7 +14,7 @@ the API and pods are bound by the real scheduler, then stay Pending on their nod
 Every process is started in its own session with its PID recorded under the state directory,
 so `down` stops exactly what `up` started, from any later process.
 
-    python -m gpu_sim.cluster build|up|down|status   (or: python3 dev.py cluster ...)
+    python -m loopback_cluster.control_plane build|up|down|status   (or: python3 dev.py cluster ...)
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""The whole loop on one machine, on loopback: `python -m gpu_sim.demo` (or `python3 dev.py demo`).
+"""The whole loop on one machine, on loopback: `python -m demo` (or `python3 dev.py demo`).
 
 It starts, in this one process:
 
-- the local Kubernetes API stand-in (`gpu_sim.apiserver`) holding N GPU Nodes of mixed models;
+- the local Kubernetes API stand-in (`kube_standins.apiserver`) holding N GPU Nodes of mixed models;
 - one real agent per node (the agent's own tick, its simulated GPU source, its rate limiter and
   its Kubernetes client writing merge patches over HTTP to the stand-in);
 - the real scorer serving the extender over HTTP, names only by default as the chart deploys it
   (the scorer list+watches the stand-in), or with full Node objects in each request with
   `--no-node-cache`;
-- a driver that plays kube-scheduler for a seeded stream of GPU pods (`gpu_sim.scheduler_driver`);
-  a bound pod adds load to its node's simulated GPUs, so the agent's next writes show it;
+- a driver that plays kube-scheduler for a seeded stream of GPU pods
+  (`kube_standins.scheduler_driver`); a bound pod adds load to its node's simulated GPUs, so the
+  agent's next writes show it;
 
-and shows it all live (`gpu_sim.tui`), or as plain lines with `--no-tui`, until `--duration`
+and shows it all live (`demo.tui`), or as plain lines with `--no-tui`, until `--duration`
 ends, then prints a summary. Nothing leaves 127.0.0.1, nothing needs a GPU or a cluster, and
 Ctrl-C stops every thread and server before exiting.
 """
@@ -32,17 +33,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Final, Literal, TextIO
+from typing import Final, TextIO
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from demo import parts
+from demo.options import DemoOptions, NodePlan
+from demo.parts import DemoAgent
+from demo.real_cluster import RealCluster, RealSchedulerDriver
+from demo.tui import (
+    DemoSnapshot,
+    LatencyFigures,
+    NodeView,
+    attempt_line,
+    render,
+    summary_lines,
+    write_line,
+)
 from gpu_contract.schema import DEFAULT_PREFIX, Field, parse_timestamp
-from gpu_sim import demo_parts as parts
-from gpu_sim.cluster import ClusterError
-from gpu_sim.demo_cluster import RealCluster, RealSchedulerDriver
-from gpu_sim.demo_parts import DemoAgent
-from gpu_sim.scheduler_driver import (
+from kube_standins.scheduler_driver import (
     Attempt,
     DriverConfig,
     ExtenderClient,
@@ -52,15 +62,7 @@ from gpu_sim.scheduler_driver import (
     allocatable_gpus,
     short_model_name,
 )
-from gpu_sim.tui import (
-    DemoSnapshot,
-    LatencyFigures,
-    NodeView,
-    attempt_line,
-    render,
-    summary_lines,
-    write_line,
-)
+from loopback_cluster.control_plane import ClusterError
 
 # The fleet cycles through these (product name as NVML reports it, GPUs per node): A100 and V100
 # first, so the preference chain "A100,V100" has both ranks and a fallback to show.
@@ -78,41 +80,6 @@ FLEET: Final[tuple[tuple[str, int], ...]] = (
 TOKEN: Final = "demo-token"
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class DemoOptions:
-    duration_s: float = 60.0
-    nodes: int = 8
-    seed: int = 7
-    node_cache: bool = True
-    tui: bool = True
-    pods_per_s: float = 1.0
-    # The demo's clock runs the agents faster than production (5 s / 10 s / 60 s), so a minute
-    # shows many write decisions; the rules are the same.
-    sample_interval_s: float = 1.0
-    min_write_interval_s: float = 2.0
-    heartbeat_s: float = 10.0
-    extender_weight: int = 5
-    refresh_per_s: float = 4.0
-    # "standin": the embedded API stand-in and scheduler driver (needs only Python); "real":
-    # kube-apiserver and kube-scheduler v1.36 from `python3 dev.py cluster build`.
-    cluster: Literal["standin", "real"] = "standin"
-
-    def settings_line(self) -> str:
-        return (
-            f"demo clock: agents sample every {self.sample_interval_s:g}s, write at most every "
-            f"{self.min_write_interval_s:g}s, heartbeat {self.heartbeat_s:g}s "
-            f"(production defaults 5s / 10s / 60s), scorer stale-after {3 * self.heartbeat_s:g}s; "
-            f"{self.pods_per_s:g} pods/s, seed {self.seed}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class NodePlan:
-    name: str
-    product: str
-    gpus: int
 
 
 def plan_fleet(count: int) -> list[NodePlan]:
@@ -497,7 +464,7 @@ def _run_live(demo: Demo, out: TextIO) -> None:
 def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
     defaults = DemoOptions()
     parser = argparse.ArgumentParser(
-        prog="python -m gpu_sim.demo",
+        prog="python -m demo",
         description="Run the agent, the scorer and a kube-scheduler stand-in on loopback, "
         "with simulated GPUs, and watch pods being placed with reasons.",
     )

@@ -9,6 +9,7 @@ run as the real `gpu-agent` and `gpu-scorer` processes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import subprocess
@@ -33,8 +34,7 @@ from gpu_contract.schema import (
     format_timestamp,
     merge_patch,
 )
-from gpu_sim import kube_objects as ko
-from gpu_sim.cluster import GPU_RESOURCE, LOOPBACK, ClusterError, KubeApi, free_port
+from loopback_cluster.control_plane import GPU_RESOURCE, LOOPBACK, ClusterError, KubeApi, free_port
 
 T = TypeVar("T")
 
@@ -45,13 +45,13 @@ _SERVER_SET: Final = ("uid", "creationTimestamp", "managedFields", "resourceVers
 
 
 def register_node(api: KubeApi, node: Mapping[str, Any]) -> dict[str, Any]:
-    """Create `node` (a `gpu_sim.nodes.gpu_node`) as its kubelet would; return the stored Node.
+    """Create `node` (a `kube_standins.nodes.gpu_node`) as its kubelet would; return it stored.
 
     The API server keeps the status a Node is created with, and its TaintNodesByCondition
     admission adds `node.kubernetes.io/not-ready`, which the node lifecycle controller removes
     once the kubelet reports Ready; no controller runs here, so the taint is lifted next.
     """
-    body = ko.clone(dict(node))
+    body = copy.deepcopy(dict(node))
     for key in _SERVER_SET:
         body["metadata"].pop(key, None)
     name = body["metadata"]["name"]
@@ -88,7 +88,6 @@ def gpu_state(
     at: datetime | None = None,
 ) -> NodeGpuState:
     """A healthy node's state with the values a placement test varies; the rest consistent."""
-    from gpu_contract.schema import Health  # noqa: PLC0415
 
     return NodeGpuState(
         health=Health.OK,
@@ -182,7 +181,7 @@ def apply(api: KubeApi, manifest: Mapping[str, Any], *, namespace: str = "defaul
     if status == 409:
         path = f"{collection}/{manifest['metadata']['name']}"
         current = api.get(path)
-        replacement = ko.clone(dict(manifest))
+        replacement = copy.deepcopy(dict(manifest))
         replacement["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         api.call("PUT", path, replacement)
     elif status not in (200, 201):

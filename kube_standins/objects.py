@@ -1,10 +1,10 @@
 """Pure Kubernetes object semantics for the API server stand-in: patches, validation, managedFields.
 
-The stand-in in `gpu_sim.apiserver` must answer as a real kube-apiserver v1.36 does (see the wire
-captures in the shared kube-apiserver fixtures). Everything here is a pure function of its inputs
-(the live object, the request body, `now`), so the semantics can be tested without sockets and the
-HTTP layer stays thin. Error answers are raised as `ApiError`, which carries the exact `Status` body
-and HTTP code the real server sends.
+The stand-in in `kube_standins.apiserver` must answer as a real kube-apiserver v1.36 does (see the
+wire captures in the shared kube-apiserver fixtures). Everything here is a pure function of its
+inputs (the live object, the request body, `now`), so the semantics can be tested without sockets
+and the HTTP layer stays thin. Error answers are raised as `ApiError`, which carries the exact
+`Status` body and HTTP code the real server sends.
 """
 
 from __future__ import annotations

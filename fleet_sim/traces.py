@@ -1,6 +1,6 @@
 """Seeded per-node GPU load traces that look like the load of real clusters.
 
-The write-budget simulation (`gpu_sim.fleet`) needs thousands of nodes' worth of GPU readings over
+The write-budget simulation (`fleet_sim.fleet`) needs thousands of nodes' worth of GPU readings over
 hours of cluster time, fast. This module produces them as numpy arrays, one row per sampling tick,
 so that the only per-node per-tick Python work left is building the agent's own `NodeReading`.
 

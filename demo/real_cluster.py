@@ -1,11 +1,11 @@
 """The demo on the real control plane: Nodes in kube-apiserver, pods bound by kube-scheduler.
 
-`python3 dev.py demo --cluster real` runs the same loop as the default demo with the API
-stand-in and the scheduler driver swapped for the real thing (`gpu_sim.cluster`, built by
-`python3 dev.py cluster build`): the agents write to a real kube-apiserver, a real
-kube-scheduler calls the scorer as its extender, and the demo only creates pods, reads where
-the scheduler bound them (or its `FailedScheduling` reason), turns bound pods into load on the
-node's simulated GPUs, and deletes them when their run time is over.
+`python3 dev.py demo --cluster real` runs the same loop as the default demo with the API stand-in
+and the scheduler driver swapped for the real thing (`loopback_cluster.control_plane`, built by
+`python3 dev.py cluster build`): the agents write to a real kube-apiserver, a real kube-scheduler
+calls the scorer as its extender, and the demo only creates pods, reads where the scheduler bound
+them (or its `FailedScheduling` reason), turns bound pods into load on the node's simulated GPUs,
+and deletes them when their run time is over.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Any, Final
 
 from agent.metrics import AgentMetrics
 from gpu_contract.schema import normalize_model_name
-from gpu_sim.cluster import (
+from kube_standins.nodes import gpu_node
+from kube_standins.scheduler_driver import Allocation, Attempt, Binding, LoadSink, NoLoad, PodSpec
+from loopback_cluster.control_plane import (
     ClusterError,
     ControlPlane,
     ExtenderConfig,
@@ -26,9 +28,7 @@ from gpu_sim.cluster import (
     SchedulerConfig,
     missing_binaries_reason,
 )
-from gpu_sim.cluster_workload import apply, gpu_pod, register_node
-from gpu_sim.nodes import gpu_node
-from gpu_sim.scheduler_driver import Allocation, Attempt, Binding, LoadSink, NoLoad, PodSpec
+from loopback_cluster.workload import apply, gpu_pod, register_node
 
 NAMESPACE: Final = "gpu-demo"
 SCHEDULER_NAME: Final = "gpu-scheduler"

@@ -1,6 +1,6 @@
 """Write-budget simulation: what a fleet of agents costs the API server, and how fresh its data is.
 
-Each simulated node runs the agent's real decision path on a seeded trace (`gpu_sim.traces`):
+Each simulated node runs the agent's real decision path on a seeded trace (`fleet_sim.traces`):
 `agent.aggregate.aggregate` turns the tick's `NodeReading` (with the kubelet's allocations, as the
 agent reads them) into the contract's `NodeGpuState`, per-GPU table included, the
 pure limiter (`agent.limiter.decide`) says whether to write, and a write is sized as the real
@@ -40,8 +40,8 @@ from agent.limiter import (
     record_failure,
     record_success,
 )
+from fleet_sim.traces import DEFAULT_MIX, NodeSpec, Profile, generate, make_fleet, node_reading
 from gpu_contract import DEFAULT_KEYS, encode, merge_patch
-from gpu_sim.traces import DEFAULT_MIX, NodeSpec, Profile, generate, make_fleet, node_reading
 
 EPOCH: Final = datetime(2026, 1, 5, 0, 0, tzinfo=UTC)
 # Nodes simulated per trace batch: bounds the arrays' memory (ticks x nodes x GPUs floats).
@@ -392,10 +392,10 @@ def _age_per_bin(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m gpu_sim.fleet --nodes 5000 --duration-s 3600`: one run, summary as JSON."""
+    """`python -m fleet_sim.fleet --nodes 5000 --duration-s 3600`: one run, summary as JSON."""
     import argparse  # noqa: PLC0415  (only the command line needs it)
 
-    parser = argparse.ArgumentParser(prog="python -m gpu_sim.fleet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fleet_sim.fleet", description=__doc__)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--duration-s", type=float, default=3600.0)
     parser.add_argument("--interval-s", type=float, default=5.0)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpu_contract.schema import DEFAULT_PREFIX, Field
-from gpu_sim.scheduler_driver import Attempt, failed_scheduling_message
+from kube_standins.scheduler_driver import Attempt, failed_scheduling_message
 
 # Columns of the node table: (annotation field, header).
 _NODE_COLUMNS: tuple[tuple[Field, str], ...] = (

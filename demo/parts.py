@@ -14,23 +14,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from agent.daemon import Agent, TickLoop, start_jitter_s
 from agent.kube import NodeAnnotator, api_client_for
 from agent.limiter import WritePolicy
 from agent.simulated import SimulatedSource
+from demo.options import DemoOptions, NodePlan
 from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.nodecache import NodeCache
 from exporter_scheduler.policy import Policy
 from exporter_scheduler.server import HttpServer
 from gpu_contract.schema import DEFAULT_PREFIX, Field, normalize_model_name
-from gpu_sim.apiserver import ApiServerStandIn
-from gpu_sim.nodes import gpu_node
-from gpu_sim.scheduler_driver import PodSpec
-
-if TYPE_CHECKING:
-    from gpu_sim.demo import DemoOptions, NodePlan
+from kube_standins.apiserver import ApiServerStandIn
+from kube_standins.nodes import gpu_node
+from kube_standins.scheduler_driver import PodSpec
 
 # GPU memory a pod's work holds per GPU when it states no `min-gpu-memory-mib`.
 DEFAULT_POD_MEMORY_MIB_PER_GPU = 8 * 1024

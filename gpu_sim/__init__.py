@@ -1,1 +1,0 @@
-"""Simulation and demo tooling: a local Kubernetes API stand-in, fleet traces, the demo."""
