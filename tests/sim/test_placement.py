@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -16,25 +16,43 @@ from agent.aggregate import aggregate
 from agent.limiter import LimiterState
 from exporter_scheduler.policy import Policy
 from fleet_sim.placement import (
+    EPOCH,
+    JOB_SPREAD_S,
+    JOB_WORKER_GPUS,
+    JOB_WORKERS,
+    LAG_MODEL,
     PER_GPU_KEYS,
     POLICIES,
+    PUSH_CAUSES,
+    SCALE_UP_REPLICAS,
+    SCALE_UP_SPREAD_S,
+    SCORER_POLICIES,
+    SCORER_VARIANTS,
     WORKLOADS,
     GpuTruth,
     NodeSetup,
     NodeTruth,
     PlacementConfig,
     PodRequest,
+    PolicyName,
+    PushCause,
     _assign,
     _choose,
     _Node,
+    _Placed,
     _reading,
+    _Run,
+    bound_pod,
     chain_rank,
+    compare,
     judge,
+    lag_summary,
     main,
     make_nodes,
     make_pods,
     pushed_over_limit,
     run,
+    short_of_suitable,
     stranded_fraction,
     suitable_gpus,
 )
@@ -273,7 +291,7 @@ def _pick(policy: str, pod: PodRequest, nodes: list[_Node]) -> str | None:
     return None if chosen is None else chosen.setup.name
 
 
-SCORERS = ("per-gpu", "node-aggregate")
+SCORERS = tuple(sorted(SCORER_POLICIES))
 
 
 @pytest.mark.parametrize("scorer", SCORERS)
@@ -477,7 +495,7 @@ def test_pod_annotations_use_the_scorer_hint_names() -> None:
     assert _pod().annotations() == {}
 
 
-SMALL = PlacementConfig(nodes=10, duration_s=900.0, seed=5)
+SMALL = PlacementConfig(nodes=8, duration_s=600.0, seed=5)
 
 
 def test_stream_and_fleet_are_seeded() -> None:
@@ -501,11 +519,25 @@ def test_every_pod_is_placed_or_pending(small_runs: dict[str, dict[str, Any]]) -
         assert summary["fewer_suitable_unseen"] <= summary["fewer_suitable"]
         assert summary["fewer_suitable"] <= summary["placed"]
         assert sum(summary["placed_by_kind"].values()) == summary["placed"]
+        pushed = summary["gpus_pushed_over_limit"]
+        assert sum(summary["gpus_pushed_over_limit_by_cause"].values()) == pushed
+        assert summary["gpus_pushed_over_limit_burst"] <= pushed
+        assert summary["burst_short_placements"] <= summary["short_placements"]
+        assert summary["short_placements"] <= summary["fewer_suitable"]
+        assert summary["burst_placed"] + summary["pending_burst"] == summary["burst_pods"]
+        assert summary["pending_burst"] <= summary["pending_at_end"]
     assert len({s["pods"] for s in small_runs.values()}) == 1
 
 
 def test_runs_are_reproducible(small_runs: dict[str, dict[str, Any]]) -> None:
     assert run(SMALL, "random").summary() == small_runs["random"]
+
+
+def test_policies_in_parallel_give_the_same_results() -> None:
+    config = PlacementConfig(nodes=4, duration_s=240.0, seed=6)
+    policies: tuple[PolicyName, ...] = ("per-gpu", "random")
+    alone = {p: r.summary() for p, r in compare(config, policies).items()}
+    assert {p: r.summary() for p, r in compare(config, policies, workers=2).items()} == alone
 
 
 def test_command_line_prints_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
@@ -556,3 +588,294 @@ def test_stranded_fraction_is_a_fraction(slots: list[tuple[int, int]]) -> None:
     free = [f for f, _ in slots]
     total = [t for _, t in slots]
     assert 0.0 <= stranded_fraction(free, total) <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Variants, bursts, the lag model and in-flight accounting
+
+
+def test_each_scorer_variant_is_named_for_the_part_it_goes_without() -> None:
+    assert set(POLICIES) >= SCORER_POLICIES
+    for name, variant in SCORER_VARIANTS.items():
+        without_either = name.endswith("-without-either")
+        assert variant.inflight == (not without_either and not name.endswith("-without-inflight"))
+        assert variant.blind_device_plugin == (
+            not without_either and not name.endswith("-without-blind-plugin")
+        )
+    assert SCORER_VARIANTS["per-gpu"].per_gpu_keys
+    assert not SCORER_VARIANTS["node-aggregate"].per_gpu_keys
+    assert SCORER_VARIANTS["node-aggregate"].inflight
+
+
+BURSTY = PlacementConfig(nodes=40, duration_s=7200.0, seed=8, burst_share=0.5)
+
+
+@pytest.fixture(scope="module")
+def bursty_pods() -> list[PodRequest]:
+    return make_pods(BURSTY, make_nodes(BURSTY))
+
+
+def _groups(pods: list[PodRequest], kind: str) -> list[list[PodRequest]]:
+    by_burst: dict[str, list[PodRequest]] = {}
+    for pod in pods:
+        if pod.burst_kind == kind:
+            by_burst.setdefault(pod.burst, []).append(pod)
+    return list(by_burst.values())
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "spread_s"),
+    [
+        pytest.param("job", {n for n, _ in JOB_WORKERS}, JOB_SPREAD_S, id="job-workers"),
+        pytest.param(
+            "scale-up", {n for n, _ in SCALE_UP_REPLICAS}, SCALE_UP_SPREAD_S, id="scale-up"
+        ),
+    ],
+)
+def test_bursts_are_copies_of_one_template_arriving_together(
+    bursty_pods: list[PodRequest], kind: str, sizes: set[int], spread_s: float
+) -> None:
+    groups = _groups(bursty_pods, kind)
+    assert len(groups) >= 5
+    for group in groups:
+        assert len(group) in sizes
+        arrivals = [p.arrival_s for p in group]
+        assert max(arrivals) - min(arrivals) <= spread_s
+        templates = {
+            (p.gpus, p.memory_mib, p.utilization, p.chain, p.kind, p.declares_memory) for p in group
+        }
+        assert len(templates) == 1, group[0].burst
+    if kind == "job":
+        assert {p.gpus for g in groups for p in g} <= {n for n, _ in JOB_WORKER_GPUS}
+        assert all(len({p.run_s for p in g}) == 1 for g in groups)  # a job ends as one
+    else:
+        kinds = {p.kind for g in groups for p in g}
+        assert kinds == {"inference", "shared-inference"}
+
+
+def test_shared_inference_says_what_it_adds_to_each_gpu(bursty_pods: list[PodRequest]) -> None:
+    shared = [p for p in bursty_pods if p.kind == "shared-inference"]
+    assert shared
+    assert any(p.burst for p in shared)
+    assert any(not p.burst for p in shared)
+    for pod in shared:
+        assert pod.expected_gpu_load == pod.utilization
+        assert pod.annotations()[DEFAULT_KEYS.prefix + "expected-gpu-load"] == (
+            f"{pod.utilization:.2f}"
+        )
+    assert all(p.expected_gpu_load is None for p in bursty_pods if p.kind != "shared-inference")
+
+
+@pytest.mark.parametrize("burst_share", [0.0, 0.35, 0.7])
+def test_bursts_take_their_share_of_the_offered_load(burst_share: float) -> None:
+    config = PlacementConfig(nodes=40, duration_s=4 * 3600.0, seed=9, burst_share=burst_share)
+    pods = make_pods(config, make_nodes(config))
+    gpu_s = [p.gpus * p.run_s for p in pods]
+    burst_gpu_s = sum(g for g, p in zip(gpu_s, pods, strict=True) if p.burst)
+    assert burst_gpu_s / sum(gpu_s) == pytest.approx(burst_share, abs=0.12)
+    assert [p.arrival_s for p in pods] == sorted(p.arrival_s for p in pods)
+    assert len({p.name for p in pods}) == len(pods)
+
+
+def test_lag_draws_follow_the_lag_model(bursty_pods: list[PodRequest]) -> None:
+    lag = LAG_MODEL
+    cached = [p for p in bursty_pods if p.start_delay_s <= lag.cached_start_s[1]]
+    assert len(cached) / len(bursty_pods) == pytest.approx(lag.image_cached_share, abs=0.08)
+    assert all(lag.cached_start_s[0] <= p.start_delay_s <= lag.pull_max_s for p in bursty_pods)
+    for pod in bursty_pods:
+        low, high = lag.ramp_range_s(pod.kind)
+        assert low <= pod.ramp_s <= high
+    summary = lag_summary(bursty_pods, BURSTY)
+    assert summary["start_delay_p50_s"] < summary["start_delay_p90_s"] <= lag.pull_max_s
+    assert summary["bind_to_load_p50_s"] > lag.admission_delay_s
+    assert 0.0 <= summary["load_after_delay_share"] <= 1.0
+
+
+LAG_SETUP = NodeSetup("a100-000", A100_80GB, 2, 1, 30.0)
+LAG_CONFIG = PlacementConfig(nodes=1, duration_s=600.0, seed=5, unaccounted_share=0.0)
+ALLOCATED_KEY = DEFAULT_KEYS[Field.PER_GPU_ALLOCATED]
+PER_GPU_UTIL_KEY = DEFAULT_KEYS[Field.PER_GPU_UTILIZATION]
+
+
+@pytest.mark.parametrize(
+    ("start_delay_s", "ramp_s"),
+    [
+        pytest.param(2.0, 15.0, id="cached-image"),
+        pytest.param(95.0, 60.0, id="large-image-pull"),
+        pytest.param(3.0, 0.0, id="no-ramp"),
+    ],
+)
+def test_allocation_shows_after_admission_and_load_after_the_ramp(
+    start_delay_s: float, ramp_s: float
+) -> None:
+    """Bound at 1 s, admitted at 2 s: the published allocation appears at the agent's first
+    write from then on, never before; the load at its first write after the ramp."""
+    pod = _pod(name="p", arrival_s=0.5, utilization=0.9, run_s=500.0,
+               start_delay_s=start_delay_s, ramp_s=ramp_s)  # fmt: skip
+    sim = _Run(LAG_CONFIG, "per-gpu", setups=[LAG_SETUP], pods=[pod])
+    node = sim.nodes[0]
+    bound_s, admitted_s = 1.0, 1.0 + LAG_CONFIG.lag.admission_delay_s
+    started_s = admitted_s + start_delay_s
+    loaded_s = started_s + ramp_s
+    writes: list[tuple[float, dict[str, str]]] = []
+    for step in range(int(loaded_s) + 60):
+        t = float(step)
+        sim.step(t)
+        if node.write_time == EPOCH + timedelta(seconds=t):
+            writes.append((t, dict(node.annotations)))
+        if t == bound_s:
+            assert node.tenants == [1, 0]
+            assert node.allocated == [0, 0]
+            assert node.pods_view[0].admitted_at is None
+        if t == admitted_s:
+            assert node.allocated == [1, 0]
+            assert node.pods_view[0].admitted_at == EPOCH + timedelta(seconds=admitted_s)
+    assert node.pods_view[0].running_since == EPOCH + timedelta(seconds=started_s)
+    shown = [t for t, a in writes if a[ALLOCATED_KEY] == "1,0"]
+    assert all(a[ALLOCATED_KEY] == "0,0" for t, a in writes if t < admitted_s)
+    assert shown
+    assert shown[0] >= admitted_s
+    # The agent's next sample, held back at most by the limiter's minimum write interval.
+    policy = LAG_CONFIG.write_policy
+    assert shown[0] <= admitted_s + LAG_CONFIG.interval_s + policy.min_write_interval_s
+    loaded = [t for t, a in writes if float(a[PER_GPU_UTIL_KEY].split(",")[0]) >= 0.5]
+    assert loaded
+    assert loaded[0] >= loaded_s
+    # One sample for the window to fill, one more if the limiter held the write back.
+    assert loaded[0] <= loaded_s + 2 * LAG_CONFIG.interval_s + policy.min_write_interval_s
+
+
+def test_the_agent_reads_utilization_averaged_over_its_window() -> None:
+    node = _node("n", gpus=2)
+    node.util = [0.8, 0.0]
+    assert node.window_util(0) == pytest.approx(0.8)  # nothing accumulated yet: the value now
+    node.util_acc, node.acc_s = [0.8 * 2, 0.0], 5  # loaded for 2 s of the 5 s window
+    assert node.window_util(0) == pytest.approx(0.32)
+    reading = _reading(node, NOW, np.random.default_rng(0))
+    assert reading.gpus[0].utilization == pytest.approx(0.32, abs=0.06)
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        pytest.param(_pod(gpus=2), (None, None), id="no-hints"),
+        pytest.param(_pod(gpus=2, declares_memory=True), (None, 10_000), id="memory-declared"),
+        pytest.param(_pod(gpus=2, expected_gpu_load=0.35), (3_500, None), id="expected-load"),
+    ],
+)
+def test_bound_pods_carry_the_pods_hints(
+    pod: PodRequest, expected: tuple[int | None, int | None]
+) -> None:
+    record = bound_pod(pod, "n", NOW, provisional=True)
+    assert (record.gpu_load_bp, record.memory_mib) == expected
+    assert (record.node, record.gpus, record.bound_at, record.provisional) == ("n", 2, NOW, True)
+    assert record.admitted_at is None
+    assert record.running_since is None
+
+
+def _place_burst(policy: str, nodes: list[_Node], pods: list[PodRequest]) -> list[str]:
+    """The sim's scheduling pass for pods of one instant: allocation accounting first, then the
+    policy; each decision is a provisional in-flight pod on its node for the next one."""
+    names = []
+    for pod in pods:
+        feasible = [n for n in nodes if n.free_slots >= pod.gpus]
+        chosen = _choose(
+            policy,  # type: ignore[arg-type]
+            pod,
+            pod_annotations=pod.annotations(),
+            candidates=feasible,
+            now=NOW,
+            scorer_policy=Policy(),
+            rng=random.Random(1),
+        )
+        assert chosen is not None
+        gpus, _ = _assign(chosen, pod)
+        for g in gpus:
+            chosen.tenants[g] += 1
+        chosen.set_bound(bound_pod(pod, chosen.setup.name, NOW, provisional=True))
+        names.append(chosen.setup.name)
+    return names
+
+
+def _unallocated(*utilizations: float) -> list[GpuState]:
+    return [GpuState(u, 80_000, 50, False) for u in utilizations]
+
+
+@pytest.mark.parametrize(
+    ("policy", "without", "short_table", "burst", "suitable"),
+    [
+        # 7 idle GPUs and a busy unallocated one: the blind-plugin rule passes the node for a
+        # 1-GPU pod (7/8), and would keep passing it for all 8 pods without in-flight pods.
+        pytest.param("per-gpu", "per-gpu-without-inflight", _unallocated(*[0.0] * 7, 0.95),
+                     8, 7, id="per-gpu"),
+        # 2 idle GPUs and 2 busy ones, best k counted: in-flight pods hold the 2 idle ones.
+        pytest.param("per-gpu-without-blind-plugin", "per-gpu-without-either",
+                     _unallocated(0.0, 0.0, 0.95, 0.95), 4, 2, id="without-blind-plugin"),
+    ],
+)  # fmt: skip
+def test_inflight_keeps_a_burst_off_a_node_short_of_suitable_gpus(
+    policy: str, without: str, short_table: list[GpuState], burst: int, suitable: int
+) -> None:
+    """The short node looks best (idler on the GPUs the pod may get) and has a free slot for
+    every pod of the burst, but fewer suitable GPUs than the burst has pods; the other node
+    has room for all of them."""
+    pods = [_pod(name=f"scale-up-0000-r{i}", burst="scale-up-0000") for i in range(burst)]
+
+    def fleet() -> list[_Node]:
+        return [_node("short", per_gpu=short_table),
+                _node("roomy", per_gpu=_unallocated(*[0.3] * 8))]  # fmt: skip
+
+    on_short = _place_burst(policy, fleet(), pods).count("short")
+    assert 0 < on_short <= suitable
+    assert _place_burst(without, fleet(), pods).count("short") == burst
+
+
+def test_short_of_suitable_needs_another_node_with_room() -> None:
+    pod = _pod(gpus=5)
+    roomy = NodeTruth("roomy", A100, 0.1, 50.0, 40_000, tuple([_gpu()] * 8))
+    assert short_of_suitable(pod, SPLIT, [SPLIT, roomy], utilization_limit=0.9,
+                             temperature_limit_c=85.0)  # fmt: skip
+    assert not short_of_suitable(pod, SPLIT, [SPLIT], utilization_limit=0.9,
+                                 temperature_limit_c=85.0)  # fmt: skip
+    chained = _pod(gpus=5, chain=("V100",))
+    assert not short_of_suitable(chained, SPLIT, [SPLIT, roomy], utilization_limit=0.9,
+                                 temperature_limit_c=85.0)  # fmt: skip
+
+
+def _placed(sim: _Run, name: str, bound_s: float, loaded_s: float | None, *,
+            util_at_bind: float = 0.3, unaccounted_at_bind: bool = False) -> _Placed:  # fmt: skip
+    node = sim.nodes[0]
+    placed = _Placed(
+        _pod(name=name), node, [0], bound_pod(_pod(name=name), node.setup.name, NOW,
+                                              provisional=False),
+        bound_s, (util_at_bind, 0.0), (unaccounted_at_bind, False), loaded_s=loaded_s,
+    )  # fmt: skip
+    sim.on_node[node.setup.name][name] = placed
+    return placed
+
+
+@pytest.mark.parametrize(
+    ("other", "mine", "unaccounted_now", "expected"),
+    [
+        pytest.param((5.0, 60.0), {}, False, "in-flight", id="other-pod-loaded-after-my-bind"),
+        pytest.param(None, {"util_at_bind": 0.95}, True, "busy-at-bind", id="busy-at-bind"),
+        pytest.param((20.0, 30.0), {}, False, "after-bind", id="pod-bound-after-me"),
+        pytest.param(None, {}, True, "after-bind", id="unaccounted-work-started-after-bind"),
+        pytest.param(None, {"unaccounted_at_bind": True}, True, "within-limit",
+                     id="unaccounted-work-there-within-limit"),
+        pytest.param((0.0, 5.0), {}, False, "within-limit", id="other-pod-load-already-there"),
+    ],
+)  # fmt: skip
+def test_what_pushed_a_gpu_over_the_limit(
+    other: tuple[float, float] | None,
+    mine: dict[str, Any],
+    unaccounted_now: bool,
+    expected: PushCause,
+) -> None:
+    sim = _Run(LAG_CONFIG, "per-gpu", setups=[LAG_SETUP], pods=[])
+    if other is not None:
+        _placed(sim, "other", *other)
+    placed = _placed(sim, "me", 10.0, None, **mine)
+    sim.nodes[0].bg_util = [0.5 if unaccounted_now else 0.0, 0.0]
+    assert sim._push_cause(placed, 0, 0.90) == expected
+    assert expected in PUSH_CAUSES
