@@ -31,6 +31,8 @@ from typing import Any, Final, Self
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
+from exporter_scheduler.metrics import ScorerMetrics
+
 log = logging.getLogger("exporter_scheduler.listwatch")
 
 # A watch that ends sooner than this after opening is reopened after the back-off.
@@ -65,6 +67,17 @@ class LoopMetrics:
     restarts: Counter  # labelled by cause (`metrics.WATCH_RESTART_CAUSES`)
     ready: Gauge
     event_seconds: Histogram
+
+    @classmethod
+    def of(cls, metrics: ScorerMetrics, kind: str) -> LoopMetrics:
+        """The `gpu_scorer_<kind>_cache_*` metrics of one watched kind."""
+        prefix = f"{kind}_cache_"
+        return cls(
+            getattr(metrics, prefix + "relists"),
+            getattr(metrics, prefix + "watch_restarts"),
+            getattr(metrics, prefix + "ready"),
+            getattr(metrics, prefix + "event_seconds"),
+        )
 
 
 def make_api(kubeconfig: str | None) -> Any:
@@ -106,20 +119,22 @@ class ListWatch:
         self,
         *,
         kubeconfig: str | None,
-        loop_metrics: LoopMetrics,
+        metrics: ScorerMetrics | None,
         tuning: CacheTuning | None = None,
         rng: random.Random | None = None,
+        api: Any = None,
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.metrics = metrics if metrics is not None else ScorerMetrics()
         self.tuning = tuning if tuning is not None else CacheTuning()
-        self._loop_metrics = loop_metrics
+        self._loop_metrics = LoopMetrics.of(self.metrics, self.kind)
         self._rng = rng if rng is not None else random.Random()
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._resource_version: str | None = None
         self._response: Any = None
-        self._api: Any = None
         self._threads: list[threading.Thread] = []
+        self._api = api  # built at `start` unless given (tests: a fake of the client's calls)
 
     # ------------------------------------------------------------------ hooks
     def _list(self, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.listwatch import CacheTuning, ListWatch, LoopMetrics
+from exporter_scheduler.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.namespacecache")
@@ -65,20 +65,7 @@ class NamespaceCache(ListWatch):
         rng: random.Random | None = None,
         api: Any = None,
     ) -> None:
-        self.metrics = metrics if metrics is not None else ScorerMetrics()
-        m = self.metrics
-        super().__init__(
-            kubeconfig=kubeconfig,
-            loop_metrics=LoopMetrics(
-                m.namespace_cache_relists,
-                m.namespace_cache_watch_restarts,
-                m.namespace_cache_ready,
-                m.namespace_cache_event_seconds,
-            ),
-            tuning=tuning,
-            rng=rng,
-        )
-        self._api = api
+        super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng, api=api)
         self._page = msgspec.json.Decoder(_List)
         self._event = msgspec.json.Decoder(_Event)
         self._labels: dict[str, Mapping[str, str]] = {}

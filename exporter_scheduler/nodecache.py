@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.listwatch import CacheTuning, ListWatch, LoopMetrics, WatchExpiredError
+from exporter_scheduler.listwatch import CacheTuning, ListWatch, WatchExpiredError
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
 from exporter_scheduler.scoring import NodeInput, predecode
@@ -109,19 +109,7 @@ class NodeCache(ListWatch):
         clock: Clock = utc_now,
         max_classes: int = DEFAULT_MAX_CLASSES,
     ) -> None:
-        self.metrics = metrics if metrics is not None else ScorerMetrics()
-        m = self.metrics
-        super().__init__(
-            kubeconfig=kubeconfig,
-            loop_metrics=LoopMetrics(
-                m.node_cache_relists,
-                m.node_cache_watch_restarts,
-                m.node_cache_ready,
-                m.node_cache_event_seconds,
-            ),
-            tuning=tuning,
-            rng=rng,
-        )
+        super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng)
         self.keys = keys
         self.store = NodeStore(clock=clock, max_classes=max_classes)
         decoders = _Decoders(keys)

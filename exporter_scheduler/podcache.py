@@ -38,7 +38,7 @@ from exporter_scheduler.hints import (
     parse_hints,
 )
 from exporter_scheduler.inflight import BASIS_POINTS, NO_PODS, PROVISIONAL_MAX_S, BoundPod
-from exporter_scheduler.listwatch import CacheTuning, ListWatch, LoopMetrics
+from exporter_scheduler.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.metrics import ScorerMetrics
 from exporter_scheduler.wire import PodSpec, WireError, pod_gpu_request
 from gpu_contract.schema import DEFAULT_KEYS, Keys
@@ -208,20 +208,7 @@ class PodCache(ListWatch):
         rng: random.Random | None = None,
         api: Any = None,
     ) -> None:
-        self.metrics = metrics if metrics is not None else ScorerMetrics()
-        m = self.metrics
-        super().__init__(
-            kubeconfig=kubeconfig,
-            loop_metrics=LoopMetrics(
-                m.pod_cache_relists,
-                m.pod_cache_watch_restarts,
-                m.pod_cache_ready,
-                m.pod_cache_event_seconds,
-            ),
-            tuning=tuning,
-            rng=rng,
-        )
-        self._api = api
+        super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng, api=api)
         self.keys = keys
         self.resource = gpu_resource_name
         self._page = _PAGE
@@ -235,7 +222,7 @@ class PodCache(ListWatch):
         self._groups: dict[tuple[str, str], dict[tuple[str, str, bool], BoundPod]] = {}
         self._sinks: list[PodSink] = []
         self._active: bool | None = None  # None until the first LIST or failure
-        m.inflight_accounting.set(0)
+        self.metrics.inflight_accounting.set(0)
 
     # ------------------------------------------------------------------ readers
     def add_sink(self, sink: PodSink) -> None:
