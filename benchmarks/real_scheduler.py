@@ -1,14 +1,18 @@
 """Pods per second of a real kube-scheduler v1.36, with the scorer as its extender and without.
 
     python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
-        [--rounds 3] [--modes none,names,full,...] [--json]
+        [--rounds 3] [--modes none,names,full,names-no-inflight,...] [--json]
 
 The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in the
-scheduler's loop. On the loopback control plane (`loopback_cluster.control_plane`, built by `python3
-dev.py cluster build`) it registers N realistic GPU Nodes (~6 KB each, the agent's annotations on
-every one), starts both scorers (names only, with its node cache; full Node objects), and keeps
-patching GPU annotations at a fleet's write rate for the whole run. Then, per mode (no extender,
-names only, full nodes), in rounds that rotate the order:
+scheduler's loop. On the loopback control plane (`loopback_cluster.control_plane`, built by
+`python3 dev.py cluster build`) it registers N realistic GPU Nodes (~6 KB each, the agent's
+annotations on every one), starts the scorers the modes need (names only, with its node cache and,
+as `gpu-scorer serve` defaults to, its Pod watch: in-flight accounting on; full Node objects,
+without credentials and so without the Pod watch; `names-no-inflight`: names only with
+`--no-pod-watch`, to compare in-flight accounting on and off in the same run), and keeps patching
+GPU annotations at a fleet's write rate for the whole run. There is no kubelet: each pod a
+names-only burst binds stays "allocation pending" in the Pod watch's scorer (it counts on its node)
+until its round deletes it. Then, per mode, in rounds that rotate the order:
 
 1. create a burst of 1-GPU pods for that mode's schedulerName while no scheduler serves it;
 2. start a kube-scheduler with that mode's configuration: it schedules the backlog;
@@ -17,7 +21,8 @@ names only, full nodes), in rounds that rotate the order:
 
 Timing from the first bind leaves the scheduler's start-up (informer sync) out; the binds
 themselves are in. Everything shares the machine's cores: etcd, kube-apiserver, the scheduler,
-both scorers, and this process's patcher and watch. The scorers' own request time (their
+every mode's scorer (the names-only one's Pod watch takes the other modes' binds too), and this
+process's patcher and watch. The scorers' own request time (their
 `gpu_scorer_request_duration_seconds`) is reported next to the ratio, as the proxy that
 explains it.
 """
@@ -65,10 +70,13 @@ from loopback_cluster.workload import (
 )
 
 MODES: Final = ("none", "names", "full")
+# The names-only scorer with in-flight accounting off (`--no-pod-watch`), against `names`.
+VARIANT_MODES: Final = ("names-no-inflight",)
 # Extenders that decide nothing, to split the extender's cost (`--modes`): compiled Go (the
 # mechanism's own cost), and Python on the scorer's HTTP edge (that edge's cost).
 NULL_MODES: Final = ("null-go-names", "null-py-names", "null-go-full")
-ALL_MODES: Final = (*MODES, *NULL_MODES)
+ALL_MODES: Final = (*MODES, *VARIANT_MODES, *NULL_MODES)
+NAMES_ONLY_MODES: Final = ("names", "names-no-inflight", "null-go-names", "null-py-names")
 NAMESPACE: Final = "bench"
 # The fleet simulation's write rate before per-GPU data: 11.5 % of one write per 5 s sample, or
 # ~110 patches/s at 5,000 nodes. Today's defaults write 9.6 %, so this churn is a little heavier.
@@ -225,10 +233,19 @@ class Extender:
     process: BinaryProcess
     # The scorer's /metrics has its own request times; the null extenders have none.
     scorer: ScorerProcess | None = None
+    # Whether the scorer must count in-flight pods (its Pod watch synced) before it is ready.
+    inflight: bool = False
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         if self.scorer is not None:
-            self.scorer.wait_ready(timeout_s=timeout_s)
+            scorer = self.scorer.wait_ready(timeout_s=timeout_s)
+            if self.inflight:
+                wait_for(
+                    f"{scorer.name}'s in-flight accounting (its Pod watch)",
+                    lambda: scorer.metric("gpu_scorer_inflight_accounting") == 1,
+                    timeout_s=timeout_s,
+                    interval_s=0.5,
+                )
             return
         port = int(self.url.rsplit(":", 1)[1])
 
@@ -246,14 +263,17 @@ def extenders(plane: ControlPlane, logs: Path, modes: Sequence[str]) -> dict[str
     for mode in modes:
         if mode == "none":
             continue
-        names_only = mode.endswith("names")
-        if mode in ("names", "full"):
+        names_only = mode in NAMES_ONLY_MODES
+        if mode in ("names", "full", "names-no-inflight"):
+            # Names only: the admin kubeconfig serves the node cache and the Pod watch alike.
+            inflight = mode == "names"
             scorer = scorer_process(
                 logs,
                 kubeconfig=plane.admin_kubeconfig if names_only else None,
                 name=f"scorer-{mode}",
+                extra_args=() if inflight or not names_only else ("--no-pod-watch",),
             )
-            made[mode] = Extender(scorer.url, names_only, scorer, scorer)
+            made[mode] = Extender(scorer.url, names_only, scorer, scorer, inflight=inflight)
             continue
         port = free_port()
         if mode.startswith("null-go"):
@@ -496,6 +516,7 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
 MODE_LABELS: Final = {
     "none": "no extender",
     "names": "names only (`nodeCacheCapable: true`)",
+    "names-no-inflight": "names only, no in-flight accounting (`--no-pod-watch`)",
     "full": "full nodes (`nodeCacheCapable: false`)",
     "null-go-names": "names only, null extender in Go",
     "null-py-names": "names only, null extender on the scorer's HTTP edge",
@@ -572,6 +593,14 @@ def markdown_section(
         if nulls
         else ""
     )
+    inflight_text = (
+        "\n\n`names` is the scorer as `gpu-scorer serve` starts it: with its Pod watch, so it "
+        "counts each pod bound since a node's last measurement in that node's verdicts "
+        "(in-flight accounting; with no kubelet here, every pod a burst binds counts until its "
+        "round deletes it). `names-no-inflight` is the same scorer with `--no-pod-watch`."
+        if any(m in VARIANT_MODES for r in document["sizes"] for m in r["modes"])
+        else ""
+    )
     return f"""## The real kube-scheduler's throughput
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
@@ -580,8 +609,8 @@ places a burst of {first["pods"]} one-GPU pods ({first.get("full_pods", first["p
 full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in rotating order,
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
-per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, both scorers, the
-patcher) shares the machine's cores. {before_line}{null_text}
+per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, the scorers, the
+patcher) shares the machine's cores. {before_line}{null_text}{inflight_text}
 
 {chr(10).join(lines)}
 {targets}{figure}"""
@@ -604,6 +633,17 @@ def _targets_text(document: dict[str, Any]) -> str:
         floor = "" if null is None else f"; a Go extender that decides nothing: {null:.2f}x"
         verdict = "met" if ratio >= least else "NOT met"
         parts.append(f"{mode} at {nodes:,} nodes {ratio:.2f}x ({verdict}: >= {least}x{floor})")
+    for result in document["sizes"]:
+        on, off = (result["modes"].get(m) for m in ("names", "names-no-inflight"))
+        if on is None or off is None or not off["pods_per_s_median"]:
+            continue
+        verdict = "met" if on["pods_per_s_median"] >= off["pods_per_s_median"] else "NOT met"
+        parts.append(
+            f"names with in-flight accounting at {result['config']['nodes']:,} nodes "
+            f"{on['pods_per_s_median']:.1f} pods/s against {off['pods_per_s_median']:.1f} "
+            f"without ({on['pods_per_s_median'] / off['pods_per_s_median']:.2f}x; {verdict}: "
+            "not lower)"
+        )
     if not parts:
         return ""
     return "\n**Targets.** " + "; ".join(parts) + ".\n"

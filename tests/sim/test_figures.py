@@ -36,12 +36,13 @@ def test_quick_run_writes_the_document(quick_run: Path) -> None:
         "## Scorer latency",
         "## The real kube-scheduler's throughput",
         "## Where kube-scheduler's time goes",
+        "## In-flight accounting: what the Pod watch costs",
     ):
         assert heading in text
     assert "python3 dev.py figures" in text
     assert "Quick smoke run" in text
     # Skipped benchmarks are said to be skipped, not silently left out.
-    assert text.count("skipped (--no-benchmarks)") == 4
+    assert text.count("skipped (--no-benchmarks)") == 5
     for image in ("writes_vs_fleet", "data_age", "storm", "placement", "fragmentation"):
         assert f"(img/{image}.png)" in text
 

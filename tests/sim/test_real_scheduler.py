@@ -1,0 +1,108 @@
+"""The real-scheduler benchmark's modes and its section, without a control plane."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from benchmarks import real_scheduler
+from loopback_cluster.control_plane import ControlPlane
+
+
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        pytest.param(
+            "names",
+            {"names_only": True, "inflight": True, "kubeconfig": True, "no_pod_watch": False},
+            id="names-counts-in-flight-pods",
+        ),
+        pytest.param(
+            "names-no-inflight",
+            {"names_only": True, "inflight": False, "kubeconfig": True, "no_pod_watch": True},
+            id="names-without-pod-watch",
+        ),
+        pytest.param(
+            "full",
+            {"names_only": False, "inflight": False, "kubeconfig": False, "no_pod_watch": False},
+            id="full-without-credentials",
+        ),
+    ],
+)
+def test_each_scorer_mode_starts_the_scorer_it_names(
+    tmp_path: Path, mode: str, want: dict[str, bool]
+) -> None:
+    plane = cast(ControlPlane, SimpleNamespace(admin_kubeconfig=tmp_path / "admin.kubeconfig"))
+    extender = real_scheduler.extenders(plane, tmp_path, [mode])[mode]
+    argv = extender.process.argv
+    assert extender.names_only is want["names_only"]
+    assert ("--node-cache" in argv) is want["names_only"]
+    # The Pod watch needs credentials: names only has the admin kubeconfig for both caches.
+    assert (f"--kubeconfig={tmp_path / 'admin.kubeconfig'}" in argv) is want["kubeconfig"]
+    assert ("--no-pod-watch" in argv) is want["no_pod_watch"]
+    assert extender.inflight is want["inflight"]
+    config = real_scheduler.scheduler_config(mode, {mode: extender})
+    assert config.extender is not None
+    assert config.extender.node_cache_capable is want["names_only"]
+
+
+def _document(on_pods_per_s: float, off_pods_per_s: float) -> dict[str, Any]:
+    def entry(pods_per_s: float) -> dict[str, Any]:
+        return {
+            "pods_per_s_median": pods_per_s,
+            "pods_per_s": [pods_per_s],
+            "ratio_to_none": pods_per_s / 100.0,
+            "scorer_ms_median": {"filter": 1.0, "prioritize": 0.5},
+        }
+
+    modes = {
+        "none": {"pods_per_s_median": 100.0, "pods_per_s": [100.0], "ratio_to_none": 1.0},
+        "names": entry(on_pods_per_s),
+        "names-no-inflight": entry(off_pods_per_s),
+    }
+    return {
+        "machine": "2 logical CPUs",
+        "measured_at": "2026-12-02 10:00 UTC",
+        "sizes": [
+            {
+                "config": {"nodes": 5000, "pods": 400, "rounds": 3},
+                "patches_per_s": 110.0,
+                "modes": modes,
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("on", "off", "verdict"),
+    [
+        pytest.param(80.0, 78.0, "1.03x; met: not lower", id="on-faster"),
+        pytest.param(80.0, 80.0, "1.00x; met: not lower", id="equal"),
+        pytest.param(70.0, 80.0, "0.88x; NOT met: not lower", id="on-slower"),
+    ],
+)
+def test_the_section_compares_in_flight_accounting_on_and_off(
+    on: float, off: float, verdict: str
+) -> None:
+    section = real_scheduler.markdown_section(
+        _document(on, off),
+        command="python -m benchmarks.real_scheduler",
+        before=None,
+        plotted=False,
+    )
+    row = next(line for line in section.splitlines() if "no in-flight accounting" in line)
+    assert f"| {off:.1f} " in row
+    assert "`--no-pod-watch`" in section
+    assert (
+        f"names with in-flight accounting at 5,000 nodes {on:.1f} pods/s against {off:.1f} "
+        f"without ({verdict})"
+    ) in section
+
+
+def test_the_figures_run_every_mode_the_new_one_included() -> None:
+    assert "names-no-inflight" in real_scheduler.ALL_MODES
+    assert set(real_scheduler.ALL_MODES) <= set(real_scheduler.MODE_LABELS)
+    assert real_scheduler.MODES == ("none", "names", "full")  # the default run is unchanged
