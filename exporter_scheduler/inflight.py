@@ -108,10 +108,6 @@ class InFlight(msgspec.Struct, frozen=True, gc=False):
     # Seconds since the last pod that no longer counts by time alone reached it (inf: none).
     since_s: float
 
-    @property
-    def empty(self) -> bool:
-        return not self.pods
-
 
 def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
     pods: Sequence[BoundPod],
