@@ -328,6 +328,80 @@ def test_in_flight_pods_stop_holding_gpus_once_the_node_data_shows_them(
     assert bound_nodes(api, [follows]) == {follows: mixed}
 
 
+# The policy's `inflight_load_delay_s`, the scorer's default: a running pod's load counts until
+# data sampled this long after its containers started.
+LOAD_DELAY_S = 60
+# What the four pods bound to the mixed node keep their GPUs at once they run: above the limit.
+POD_LOAD = 0.95
+
+
+def test_running_pods_stop_holding_gpus_once_data_sampled_after_their_load_window(
+    stack: Stack, scope: Scope
+) -> None:
+    """Where the kubelet's allocations are not published, an admitted pod counts until the node
+    shows its load: data sampled `inflight_load_delay_s` after its containers run. The pods
+    here run since just over that long ago (the scorer reads the times the pods' statuses give,
+    so the test need not wait a minute), and the node publishes twice: data sampled half-way
+    through their load window, which cannot show them, then data sampled now, which can."""
+    api = scope.api
+    mixed, even = scope.node("mixed", gpus=GPUS), scope.node("even", gpus=GPUS)
+    half = GPUS // 2
+    # No allocations published: the mixed node offers its four idle GPUs as candidates.
+    start = datetime.now(UTC).replace(microsecond=0)
+    publish(
+        api, mixed, per_gpu_node_state([(IDLE, None)] * half + [(SATURATED, None)] * half, at=start)
+    )
+    publish(api, even, per_gpu_node_state([(EVEN, None)] * GPUS, at=start))
+    direct = bind_directly(stack, scope, mixed, half)
+    refs = sorted(f"default/{pod}" for pod in direct)
+
+    running_since = start - timedelta(seconds=LOAD_DELAY_S + 1)
+    for pod in direct:
+        report_pod_status(
+            api, pod, admitted_at=running_since - timedelta(seconds=1), running_since=running_since
+        )
+    # The agent's samples: the pods' load is on GPUs 0-3, the earlier work on 4-7 has ended.
+    gpus = [(POD_LOAD, None)] * half + [(IDLE, None)] * half
+    midway = running_since + timedelta(seconds=LOAD_DELAY_S // 2)
+    publish(api, mixed, per_gpu_node_state(gpus, at=midway))
+
+    def counted_as_load_pending(document: Explanation) -> bool:
+        node = document[mixed]
+        return (
+            data_seen(midway)({mixed: node})
+            and inflight_refs(node) == refs
+            and all(
+                p["load_pending"] and not p["allocation_pending"] for p in node["inflight"]["pods"]
+            )
+        )
+
+    before = wait_explained(
+        "the pods to count as load pending", stack, scope, [mixed], counted_as_load_pending
+    )[mixed]
+    # Their GPUs are not known: they hold the node's best candidates, the four idle GPUs.
+    assert before["gpus"]["inflight"] == half, before["gpus"]
+    assert before["verdict"] == "fail", before
+    scope.settle()
+    (first,) = burst(stack, scope, 1, "first")
+    assert bound_nodes(api, [first]) == {first: even}
+
+    caught_up = start + timedelta(seconds=1)
+    wait_for("the agent's next sample", lambda: datetime.now(UTC) >= caught_up, timeout_s=2)
+    publish(api, mixed, per_gpu_node_state(gpus, at=caught_up))
+
+    def released(document: Explanation) -> bool:
+        node = document[mixed]
+        return data_seen(caught_up)({mixed: node}) and inflight_refs(node) == []
+
+    after = wait_explained("the load to be released", stack, scope, [mixed], released)[mixed]
+    statuses = [gpu["status"] for gpu in after["gpus"]["table"]]
+    assert statuses == ["utilization"] * half + ["candidate"] * half, statuses
+    assert after["verdict"] == "pass", after
+    scope.settle()
+    (follows,) = burst(stack, scope, 1, "follows")
+    assert bound_nodes(api, [follows]) == {follows: mixed}
+
+
 # ----------------------------------------------------------------------------- no pod RBAC
 
 _RBAC = "/apis/rbac.authorization.k8s.io/v1"
