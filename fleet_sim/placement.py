@@ -1640,6 +1640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=80)
     parser.add_argument("--duration-s", type=float, default=3 * 3600.0)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(part) for part in text.split(",")],
+        help="comma-separated seeds: one run per seed, JSON keyed by seed (overrides --seed)",
+    )
     parser.add_argument("--offered-load", type=float, default=0.85)
     parser.add_argument("--burst-share", type=float, default=PlacementConfig().burst_share)
     parser.add_argument("--policy", choices=POLICIES, action="append")
@@ -1657,7 +1662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workers", type=int, default=1, help="policies run at a time")
     args = parser.parse_args(argv)
-    config = PlacementConfig(
+    base = PlacementConfig(
         nodes=args.nodes,
         duration_s=args.duration_s,
         seed=args.seed,
@@ -1670,8 +1675,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             min_gpu_fit_probability=args.min_gpu_fit_probability,
         ),
     )
-    results = compare(config, args.policy or POLICIES, workers=args.workers)
-    print(json.dumps({p: r.summary() for p, r in results.items()}, indent=2))
+    policies = args.policy or POLICIES
+    if args.seeds is None:
+        results = compare(base, policies, workers=args.workers)
+        print(json.dumps({p: r.summary() for p, r in results.items()}, indent=2))
+        return 0
+    # Several seeds: fleets, streams and episodes all differ, so the spread between seeds shows
+    # how much of a difference between policies one seed can be trusted with.
+    by_seed = {
+        seed: {
+            p: r.summary()
+            for p, r in compare(replace(base, seed=seed), policies, workers=args.workers).items()
+        }
+        for seed in args.seeds
+    }
+    print(json.dumps(by_seed, indent=2))
     return 0
 
 

@@ -546,6 +546,16 @@ def test_command_line_prints_every_policy(capsys: pytest.CaptureFixture[str]) ->
     assert list(out) == ["random"]
 
 
+def test_command_line_runs_each_seed_on_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--nodes", "5", "--duration-s", "300", "--policy", "random"]
+    assert main([*args, "--seeds", "3,4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["3", "4"]
+    assert main([*args, "--seed", "4"]) == 0
+    assert out["4"] == json.loads(capsys.readouterr().out)
+    assert out["3"] != out["4"]
+
+
 _truths = st.builds(
     NodeTruth,
     name=st.sampled_from(["a", "b", "c", "d"]),
