@@ -1,30 +1,49 @@
-"""One server of the scorer latency benchmark, in its own process, driven over stdin/stdout.
+"""One process of the scorer latency benchmark, driven over stdin/stdout.
 
-    python benchmarks/scorer_child.py scorer --tree DIR --mode names|full --port P --nodes FILE
+    python benchmarks/scorer_child.py scorer --tree DIR --mode names|full --port P
+                                             [--kubeconfig FILE --expect N]
     python benchmarks/scorer_child.py nothing --port P --reply FILE [--floor]
+    python benchmarks/scorer_child.py apiserver --port P --nodes FILE --churn FILE
+                                                --kubeconfig FILE [--per-gpu]
 
 `scorer` serves the scorer from the source tree DIR (this checkout, or one of an earlier
-version: the benchmark measures both side by side, so this file speaks both versions' APIs and
-imports nothing else of the tree it lives in). `nothing` is the do-nothing server the scorer's
-round trip is compared with: it reads each request (head, then exactly Content-Length bytes,
-into one reused buffer) and answers with fixed bytes (the scorer's own reply, so that moving the
-reply costs the same); with `--floor` it also decodes the body with msgspec into exactly what a
-verdict reads (each Node's name, annotations and managedFields), which is the floor.
+version: the benchmark measures both side by side, so this role speaks both versions' APIs and
+imports nothing of the tree this file lives in). In names-only mode its node cache is the
+production one, started as `gpu-scorer serve` starts it: a LIST, then a WATCH on its own thread
+against the API server of `--kubeconfig`, so watch events meet requests in this process (the
+GIL, the store's locks, the CPU caches) exactly as they do in production.
+
+`nothing` is the do-nothing server the scorer's round trip is compared with: it reads each
+request (head, then exactly Content-Length bytes, into one reused buffer) and answers with fixed
+bytes (the scorer's own reply, so that moving the reply costs the same); with `--floor` it also
+decodes the body with msgspec into exactly what a verdict reads (each Node's name, annotations
+and managedFields), which is the floor.
+
+`apiserver` is the project's API server stand-in (`kube_standins.apiserver`, which answers LIST
+and WATCH as kube-apiserver v1.36 does) holding the Nodes of `--nodes`, and the agents' writes:
+on `churn` a thread rewrites Nodes from the `--churn` pool at a given mean rate (Poisson
+arrivals), each write fanned out to every open watch as one chunk.
 
 Commands, one JSON object per line on stdin, each answered with one line on stdout:
-`{"cmd": "apply", "start": i, "count": k}` applies churn events i..i+k (watch events, as the
-node cache's thread would) and answers the seconds each took; `{"cmd": "timings"}` answers the
-handler times recorded inside the server since the last call; `{"cmd": "quit"}`.
+- scorer: `{"cmd": "timings"}` answers `{"handler": [[start, end], ...], "events": [...]}`,
+  the `time.monotonic()` intervals of each request's handler (decode, verdicts, reply; no HTTP)
+  and of each watch event the node cache applied, since the last call;
+- apiserver: `{"cmd": "churn", "rate": r, "seed": s}` starts the writes,
+  `{"cmd": "pause"}` stops them and answers how many were written, over how many seconds;
+- all: `{"cmd": "quit"}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import random
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,84 +51,99 @@ from typing import Any
 import msgspec
 
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)
+# The node cache's first LIST of 5,000 ~8 KB Nodes from the stand-in takes seconds on 2 cores.
+_SYNC_TIMEOUT_S = 300.0
+
+Interval = list[float]  # [start, end], time.monotonic() (CLOCK_MONOTONIC: one clock per machine)
 
 
-def _answer(value: Any) -> None:
+def _answer(value: object) -> None:
     sys.stdout.write(json.dumps(value) + "\n")
     sys.stdout.flush()
 
 
-def serve_scorer(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(args.tree).resolve()))
-    from exporter_scheduler.policy import Policy  # noqa: PLC0415 (from the tree given)
+def _recording(inner: Callable[..., Any], spans: list[Interval]) -> Callable[..., Any]:
+    """`inner`, appending the interval of each call to `spans` (a list append is atomic under
+    the GIL, so the request threads and the watch thread can share the wrapper's pattern)."""
 
-    policy = Policy()
-    lines = Path(args.nodes).read_bytes().splitlines()
-    churn = Path(args.churn).read_bytes().splitlines() if args.churn else []
-    cache = None
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spans.append([started, time.monotonic()])
+
+    return timed
+
+
+def _module(name: str) -> Any:
+    """A module of the tree under test (imported by name: its API differs between versions)."""
+    return importlib.import_module(name)
+
+
+def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
+    """(app, node cache or None, name of the app's handler method), serving on `args.port`."""
+    names_only = args.mode == "names"
     try:  # this version: a node store, an HTTP/1.1 server on blocking sockets
-        from exporter_scheduler.app import ScorerApp  # noqa: PLC0415
-        from exporter_scheduler.server import HttpServer  # noqa: PLC0415
-
-        if args.mode == "names":
-            from exporter_scheduler.nodecache import NodeCache  # noqa: PLC0415
-
-            cache = NodeCache(keys=policy.keys, clock=lambda: NOW)
-            for line in lines:
-                cache._apply(line)  # the watch thread's entry point
-            cache.store.replace(cache.store.lookup(cache.store.names()))  # as after a LIST
-        app: Any = ScorerApp(
+        app_module = _module("exporter_scheduler.app")
+        server_module = _module("exporter_scheduler.server")
+    except ImportError:
+        app_module = server_module = None
+    nodecache = _module("exporter_scheduler.nodecache") if names_only else None
+    policy = _module("exporter_scheduler.policy").Policy()
+    if app_module is not None and server_module is not None and hasattr(app_module, "ScorerApp"):
+        cache = None
+        if nodecache is not None:
+            cache = nodecache.NodeCache(kubeconfig=args.kubeconfig, keys=keys, clock=lambda: NOW)
+        app = app_module.ScorerApp(
             policy=policy, clock=lambda: NOW, node_store=None if cache is None else cache.store
         )
-        timed = "respond"
-        HttpServer(app, host="127.0.0.1", port=args.port).start()
-    except ImportError:  # the earlier version: reply cache and verdict memo, uvicorn
-        from exporter_scheduler.server import (  # type: ignore[attr-defined]  # noqa: PLC0415
-            RunningServer,
-            ScorerApp,
-            uvicorn_config,
-        )
+        server_module.HttpServer(app, host="127.0.0.1", port=args.port).start()
+        return app, cache, "respond"
+    # The earlier version: reply cache and verdict memo, served by uvicorn.
+    server_module = _module("exporter_scheduler.server")
+    cache = (
+        None if nodecache is None else nodecache.NodeCache(kubeconfig=args.kubeconfig, keys=keys)
+    )
+    app = server_module.ScorerApp(policy=policy, clock=lambda: NOW, node_source=cache)
+    config = server_module.uvicorn_config(
+        app, host="127.0.0.1", port=args.port, log_level="warning"
+    )
+    server_module.RunningServer(config).start()
+    return app, cache, "handle"
 
-        if args.mode == "names":
-            from exporter_scheduler.nodecache import NodeCache  # noqa: PLC0415
 
-            cache = NodeCache(keys=policy.keys)
-            for line in lines:
-                cache._apply(line)
-            cache._ready.set()  # type: ignore[attr-defined]
-        app = ScorerApp(policy=policy, clock=lambda: NOW, node_source=cache)
-        timed = "handle"
-        config = uvicorn_config(app, host="127.0.0.1", port=args.port, log_level="warning")
-        RunningServer(config).start()
-
+def serve_scorer(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(args.tree).resolve()))
+    keys = _module("gpu_contract.schema").DEFAULT_KEYS
+    app, cache, handler_name = _start_scorer(args, keys)
+    handler_spans: list[Interval] = []
+    event_spans: list[Interval] = []
     # The handler time, measured inside the server (decode, verdicts, reply; no HTTP).
-    handler_s: list[float] = []
-    inner = getattr(app, timed)
-
-    def timing(*a: Any, **k: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            handler_s.append(time.perf_counter() - started)
-
-    setattr(app, timed, timing)
+    setattr(app, handler_name, _recording(getattr(app, handler_name), handler_spans))
+    if cache is not None:
+        # The watch loop calls `self._apply(line)` for each event line: an instance attribute
+        # wins over the method, so every event the real loop applies is timed.
+        cache._apply = _recording(cache._apply, event_spans)
+        cache.start()
+        expect = args.expect
+        if not cache.wait_until(lambda c: c.ready() and len(c) >= expect, _SYNC_TIMEOUT_S):
+            raise SystemExit(f"node cache not synced: {len(cache)} of {expect} nodes")
+        event_spans.clear()  # the LIST is not a watch event
     _answer({"ready": True})
     for raw in sys.stdin:
         command = json.loads(raw)
-        if command["cmd"] == "apply":
-            assert cache is not None
-            spent = []
-            for line in churn[command["start"] : command["start"] + command["count"]]:
-                started = time.perf_counter()
-                cache._apply(line)
-                spent.append(time.perf_counter() - started)
-            _answer(spent)
-        elif command["cmd"] == "timings":
-            _answer(handler_s[:])
-            handler_s.clear()
+        if command["cmd"] == "timings":
+            handler, events = handler_spans[:], event_spans[:]
+            del handler_spans[: len(handler)], event_spans[: len(events)]
+            _answer({"handler": handler, "events": events})
         else:
-            return
+            break
+    if cache is not None:
+        cache.stop(timeout_s=2.0)
+
+
+# ----------------------------------------------------------------------------- do-nothing
 
 
 def serve_nothing(args: argparse.Namespace) -> None:
@@ -182,24 +216,125 @@ class _Args(msgspec.Struct):
     Nodes: _NodeList | None = None
 
 
-def _floor_decoder() -> Any:
+def _floor_decoder() -> Callable[[memoryview], _Args]:
     """msgspec's typed decode of a full-node request to exactly what a verdict reads."""
     return msgspec.json.Decoder(_Args).decode
 
 
+# ----------------------------------------------------------------------------- API server
+
+
+class _Churn:
+    """The agents' writes: Nodes from a pool rewritten at a mean rate, Poisson arrivals."""
+
+    def __init__(
+        self, put: Callable[[dict[str, Any]], object], pool: list[dict[str, Any]], nodes: int
+    ) -> None:
+        self._put = put
+        self._pool = pool
+        self._nodes = nodes
+        self._next = 0
+        self._rewrites: dict[int, int] = {}
+        self._per_gpu = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.built_live = 0
+        self.started_s = 0.0
+
+    def start(self, rate_per_s: float, seed: int, *, per_gpu: bool) -> None:
+        self._per_gpu = per_gpu
+        self._stop.clear()
+        self.written = 0
+        self.started_s = time.monotonic()
+        rng = random.Random(seed)
+        self._thread = threading.Thread(target=self._run, args=(rate_per_s, rng), daemon=True)
+        self._thread.start()
+
+    def pause(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        seconds = time.monotonic() - self.started_s
+        return {"written": self.written, "seconds": seconds, "built_live": self.built_live}
+
+    def _run(self, rate_per_s: float, rng: random.Random) -> None:
+        due = time.monotonic()
+        while True:
+            # Each gap drawn on its own, written against a schedule (not after the last write),
+            # so that the mean rate holds however long a write takes.
+            due += rng.expovariate(rate_per_s)
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                return
+            self._put(self._take())
+            self.written += 1
+
+    def _take(self) -> dict[str, Any]:
+        if self._next < len(self._pool):
+            entry = self._pool[self._next]
+            self._next += 1
+            self._rewrites[entry["i"]] = entry["rewrite"]
+            node: dict[str, Any] = entry["node"]
+            return node
+        # The pool is spent (a longer run than it was built for): build the next write here, a
+        # later version of a node than any written (an identical write would change nothing).
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        build_node = _module("benchmarks.scorer_latency").build_node
+        i = self.built_live % self._nodes
+        self._rewrites[i] = self._rewrites.get(i, 0) + 1
+        self.built_live += 1
+        live: dict[str, Any] = build_node(i, rewrite=self._rewrites[i], per_gpu=self._per_gpu)
+        return live
+
+
+def serve_apiserver(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    apiserver = _module("kube_standins.apiserver")
+    # The clock stamps creation times only: the agents' own managedFields times are kept.
+    standin = apiserver.ApiServerStandIn(
+        port=args.port, clock=apiserver.ManualClock(NOW), history_limit=100_000
+    )
+    lines = Path(args.nodes).read_bytes().splitlines()
+    for line in lines:
+        standin.put_node(json.loads(line))
+    pool = [json.loads(line) for line in Path(args.churn).read_bytes().splitlines()]
+    standin.start()
+    standin.write_kubeconfig(Path(args.kubeconfig))
+    churn = _Churn(standin.put_node, pool, len(lines))
+    _answer({"ready": True})
+    for raw in sys.stdin:
+        command = json.loads(raw)
+        if command["cmd"] == "churn":
+            churn.start(float(command["rate"]), int(command["seed"]), per_gpu=args.per_gpu)
+            _answer({"started": True})
+        elif command["cmd"] == "pause":
+            _answer(churn.pause())
+        elif command["cmd"] == "watches":
+            _answer({"watches": standin.watch_count})
+        else:
+            break
+    churn.pause()
+    standin.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["scorer", "nothing"])
+    parser.add_argument("role", choices=["scorer", "nothing", "apiserver"])
     parser.add_argument("--tree")
     parser.add_argument("--mode", choices=["names", "full"])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--kubeconfig")
+    parser.add_argument("--expect", type=int, default=0, help="nodes the first LIST must hold")
     parser.add_argument("--nodes")
     parser.add_argument("--churn")
+    parser.add_argument("--per-gpu", action="store_true")
     parser.add_argument("--reply")
     parser.add_argument("--floor", action="store_true")
     args = parser.parse_args()
     if args.role == "scorer":
         serve_scorer(args)
+    elif args.role == "apiserver":
+        serve_apiserver(args)
     else:
         serve_nothing(args)
 

@@ -29,7 +29,7 @@ import math
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import repeat
 from operator import is_
@@ -49,6 +49,9 @@ DEFAULT_MAX_CLASSES: Final = 16
 # Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
 _VIEWS_PER_CLASS: Final = 8
 _LISTS_KEPT: Final = 64
+# A view patched with at most this many changed names finds them by scanning its list rather
+# than by building the list's index (`_View.positions`).
+_FEW_CHANGES: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 Clock = Callable[[], datetime]
@@ -348,7 +351,7 @@ class _View:
     the class's change log they are current to. Immutable: a request that patches it stores a
     new one (several request threads may hold the same view)."""
 
-    __slots__ = ("counts", "entries", "names", "positions", "replies", "seen", "tally_ids")
+    __slots__ = ("_positions", "counts", "entries", "names", "replies", "seen", "tally_ids")
 
     def __init__(
         self,
@@ -369,13 +372,23 @@ class _View:
         # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
         # entries give the same bytes, so a view whose entries did not change keeps them.
         self.replies: dict[str, bytes] = {} if replies is None else replies
+        # Built when the view is first patched: most lists kube-scheduler sends are never sent
+        # again (it samples a moving window of a large cluster), and building the index of a
+        # list costs more than looking its names up.
+        self._positions = positions
+
+    @property
+    def positions(self) -> dict[str, list[int]]:
+        """Name -> its indexes in the list."""
+        positions = self._positions
         if positions is None:
             # By the interned names the node cache stores (see `NodeCache._node_input`), so
             # that finding a changed name compares identities rather than strings.
             positions = {}
-            for index, name in enumerate(map(sys.intern, names)):
+            for index, name in enumerate(map(sys.intern, self.names)):
                 positions.setdefault(name, []).append(index)
-        self.positions = positions
+            self._positions = positions  # racy, and any thread builds the same index
+        return positions
 
     def patched(self, table: VerdictTable, log_end: int) -> _View | None:
         """This view with the entries stored since `seen` (up to `log_end`, read before), or
@@ -387,7 +400,12 @@ class _View:
             return None
         # The latest entry of each name changed (None: dropped), in C.
         changed = dict(changes[self.seen - base : log_end - base])
-        positions = self.positions
+        positions: Mapping[Hashable, list[int]]
+        if self._positions is None and len(changed) <= _FEW_CHANGES:
+            # A few names changed: found by scanning the list in C, without indexing it.
+            positions = {name: at for name in changed if (at := _indexes(self.names, name))}
+        else:
+            positions = self.positions  # type: ignore[assignment]  # str keys are Hashable
         if not any(map(positions.__contains__, changed)):  # nothing of this list changed
             return _View(
                 self.names,
@@ -395,14 +413,14 @@ class _View:
                 self.tally_ids,
                 self.counts,
                 seen=log_end,
-                positions=positions,
+                positions=self._positions,
                 replies=self.replies,
             )
         entries = self.entries[:]
         tally_ids = self.tally_ids[:]
         counts = dict(self.counts)
         for name, entry in changed.items():
-            where = positions.get(name)  # type: ignore[call-overload]
+            where = positions.get(name)
             if where is None:
                 continue
             if entry is None:  # dropped: its name is judged as unknown on the full path
@@ -414,7 +432,23 @@ class _View:
                     counts[entry.tally] = counts.get(entry.tally, 0) + 1
                     tally_ids[index] = entry.tally
                 entries[index] = entry
-        return _View(self.names, entries, tally_ids, counts, seen=log_end, positions=positions)
+        # Only a whole index is handed on (`positions` may hold the changed names alone).
+        return _View(
+            self.names, entries, tally_ids, counts, seen=log_end, positions=self._positions
+        )
+
+
+def _indexes(names: Sequence[str], name: Hashable) -> list[int]:
+    """Every index of `name` in `names` (a scan in C per match)."""
+    found: list[int] = []
+    start = 0
+    while True:
+        try:
+            start = names.index(name, start)
+        except ValueError:
+            return found
+        found.append(start)
+        start += 1
 
 
 def _same_data(a: NodeInput, b: NodeInput) -> bool:

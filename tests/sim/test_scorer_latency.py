@@ -1,0 +1,75 @@
+"""The scorer latency benchmark: its arithmetic, its churn, and one small run of its live path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.scorer_latency import ROOT, churn_pool, measure, meeting, targets
+
+
+def test_a_request_meets_the_events_whose_intervals_overlap_its_round_trip() -> None:
+    events = [(1.0, 1.1), (2.0, 2.5), (3.0, 3.2)]
+    requests = [
+        (0.5, 0.9),  # before the first event
+        (1.05, 1.2),  # starts while one is applied
+        (1.9, 2.1),  # one starts during it
+        (2.6, 2.9),  # between two
+        (2.1, 2.2),  # inside one
+        (3.3, 4.0),  # after the last
+    ]
+    assert meeting(requests, events) == [False, True, True, False, True, False]
+    assert meeting(requests, []) == [False] * len(requests)
+
+
+def test_every_churn_write_is_a_later_version_of_its_node() -> None:
+    pool = churn_pool(20, 60, seed=1, per_gpu=False)
+    last: dict[int, int] = {}
+    seen: dict[int, str] = {}
+    for entry in pool:
+        i, rewrite, node = entry["i"], entry["rewrite"], entry["node"]
+        assert node["metadata"]["name"] == f"gpu-node-{i:05d}"
+        assert rewrite == last.get(i, 0) + 1
+        # An identical write would be a no-op at the API server: no watch event.
+        annotations = json.dumps(node["metadata"]["annotations"], sort_keys=True)
+        assert annotations != seen.get(i)
+        last[i], seen[i] = rewrite, annotations
+    assert len(last) > 10  # spread over the nodes, not one node rewritten
+
+
+def test_targets_are_the_medians_during_churn_and_the_floor_ratio() -> None:
+    def names(nodes: int, ms: float) -> dict[str, object]:
+        row = {"mode": "names", "nodes": nodes, "events_per_s_target": 100.0}
+        return row | {"after_filter": {"median_ms": ms}}
+
+    rows = [
+        names(500, 0.29),
+        names(5000, 1.6),
+        {"mode": "full", "nodes": 500, "after_filter_over_floor": 1.4},
+    ]
+    checks = targets(rows)
+    assert [(c["limit"], c["met"]) for c in checks] == [(0.3, True), (1.5, False), (1.5, True)]
+    assert "during churn (100 node events/s)" in checks[0]["target"]
+
+
+def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: Path) -> None:
+    # Small and short, but the whole path: the stand-in's writes reach the scorer's node cache
+    # through its own LIST + WATCH while the requests are timed.
+    row = measure(
+        "names",
+        60,
+        12,
+        trees={"after": ROOT},
+        scratch=tmp_path,
+        events_per_s=400.0,
+        quick=True,
+    )
+    assert row["after_events_per_s"] > 50
+    assert row["churn_written_per_s"] > 50
+    assert 0 <= row["after_requests_meeting_events"] <= 1
+    for key in ("after_filter", "after_prioritize", "after_filter_handler"):
+        assert row[key]["n"] == 12
+    assert row["after_quiet"]["n"] == 5
+    assert row["after_quiet_events"] == 0  # quiet: no churn
+    assert row["after_event_us"] > 0
+    assert row["classes_event_us"]["after"] > 0
