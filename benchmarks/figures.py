@@ -482,7 +482,7 @@ def fig_scorer_latency(rows: Sequence[Mapping[str, Any]], path: Path) -> bool:
         ax.set_xticks(x, labels)
         ax.set_yscale("log")
         ax.set_ylabel("Server time over HTTP, median (ms)")
-        ax.set_title(f"{verb}: names only after 100 Nodes changed; full Nodes")
+        ax.set_title(f"{verb}: names only during churn (~100 Node events/s); full Nodes")
         ax.grid(True, axis="y", which="both", alpha=0.3)
         ax.legend(fontsize=8)
     _save(fig, path)
@@ -1416,9 +1416,9 @@ time** is a scorer's HTTP round trip minus the round trip of a do-nothing server
 request and answers the scorer's own reply bytes) for the same request in the same sample, the
 median of those differences: everything the scorer adds to moving the bytes, HTTP parsing
 included; `handler only` is measured inside the scorer (decode, verdicts, reply). {versions}
-Names-only rows run under churn: before every sample 100 Nodes are rewritten through each
-scorer's watch-event path; `filter, again` is the same filter right after, with nothing changed
-in between. Times in ms, medians.
+Names-only rows run during live churn: the API stand-in rewrites about 100 Nodes a second,
+delivered through each scorer's own list+watch loop while the requests are sent; `filter,
+quiet` is the same filter with the churn paused. Times in ms, medians.
 
 {body}
 
