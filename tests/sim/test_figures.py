@@ -32,6 +32,7 @@ def test_quick_run_writes_the_document(quick_run: Path) -> None:
         "## Write budget at fleet scale",
         "## A 429 storm",
         "## Scheduling quality",
+        "## Scheduling quality across seeds",
         "## Agent tick and memory",
         "## Scorer latency",
         "## The real kube-scheduler's throughput",
@@ -133,7 +134,7 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
     assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
     after = (out / "performance.md").read_text()
     again = figures._kept_sections(after)
-    for name in ("fleet", "placement", "agent", "scorer", "scheduler"):
+    for name in ("fleet", "placement", "seeds", "agent", "scorer", "scheduler"):
         assert again[name] == kept[name], name
     assert "Partly regenerated" in after
     assert "--sections storm" in after
@@ -142,6 +143,53 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
     assert f"These numbers: {dated} UTC on" in after
     # The kept sections' steps stay in the timing table beside the storm's new one.
     assert "placement: " in after.split("## Regeneration time", 1)[1]
+
+
+def _variant(pushed: int, pending: int, **causes: int) -> dict[str, object]:
+    by_cause = {"in-flight": 0, "busy-at-bind": 0, "after-bind": 0, "within-limit": 0}
+    by_cause.update({name.replace("_", "-"): n for name, n in causes.items()})
+    assert sum(by_cause.values()) == pushed
+    return {
+        "gpus_pushed_over_limit": pushed,
+        "pending_at_end": pending,
+        "gpus_pushed_over_limit_by_cause": by_cause,
+    }
+
+
+def test_the_seeds_section_sums_each_variant_and_judges_the_target() -> None:
+    plain = {
+        "per-gpu-without-either": _variant(20, 5, in_flight=4, busy_at_bind=6, within_limit=10),
+        "per-gpu-without-inflight": _variant(15, 6, in_flight=4, within_limit=11),
+        "per-gpu-without-blind-plugin": _variant(14, 5, busy_at_bind=4, within_limit=10),
+        "per-gpu": _variant(3, 4, within_limit=2, after_bind=1),
+    }
+    declared = {
+        "per-gpu": _variant(1, 9, after_bind=1),
+        "per-gpu-without-either": _variant(8, 7, within_limit=8),
+    }
+    data = {
+        "nodes": 12,
+        "duration_s": 1200.0,
+        "seeds": {
+            "11": {"plain": plain, "declared": declared},
+            "12": {
+                "plain": {**plain, "per-gpu": _variant(2, 6, within_limit=2)},
+                "declared": declared,
+            },
+        },
+    }
+    section = figures._seeds_section(data)
+    assert section.startswith(figures.SEEDS_HEADING + "\n")
+    assert "--seeds 11,12" in section
+    # Columns: both, in-flight only, blind-plugin only, neither.
+    assert "| 11 | 3 / 4 | 14 / 5 | 15 / 6 | 20 / 5 |" in section
+    assert "| sum | 5 / 10 | 28 / 10 | 30 / 12 | 40 / 10 |" in section
+    assert "| 0 / 0 | 0 / 8 | 8 / 0 | 8 / 12 |" in section  # in flight / busy at the bind
+    # 5 of 40 pushed is within 20 %, and 10 pending is not more than 10: both met.
+    flat = " ".join(section.split())
+    assert "pushed 5 against 40 (12%: met); pending 10 against 10 (met)" in flat
+    assert "`per-gpu` 2 / 18, `per-gpu-without-either` 16 / 14" in flat
+    assert "8 more pods are pending at the end (80% more)" in flat
 
 
 def test_a_partial_run_leaves_out_a_section_the_earlier_document_never_had(
