@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import signal
 import subprocess
@@ -500,6 +501,18 @@ class ScorerProcess(BinaryProcess):
 
         wait_for("gpu-scorer /readyz", ready, timeout_s=timeout_s)
         return self
+
+    def log_documents(self) -> list[dict[str, Any]]:
+        """The scorer's structured log lines so far (one JSON object a line), in order."""
+        documents = []
+        for line in self.log().splitlines():
+            try:
+                document = json.loads(line)
+            except ValueError:
+                continue  # a line that is not JSON: the runtime's own output
+            if isinstance(document, dict):
+                documents.append(document)
+        return documents
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:

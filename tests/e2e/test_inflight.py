@@ -15,7 +15,6 @@ than `even`; where they do not, a device plugin blind to load may hand out a sat
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -451,18 +450,6 @@ def node_only_identity(scope: Scope) -> Iterator[tuple[str, str]]:
         api.delete(f"/api/v1/namespaces/default/serviceaccounts/{account}")
 
 
-def _log_lines(scorer: ScorerProcess) -> list[dict[str, Any]]:
-    lines = []
-    for line in scorer.log().splitlines():
-        try:
-            document = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(document, dict):
-            lines.append(document)
-    return lines
-
-
 def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
     control_plane: ControlPlane,
     scope: Scope,
@@ -478,7 +465,7 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
         scorer.wait_ready()  # the node cache's LIST: its RBAC suffices
 
         def turned_off() -> dict[str, Any] | None:
-            for line in _log_lines(scorer):
+            for line in scorer.log_documents():
                 if str(line.get("msg", "")).startswith("in-flight accounting off"):
                     return line
             return None
@@ -514,7 +501,9 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
                 interval_s=0.25,
             )
             on = [
-                line for line in _log_lines(scorer) if line.get("msg") == "in-flight accounting on"
+                line
+                for line in scorer.log_documents()
+                if line.get("msg") == "in-flight accounting on"
             ]
             assert on, scorer.log()[-2000:]
 

@@ -30,7 +30,7 @@ from loopback_cluster.workload import (
     scorer_process,
     wait_for,
 )
-from tests.e2e.support import Scope
+from tests.e2e.support import Scope, bound_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -67,18 +67,6 @@ def stack(
     finally:
         control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
         scorer.kill()
-
-
-def bound_nodes(api: KubeApi, pods: list[str], *, timeout_s: float = 30.0) -> dict[str, str]:
-    """pod -> node once every pod is bound."""
-
-    def all_bound() -> dict[str, str] | None:
-        placed = {pod: pod_node(api, pod) for pod in pods}
-        if all(placed.values()):
-            return {pod: node for pod, node in placed.items() if node}
-        return None
-
-    return wait_for(f"{len(pods)} pods to be bound", all_bound, timeout_s=timeout_s)
 
 
 def failed_scheduling(api: KubeApi, pod: str, *, timeout_s: float = 20.0) -> str:

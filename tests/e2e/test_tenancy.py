@@ -10,7 +10,6 @@ verdict reads of them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -235,18 +234,6 @@ def settled_placement(
     return wait_for(f"{bound} of {len(pods)} pods to bind", done, timeout_s=timeout_s)
 
 
-def _log_lines(scorer: ScorerProcess) -> list[dict[str, Any]]:
-    lines = []
-    for line in scorer.log().splitlines():
-        try:
-            document = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(document, dict):
-            lines.append(document)
-    return lines
-
-
 def _profile_requests(scorer: ScorerProcess, profile: str) -> float:
     total = 0.0
     for line in scorer.metrics().splitlines():
@@ -301,7 +288,7 @@ def test_namespaces_with_different_profiles_are_placed_differently(
     assert _profile_requests(stack.scorer, "prod") >= 1
     rejected = [
         line
-        for line in _log_lines(stack.scorer)
+        for line in stack.scorer.log_documents()
         if line.get("msg") == "nodes rejected"
         and line.get("pod") == f"{stack.prod}/{pods['prod'][1]}"
     ]
