@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from gpu_contract.schema import DEFAULT_KEYS, Keys, normalize_model_name
 
@@ -51,6 +51,7 @@ MAX_PREFERENCE_ENTRY_CHARS: Final = 64
 # 16 TiB on one GPU is far beyond any product; the cap also keeps int() away from huge inputs.
 MAX_GPU_MEMORY_MIB: Final = 16 * 1024 * 1024
 _MAX_NUMBER_CHARS: Final = 32
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,136 +87,113 @@ class HintError:
 
 def parse_hints(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> PodHints | HintError:
     """Read a pod's hints; the first bad one (in `HINT_NAMES` order) comes back as a `HintError`."""
-    prefix = keys.prefix
-    get = annotations.get
-
-    preference: tuple[str, ...] = ()
-    key = prefix + MODEL_PREFERENCE
-    text = get(key)
-    if text is not None:
-        parsed = _parse_preference(text)
-        if isinstance(parsed, str):
-            return HintError(key, text, parsed)
-        preference = parsed
-
-    fractions: list[float | None] = []
-    for name in (FALLBACK_UTILIZATION, MAX_UTILIZATION):
-        key = prefix + name
-        text = get(key)
-        if text is None:
-            fractions.append(None)
-            continue
-        value = _parse_fraction(text)
-        if isinstance(value, str):
-            return HintError(key, text, value)
-        fractions.append(value)
-
-    min_memory: int | None = None
-    key = prefix + MIN_GPU_MEMORY_MIB
-    text = get(key)
-    if text is not None:
-        memory = _parse_mib(text)
-        if isinstance(memory, str):
-            return HintError(key, text, memory)
-        min_memory = memory
-
-    load: float | None = None
-    key = prefix + EXPECTED_GPU_LOAD
-    text = get(key)
-    if text is not None:
-        value = _parse_fraction(text)
-        if isinstance(value, str):
-            return HintError(key, text, value)
-        load = value
-
-    spread_max: int | None = None
-    key = prefix + SPREAD_MAX_PER_DOMAIN
-    text = get(key)
-    if text is not None:
-        count = _parse_count(text)
-        if isinstance(count, str):
-            return HintError(key, text, count)
-        spread_max = count
-
-    spread_key: str | None = None
-    key = prefix + SPREAD_TOPOLOGY_KEY
-    text = get(key)
-    if text is not None:
-        if not isinstance(text, str) or not _LABEL_KEY.fullmatch(text.strip()):
-            return HintError(key, str(text), "not a label key (e.g. topology.kubernetes.io/zone)")
-        spread_key = text.strip()
-
-    if (
-        not preference
-        and fractions == [None, None]
-        and min_memory is None
-        and load is None
-        and spread_max is None
-        and spread_key is None
-    ):
+    if not any(keys.prefix + name in annotations for name in HINT_NAMES):
         return NO_HINTS
-    return PodHints(
-        preference, fractions[0], fractions[1], min_memory, load, spread_max, spread_key
-    )
+    hint = _Reader(annotations, keys.prefix)
+    try:
+        return PodHints(
+            hint.read(MODEL_PREFERENCE, _parse_preference) or (),
+            hint.read(FALLBACK_UTILIZATION, _parse_fraction),
+            hint.read(MAX_UTILIZATION, _parse_fraction),
+            hint.read(MIN_GPU_MEMORY_MIB, _parse_mib),
+            hint.read(EXPECTED_GPU_LOAD, _parse_fraction),
+            hint.read(SPREAD_MAX_PER_DOMAIN, _parse_count),
+            hint.read(SPREAD_TOPOLOGY_KEY, _parse_label_key),
+        )
+    except _HintRejectedError as bad:
+        return bad.error
 
 
-def _parse_preference(text: str) -> tuple[str, ...] | str:
-    if not isinstance(text, str):
-        return "not a string"
+class _InvalidValueError(ValueError):
+    """A parser's verdict on a value: what is wrong with it (a `HintError`'s `problem`)."""
+
+
+class _HintRejectedError(Exception):
+    def __init__(self, error: HintError) -> None:
+        super().__init__(error.reason)
+        self.error = error
+
+
+class _Reader:
+    """One pod's annotations under the prefix: each hint parsed, or the first bad one raised."""
+
+    __slots__ = ("annotations", "prefix")
+
+    def __init__(self, annotations: Mapping[str, str], prefix: str) -> None:
+        self.annotations = annotations
+        self.prefix = prefix
+
+    def read(self, name: str, parse: Callable[[str], _T]) -> _T | None:
+        key = self.prefix + name
+        text = self.annotations.get(key)
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise _HintRejectedError(HintError(key, str(text), "not a string"))
+        try:
+            return parse(text)
+        except _InvalidValueError as problem:
+            raise _HintRejectedError(HintError(key, text, str(problem))) from None
+
+
+def _parse_preference(text: str) -> tuple[str, ...]:
     entries = [normalize_model_name(part) for part in text.split(",")]
     if entries == [""]:
-        return "empty preference list"
+        raise _InvalidValueError("empty preference list")
     if any(not entry for entry in entries):
-        return "empty entry in the comma-separated list"
+        raise _InvalidValueError("empty entry in the comma-separated list")
     if len(entries) > MAX_PREFERENCE_ENTRIES:
-        return f"more than {MAX_PREFERENCE_ENTRIES} entries"
+        raise _InvalidValueError(f"more than {MAX_PREFERENCE_ENTRIES} entries")
     if any(len(entry) > MAX_PREFERENCE_ENTRY_CHARS for entry in entries):
-        return f"an entry longer than {MAX_PREFERENCE_ENTRY_CHARS} characters"
+        raise _InvalidValueError(f"an entry longer than {MAX_PREFERENCE_ENTRY_CHARS} characters")
     if ANY_MODEL in entries[:-1]:
-        return f"'{ANY_MODEL}' may only be the last entry"
+        raise _InvalidValueError(f"'{ANY_MODEL}' may only be the last entry")
     # A repeated entry can never match anything its first occurrence did not: keep the first.
     return tuple(dict.fromkeys(entries))
 
 
-def _parse_fraction(text: str) -> float | str:
-    if not isinstance(text, str):
-        return "not a string"
+def _parse_fraction(text: str) -> float:
     stripped = text.strip()
     if len(stripped) > _MAX_NUMBER_CHARS:
-        return "not a number"
+        raise _InvalidValueError("not a number")
     try:
         value = float(stripped)
     except ValueError:
-        return "not a number"
+        raise _InvalidValueError("not a number") from None
     if not math.isfinite(value):
-        return "not a finite number"
+        raise _InvalidValueError("not a finite number")
     if not 0.0 <= value <= 1.0:
-        return "not a fraction between 0 and 1"
+        raise _InvalidValueError("not a fraction between 0 and 1")
     return value
 
 
-def _parse_count(text: str) -> int | str:
-    if not isinstance(text, str):
-        return "not a string"
+def _digits(text: str, problem: str) -> int:
+    """A whole number written in ASCII digits only (no sign, no unit, no exponent)."""
     stripped = text.strip()
     if not stripped.isascii() or not stripped.isdigit() or len(stripped) > _MAX_NUMBER_CHARS:
-        return "not a whole number"
-    value = int(stripped)
+        raise _InvalidValueError(problem)
+    return int(stripped)
+
+
+def _parse_count(text: str) -> int:
+    value = _digits(text, "not a whole number")
     if not 1 <= value <= MAX_SPREAD_PER_DOMAIN:
-        return f"not between 1 and {MAX_SPREAD_PER_DOMAIN}"
+        raise _InvalidValueError(f"not between 1 and {MAX_SPREAD_PER_DOMAIN}")
     return value
 
 
-def _parse_mib(text: str) -> int | str:
-    if not isinstance(text, str):
-        return "not a string"
-    stripped = text.strip()
-    if not stripped.isascii() or not stripped.isdigit() or len(stripped) > _MAX_NUMBER_CHARS:
-        return "not a whole number of MiB (digits only, no unit)"
-    value = int(stripped)
+def _parse_mib(text: str) -> int:
+    value = _digits(text, "not a whole number of MiB (digits only, no unit)")
     if value > MAX_GPU_MEMORY_MIB:
-        return f"above {MAX_GPU_MEMORY_MIB} MiB"
+        raise _InvalidValueError(f"above {MAX_GPU_MEMORY_MIB} MiB")
     return value
+
+
+def _parse_label_key(text: str) -> str:
+    stripped = text.strip()
+    if not _LABEL_KEY.fullmatch(stripped):
+        raise _InvalidValueError("not a label key (e.g. topology.kubernetes.io/zone)")
+    return stripped
 
 
 def model_rank(model: str | None, patterns: tuple[str, ...], any_rank: int | None) -> int | None:
