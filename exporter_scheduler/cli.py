@@ -18,11 +18,12 @@ import queue
 import signal
 import ssl
 import sys
+import threading
 import types
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, Union, get_args, get_origin
 
 import msgspec
 
@@ -78,19 +79,76 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(document, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str) -> logging.handlers.QueueListener:
-    """JSON lines on stderr, written by a listener thread so the request path only enqueues."""
+# How long a log line may wait in the queue: the writer wakes this often and writes all that
+# is queued in one write. A wake-up per record (the standard QueueListener) made each record
+# cost the request path a thread hand-off on a loaded host: about 50 us of a filter's CPU.
+LOG_FLUSH_INTERVAL_S: Final = 0.05
+
+
+def configure_logging(level: str) -> BatchedLogWriter:
+    """JSON lines on stderr, written by a writer thread so the request path only enqueues."""
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(JsonLogFormatter())
-    listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.addHandler(_FieldsQueueHandler(records))
     root.setLevel(level.upper())
-    listener.start()
-    return listener
+    return BatchedLogWriter(records, sys.stderr, JsonLogFormatter()).start()
+
+
+class BatchedLogWriter:
+    """Formats the queued records and writes them, every `interval_s` and once more on `stop`."""
+
+    def __init__(
+        self,
+        records: queue.SimpleQueue[logging.LogRecord],
+        stream: TextIO,
+        formatter: logging.Formatter,
+        interval_s: float = LOG_FLUSH_INTERVAL_S,
+    ) -> None:
+        self.records = records
+        self.stream = stream
+        self.formatter = formatter
+        self.interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+
+    def start(self) -> BatchedLogWriter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Write what is queued and end the thread (the lines of a shutdown are not lost)."""
+        self._stopping.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            self.flush()
+        self.flush()
+
+    def flush(self) -> None:
+        lines: list[str] = []
+        while True:
+            try:
+                record = self.records.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                lines.append(self.formatter.format(record))
+            except Exception:  # one bad record must not stop the log
+                lines.append(
+                    json.dumps(
+                        {"level": "ERROR", "logger": record.name, "msg": "unformattable record"}
+                    )
+                )
+        if not lines:
+            return
+        try:
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr gone (closed pipe, closed file): nothing left to tell
 
 
 class _FieldsQueueHandler(logging.handlers.QueueHandler):

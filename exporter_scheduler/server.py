@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +44,10 @@ DEFAULT_MAX_CONNECTIONS: Final = 128
 _MAX_HEAD_BYTES: Final = 64 * 1024
 _READ_CHUNK: Final = 256 * 1024
 _IOV_MAX: Final = 1024  # buffers per sendmsg (Linux's UIO_MAXIOV)
+# Response heads less their length, by (status, content type, allow, keep-alive, HTTP/1.0):
+# a handful in practice; the bound only keeps odd inputs from growing it.
+_HEADS: dict[tuple[int, bytes, bytes | None, bool, bool], tuple[bytes, bytes]] = {}
+_MAX_HEADS: Final = 64
 
 log = logging.getLogger("exporter_scheduler.server")
 
@@ -283,6 +288,11 @@ class _Connection:
         self._idle = True
         self._lock = threading.Lock()
         self._closed = False
+        # The receive timeout the next read must run under, and the one the socket has: it is
+        # changed only when a read needs another one, which a request that arrives whole (the
+        # usual case) never does, so a request costs no timeout syscall.
+        self._want_timeout_s = server.keep_alive_s
+        self._timeout_s: float | None = None
 
     def close_if_idle(self) -> None:
         with self._lock:
@@ -306,6 +316,15 @@ class _Connection:
             self.sock = server.tls_wrap(self.sock)
         except (OSError, ssl.SSLError):
             return  # a failed handshake (no client certificate, a port scan): nothing to say
+        if isinstance(self.sock, ssl.SSLSocket):
+            self._timeout_s = server.request_timeout_s  # set by `tls_wrap`
+        else:
+            # A plain socket stays blocking, its timeouts the kernel's (SO_RCVTIMEO and
+            # SO_SNDTIMEO): Python's own timeouts cost a poll() before every recv and send.
+            self.sock.settimeout(None)
+            self.sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(server.request_timeout_s)
+            )
         while not server.stopping():
             try:
                 if not self._one_request():
@@ -324,14 +343,14 @@ class _Connection:
     def _one_request(self) -> bool:
         """Read, answer; False when the connection is to be closed."""
         server = self.server
-        self.sock.settimeout(server.keep_alive_s)
+        self._want_timeout_s = server.keep_alive_s
         head = self._read_head()
         if head is None:
             return False
         with self._lock:
             self._idle = False
         try:
-            self.sock.settimeout(server.request_timeout_s)
+            self._want_timeout_s = server.request_timeout_s
             method, target, version, headers = _parse_head(head)
             keep_alive = _keeps_alive(version, headers)
             body = self._read_body(headers)
@@ -350,6 +369,21 @@ class _Connection:
                 self._idle = True
 
     # ------------------------------------------------------------------ reading
+    def _recv_into(self, view: memoryview) -> int:
+        """`recv_into` under the wanted timeout; a timeout raises `TimeoutError`."""
+        want = self._want_timeout_s
+        sock = self.sock
+        if want != self._timeout_s:
+            if isinstance(sock, ssl.SSLSocket):
+                sock.settimeout(want)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(want))
+            self._timeout_s = want
+        try:
+            return sock.recv_into(view)
+        except BlockingIOError:  # EAGAIN from a blocking socket: SO_RCVTIMEO ran out
+            raise TimeoutError("timed out") from None
+
     def _fill(self) -> None:
         """Read more into the head buffer (moving unread bytes to its start first)."""
         buffer = self._buffer
@@ -360,7 +394,7 @@ class _Connection:
         if self._end == len(buffer):
             raise _BadRequestError("request head too large")
         with memoryview(buffer) as view:
-            count = self.sock.recv_into(view[self._end :])
+            count = self._recv_into(view[self._end :])
         if count == 0:
             raise _ClosedError
         self._end += count
@@ -389,7 +423,7 @@ class _Connection:
         self._start += buffered
         filled = buffered
         while filled < len(view):
-            count = self.sock.recv_into(view[filled:])
+            count = self._recv_into(view[filled:])
             if count == 0:
                 raise _ClosedError
             filled += count
@@ -479,7 +513,8 @@ class _Connection:
         try:
             self._write(response, keep_alive=False, head_only=False)
             self.sock.shutdown(socket.SHUT_WR)
-            self.sock.settimeout(1.0)
+            self.sock.settimeout(1.0)  # Python's timeout: a blocking socket's SO_RCVTIMEO aside
+            self._timeout_s = 1.0
             drained = 0
             while drained < 16 * _READ_CHUNK and self.sock.recv(_READ_CHUNK):
                 drained += _READ_CHUNK
@@ -490,6 +525,11 @@ class _Connection:
         self, response: Response, *, keep_alive: bool, head_only: bool, http10: bool = False
     ) -> None:
         parts: Sequence[wire.Buffer] = response.parts
+        sock = self.sock
+        if isinstance(sock, ssl.SSLSocket) and self._timeout_s != self.server.request_timeout_s:
+            # One Python timeout for both directions: a reply is sent under the request's.
+            sock.settimeout(self.server.request_timeout_s)
+            self._timeout_s = self.server.request_timeout_s
         head = _head(
             response.status,
             response.content_type,
@@ -499,20 +539,24 @@ class _Connection:
             http10=http10,
         )
         if head_only:
-            self.sock.sendall(head)
-        elif isinstance(self.sock, ssl.SSLSocket):  # no sendmsg: one buffer to encrypt
-            self.sock.sendall(b"".join((head, *parts)))
+            sock.sendall(head)
+        elif isinstance(sock, ssl.SSLSocket):  # no sendmsg: one buffer to encrypt
+            sock.sendall(b"".join((head, *parts)))
         else:
-            _send_all(self.sock, [head, *parts])
+            _send_all(sock, [head, *parts], len(head) + len(response))
 
 
-def _send_all(sock: socket.socket, buffers: list[wire.Buffer]) -> None:
-    """Write every buffer in order with as few `sendmsg` calls as the kernel allows: the kernel
-    copies each byte once, straight from the buffers."""
+def _send_all(sock: socket.socket, buffers: list[wire.Buffer], total: int) -> None:
+    """Write every buffer (`total` bytes) in order with as few `sendmsg` calls as the kernel
+    allows: the kernel copies each byte once, straight from the buffers. A reply that fits the
+    socket's send buffer goes in one call, with no view made of any buffer."""
+    sent = sock.sendmsg(buffers) if len(buffers) <= _IOV_MAX else 0
+    left = total - sent
+    if not left:
+        return
     views = [memoryview(b) for b in buffers]
     index = 0
-    while index < len(views):
-        sent = sock.sendmsg(views[index : index + _IOV_MAX])
+    while True:
         while sent:
             size = views[index].nbytes
             if sent < size:
@@ -520,6 +564,10 @@ def _send_all(sock: socket.socket, buffers: list[wire.Buffer]) -> None:
                 break
             sent -= size
             index += 1
+        if not left:
+            return
+        sent = sock.sendmsg(views[index : index + _IOV_MAX])
+        left -= sent
 
 
 def _head(
@@ -531,19 +579,35 @@ def _head(
     keep_alive: bool,
     http10: bool = False,
 ) -> bytes:
+    """The response head; all but the length is built once per kind of reply."""
+    key = (status, content_type, allow, keep_alive, http10)
+    framing = _HEADS.get(key)
+    if framing is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        framing = _HEADS[key] = _head_framing(*key)
+    before, after = framing
+    return b"%s%d%s" % (before, length, after)
+
+
+def _head_framing(
+    status: int, content_type: bytes, allow: bytes | None, keep_alive: bool, http10: bool
+) -> tuple[bytes, bytes]:
+    """The head's bytes before and after its content length."""
     phrase = HTTPStatus(status).phrase.encode()
-    lines = [
-        b"HTTP/1.1 %d %s" % (status, phrase),
-        b"content-type: " + content_type,
-        b"content-length: %d" % length,
-    ]
+    before = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
+        status,
+        phrase,
+        content_type,
+    )
+    lines = [b""]
     if allow is not None:
         lines.append(b"allow: " + allow)
     if not keep_alive:
         lines.append(b"connection: close")
     elif http10:  # an HTTP/1.0 client keeps the connection only when told so
         lines.append(b"connection: keep-alive")
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+    return before, b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
@@ -577,7 +641,18 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
 
 
 def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    connection = headers.get("connection")
+    if connection is None:  # kube-scheduler's Go client sends none
+        return version != "HTTP/1.0"
+    tokens = {t.strip().lower() for t in connection.split(",")}
     if version == "HTTP/1.0":
         return "keep-alive" in tokens
     return "close" not in tokens
+
+
+def _timeval(seconds: float) -> bytes:
+    """`seconds` as the `struct timeval` that SO_RCVTIMEO and SO_SNDTIMEO take."""
+    whole = int(seconds)
+    micros = int((seconds - whole) * 1_000_000)
+    # All zero would mean no timeout at all; the shortest one is meant.
+    return struct.pack("@ll", whole, micros if whole or micros else 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import os
@@ -16,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter_scheduler.cli import JsonLogFormatter, _FieldsQueueHandler, build_parser, main
+from exporter_scheduler.cli import (
+    BatchedLogWriter,
+    JsonLogFormatter,
+    _FieldsQueueHandler,
+    build_parser,
+    main,
+)
 from exporter_scheduler.settings import flag_name, settings_fields
 from tests.scorer._http_helpers import FIXTURES, gpu_annotations
 
@@ -158,6 +165,62 @@ def test_queued_records_keep_fields_and_traceback() -> None:
     assert document["msg"] == "failed once"
     assert document["verb"] == "filter"
     assert "ValueError: boom" in document["exception"]
+
+
+class _CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+class _Unformattable(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        if record.msg == "bad":
+            raise RuntimeError("cannot format")
+        return json.dumps({"msg": record.msg})
+
+
+def test_log_writer_writes_a_batch_at_once_and_the_rest_on_stop() -> None:
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    stream = _CountingStream()
+    # An interval far longer than the test: everything is written by `stop`, in one write.
+    writer = BatchedLogWriter(records, stream, _Unformattable(), interval_s=3600.0).start()
+    for msg in ("one", "bad", "two"):
+        records.put(logging.LogRecord("x", logging.INFO, __file__, 1, msg, None, None))
+    assert stream.getvalue() == ""
+    writer.stop()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["msg"] for line in lines] == ["one", "unformattable record", "two"]
+    assert lines[1]["level"] == "ERROR"
+    assert stream.writes == 1
+
+
+def test_log_writer_wakes_on_its_interval() -> None:
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    stream = _CountingStream()
+    writer = BatchedLogWriter(records, stream, JsonLogFormatter(), interval_s=0.01).start()
+    try:
+        records.put(logging.LogRecord("x", logging.INFO, __file__, 1, "queued", None, None))
+        deadline = time.monotonic() + 10.0
+        while "queued" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert json.loads(stream.getvalue())["msg"] == "queued"
+    finally:
+        writer.stop()
+
+
+def test_log_writer_survives_a_closed_stream() -> None:
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    stream = io.StringIO()
+    stream.close()
+    writer = BatchedLogWriter(records, stream, JsonLogFormatter(), interval_s=3600.0).start()
+    records.put(logging.LogRecord("x", logging.INFO, __file__, 1, "lost", None, None))
+    writer.stop()  # no exception: the line has nowhere to go
+    assert records.empty()
 
 
 def _free_port() -> int:
