@@ -1665,12 +1665,29 @@ def _kept_sections(document: str) -> dict[str, str]:
     current: str | None = None
     for line in document.splitlines(keepends=True):
         if line.startswith("## "):
-            current = names.get(line.rstrip("\n"))
+            heading = line.rstrip("\n")
+            if heading in names:
+                current = names[heading]
+            elif heading.startswith(_TAIL_HEADING) or heading == "## Regeneration time":
+                current = None  # the document's own tail, written anew by every run
+            # Any other heading is text written under a section (a study of its figures):
+            # it stays with the section it follows.
         if current is not None:
             kept[current] = kept.get(current, "") + line
     # A section ends with one newline, as rendered; the blank line before the next heading is
     # the document's.
     return {name: text.rstrip() + "\n" for name, text in kept.items()}
+
+
+def _studies(section: str) -> str:
+    """The text under headings of its own at the end of a kept section (written there by hand,
+    a study of the section's figures), which a run that redoes the section keeps after it."""
+    offset = 0
+    for line in section.splitlines(keepends=True):
+        if offset and line.startswith("## "):
+            return section[offset:]
+        offset += len(line)
+    return ""
 
 
 def _kept_timings(document: str, redone: Sequence[str]) -> list[Timed]:
@@ -1780,6 +1797,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "inflight" in chosen:
         texts["inflight"] = _run_inflight(args, timings, summary)
 
+    for name in chosen:
+        studies = _studies(kept.get(name, ""))
+        if studies and name in texts:
+            texts[name] = texts[name].rstrip() + "\n\n" + studies
     dated = started
     machine = here = machine_description()
     if len(chosen) < len(SECTIONS):

@@ -618,6 +618,9 @@ patcher) shares the machine's cores. {before_line}{null_text}{inflight_text}
 
 # Pods/s with the extender against without it: (mode, nodes, at least).
 TARGETS: Final = (("names", 300, 0.9), ("names", 5000, 0.8), ("full", 300, 0.25))
+# The scorer against the Go null extender of its mode, the mechanism's floor: names only within
+# 5 % of it at every size.
+FLOOR_TARGET: Final = 0.95
 
 
 def _targets_text(document: dict[str, Any]) -> str:
@@ -633,6 +636,17 @@ def _targets_text(document: dict[str, Any]) -> str:
         floor = "" if null is None else f"; a Go extender that decides nothing: {null:.2f}x"
         verdict = "met" if ratio >= least else "NOT met"
         parts.append(f"{mode} at {nodes:,} nodes {ratio:.2f}x ({verdict}: >= {least}x{floor})")
+    for result in document["sizes"]:
+        for mode in ("names", "full"):
+            scorer, null = (result["modes"].get(m) for m in (mode, f"null-go-{mode}"))
+            if scorer is None or null is None or not null["pods_per_s_median"]:
+                continue
+            ratio = scorer["pods_per_s_median"] / null["pods_per_s_median"]
+            verdict = f"{'met' if ratio >= FLOOR_TARGET else 'NOT met'}: >= {FLOOR_TARGET}x"
+            parts.append(
+                f"{mode} against the Go null extender at {result['config']['nodes']:,} nodes "
+                f"{ratio:.2f}x ({verdict if mode == 'names' else 'no target'})"
+            )
     for result in document["sizes"]:
         on, off = (result["modes"].get(m) for m in ("names", "names-no-inflight"))
         if on is None or off is None or not off["pods_per_s_median"]:

@@ -80,8 +80,9 @@ class JsonLogFormatter(logging.Formatter):
 
 
 # How long a log line may wait in the queue: the writer wakes this often and writes all that
-# is queued in one write. A wake-up per record (the standard QueueListener) made each record
-# cost the request path a thread hand-off on a loaded host: about 50 us of a filter's CPU.
+# is queued in one write. A wake-up per record (the standard QueueListener) cost every filter
+# that logs its rejections a thread hand-off and a write (docs/performance.md, "Where the
+# scorer's time goes").
 LOG_FLUSH_INTERVAL_S: Final = 0.05
 
 

@@ -192,6 +192,26 @@ def test_the_seeds_section_sums_each_variant_and_judges_the_target() -> None:
     assert "8 more pods are pending at the end (80% more)" in flat
 
 
+def test_a_study_written_under_a_section_survives_partial_runs(
+    quick_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "perf"
+    shutil.copytree(quick_run, out)
+    document = (out / "performance.md").read_text()
+    study = "## Where the storm's time goes\n\nA study written by hand.\n"
+    at = document.index("## Scheduling quality\n")
+    (out / "performance.md").write_text(document[:at] + study + "\n" + document[at:])
+    # Another section redone: the study stays with the storm section, whole.
+    assert figures.main(["--quick", "--out-dir", str(out), "--sections", "agent"]) == 0
+    after = (out / "performance.md").read_text()
+    assert figures._kept_sections(after)["storm"].endswith(study)
+    # The storm section itself redone: its new text, then the study again.
+    assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
+    again = (out / "performance.md").read_text()
+    assert again.count(study) == 1
+    assert again.index("## A 429 storm") < again.index(study) < again.index("## Scheduling quality")
+
+
 def test_a_partial_run_leaves_out_a_section_the_earlier_document_never_had(
     quick_run: Path, tmp_path: Path
 ) -> None:

@@ -102,6 +102,31 @@ def test_the_section_compares_in_flight_accounting_on_and_off(
     ) in section
 
 
+@pytest.mark.parametrize(
+    ("null", "verdict"),
+    [
+        pytest.param(84.0, "0.95x (met: >= 0.95x)", id="at-the-floor"),
+        pytest.param(90.0, "0.89x (NOT met: >= 0.95x)", id="below"),
+    ],
+)
+def test_the_section_judges_names_only_against_the_go_null_extender(
+    null: float, verdict: str
+) -> None:
+    document = _document(80.0, 80.0)
+    modes = document["sizes"][0]["modes"]  # type: ignore[index]
+    modes["null-go-names"] = {
+        "pods_per_s_median": null,
+        "pods_per_s": [null],
+        "ratio_to_none": null / 100.0,
+        "scorer_ms_median": {},
+    }
+    section = real_scheduler.markdown_section(
+        document, command="python -m benchmarks.real_scheduler", before=None, plotted=False
+    )
+    assert f"names against the Go null extender at 5,000 nodes {verdict}" in section
+    assert "full against the Go null extender" not in section  # no full-node modes run
+
+
 def test_the_figures_run_every_mode_the_new_one_included() -> None:
     assert "names-no-inflight" in real_scheduler.ALL_MODES
     assert set(real_scheduler.ALL_MODES) <= set(real_scheduler.MODE_LABELS)

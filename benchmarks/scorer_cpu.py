@@ -1,0 +1,202 @@
+"""Server CPU per names-only filter + prioritize pair, with the scorer's log lines on.
+
+On two shared cores every CPU millisecond the scorer spends on a pod is taken from
+kube-scheduler and the API server, so its CPU per pod is what the real-scheduler throughput
+feels; wall time alone hides a thread hand-off or a syscall that another process pays for.
+
+One scorer process per tree (this checkout and, with `--before REF`, an export of REF) serves a
+names-only node store of `--nodes` nodes, one in ten above the utilization limit, so that every
+filter logs its rejections, as `gpu-scorer serve` does: JSON lines at INFO through
+`cli.configure_logging`, to /dev/null. One keep-alive connection sends a filter and then a
+prioritize for the names that passed, over moving windows of `--names` names, as
+kube-scheduler's Go client does. The figure is the process's user + system CPU (from /proc) over
+`--pairs` pairs, per pair. The trees alternate for `--rounds` rounds; the table gives medians and
+the ratio between the trees.
+
+    python -m benchmarks.scorer_cpu --before HEAD~1
+    python -m benchmarks.scorer_cpu --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.machine import machine_description
+
+ROOT = Path(__file__).resolve().parents[1]
+POD: dict[str, Any] = {
+    "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+}
+WARM_PAIRS = 200
+
+
+def serve(tree: Path, nodes: int, log_level: str) -> None:
+    """The scorer of `tree` on an ephemeral port (printed), until stdin closes."""
+    sys.path.insert(0, str(tree))
+    # By name: the modules of the tree under test, whose API may differ from this checkout's.
+    cli = importlib.import_module("exporter_scheduler.cli")
+    http_server = importlib.import_module("exporter_scheduler.server").HttpServer
+    helpers = importlib.import_module("tests.scorer._http_helpers")
+    gpu_node = importlib.import_module("tests.scorer.test_nodestore").gpu_node
+
+    writer = cli.configure_logging(log_level)
+    store = helpers.store_of(
+        gpu_node(f"node-{i:05d}", utilization=0.95 if i % 10 == 0 else 0.1) for i in range(nodes)
+    )
+    server = http_server(helpers.make_app(node_store=store), host="127.0.0.1", port=0).start()
+    print(server.port, flush=True)
+    sys.stdin.readline()
+    server.stop()
+    writer.stop()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _call(sock: socket.socket, path: bytes, body: bytes) -> bytes:
+    sock.sendall(
+        b"POST %s HTTP/1.1\r\nHost: scorer\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (path, len(body)) + body
+    )
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return rest
+
+
+def measure_tree(tree: Path, *, nodes: int, names: int, pairs: int, log_level: str) -> float:
+    """Server CPU (us) per filter + prioritize pair of one fresh scorer process of `tree`."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "benchmarks.scorer_cpu", "--serve", str(tree)),
+            *("--nodes", str(nodes), "--log-level", log_level),
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the log lines are written, then dropped
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        every = [f"node-{i:05d}" for i in range(nodes)] * 2
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def pair(k: int) -> None:
+                start = (k * 37) % nodes
+                window = every[start : start + names]
+                body = {"Pod": POD, "Nodes": None, "NodeNames": window}
+                reply = json.loads(_call(sock, b"/filter", json.dumps(body).encode()))
+                if not reply["FailedNodes"]:
+                    raise SystemExit("no node rejected: the log lines would not be measured")
+                body["NodeNames"] = reply["NodeNames"]
+                _call(sock, b"/prioritize", json.dumps(body).encode())
+
+            for k in range(WARM_PAIRS):
+                pair(k)
+            before_s = _cpu_s(proc.pid)
+            for k in range(pairs):
+                pair(WARM_PAIRS + k)
+            time.sleep(0.3)  # the log writer's last batch is the requests' CPU too
+            used_s = _cpu_s(proc.pid) - before_s
+        return used_s / pairs * 1e6
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # Not at the top: the serving child must import the tree under test, this checkout's
+    # modules that scorer_latency imports among them, only after putting that tree first.
+    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+
+    with source_tree(args.before) as before:
+        trees = {"this checkout": ROOT}
+        if before is not None:
+            trees = {f"before ({args.before})": before, **trees}
+        rounds: dict[str, list[float]] = {label: [] for label in trees}
+        for _ in range(args.rounds):
+            for label, tree in trees.items():
+                rounds[label].append(
+                    measure_tree(
+                        tree,
+                        nodes=args.nodes,
+                        names=args.names,
+                        pairs=args.pairs,
+                        log_level=args.log_level,
+                    )
+                )
+    medians = {label: statistics.median(values) for label, values in rounds.items()}
+    result: dict[str, Any] = {
+        "machine": machine_description(),
+        "config": {
+            "nodes": args.nodes,
+            "names": args.names,
+            "pairs": args.pairs,
+            "rounds": args.rounds,
+            "log_level": args.log_level,
+        },
+        "cpu_us_per_pair": {
+            label: [round(v, 1) for v in values] for label, values in rounds.items()
+        },
+        "cpu_us_per_pair_median": {label: round(v, 1) for label, v in medians.items()},
+    }
+    if len(medians) == 2:
+        first, now = medians.values()
+        result["ratio_to_before"] = round(now / first, 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scorer_cpu", description=__doc__)
+    parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--names", type=int, default=500, help="names per filter request")
+    parser.add_argument("--pairs", type=int, default=1500, help="measured pairs per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve, args.nodes, args.log_level)
+        return 0
+    result = run(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"machine: {result['machine']}")
+    for label, median in result["cpu_us_per_pair_median"].items():
+        values = ", ".join(f"{v:.0f}" for v in result["cpu_us_per_pair"][label])
+        print(f"{label:>24}: median {median:.0f} us per pair (rounds: {values})")
+    if "ratio_to_before" in result:
+        print(f"ratio, this checkout to before: {result['ratio_to_before']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
