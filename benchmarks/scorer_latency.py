@@ -268,9 +268,11 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
             print(f"--before {ref}: cannot export it ({exc}); this checkout only", file=sys.stderr)
             yield None
             return
-        # Versions before the scorer's own HTTP server served with uvicorn.
-        own_server = (folder / "exporter_scheduler" / "server.py").exists()
-        if not own_server and importlib.util.find_spec("uvicorn") is None:
+        # Versions before the scorer's own HTTP server served with uvicorn (from a server.py
+        # of their own, so the file's presence does not tell).
+        server = folder / "exporter_scheduler" / "server.py"
+        needs_uvicorn = not server.exists() or "import uvicorn" in server.read_text()
+        if needs_uvicorn and importlib.util.find_spec("uvicorn") is None:
             print(
                 f"--before {ref}: uvicorn is not installed; measuring this checkout only",
                 file=sys.stderr,
