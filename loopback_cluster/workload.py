@@ -514,6 +514,28 @@ class ScorerProcess(BinaryProcess):
                 documents.append(document)
         return documents
 
+    def wait_log_documents(
+        self,
+        what: str,
+        match: Callable[[dict[str, Any]], bool],
+        *,
+        timeout_s: float = 15.0,
+    ) -> list[dict[str, Any]]:
+        """The log lines `match` accepts, once there is at least one (raise after `timeout_s`).
+
+        The scorer writes its log lines in batches (every 50 ms), so a line about a request
+        that has just been answered may not be in the file yet: a reader waits for it.
+        """
+
+        def matched() -> list[dict[str, Any]] | None:
+            found = [document for document in self.log_documents() if match(document)]
+            return found or None
+
+        try:
+            return wait_for(what, matched, timeout_s=timeout_s, interval_s=0.05)
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; the log ends:\n{self.log()[-2000:]}") from None
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
             return str(response.read().decode())

@@ -464,13 +464,11 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
     with running(scorer):
         scorer.wait_ready()  # the node cache's LIST: its RBAC suffices
 
-        def turned_off() -> dict[str, Any] | None:
-            for line in scorer.log_documents():
-                if str(line.get("msg", "")).startswith("in-flight accounting off"):
-                    return line
-            return None
-
-        off = wait_for("the scorer to turn in-flight accounting off", turned_off, timeout_s=30)
+        (off, *_) = scorer.wait_log_documents(
+            "the scorer to turn in-flight accounting off",
+            lambda line: str(line.get("msg", "")).startswith("in-flight accounting off"),
+            timeout_s=30,
+        )
         assert "(403)" in off["why"], off
         assert "list and watch on pods" in off["why"], off
         assert scorer.metric(ACCOUNTING) == 0
@@ -500,12 +498,11 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
                 timeout_s=60,
                 interval_s=0.25,
             )
-            on = [
-                line
-                for line in scorer.log_documents()
-                if line.get("msg") == "in-flight accounting on"
-            ]
-            assert on, scorer.log()[-2000:]
+            # The metric moves before the batched log line is written: wait for the line.
+            scorer.wait_log_documents(
+                "the scorer's log line that in-flight accounting is on",
+                lambda line: line.get("msg") == "in-flight accounting on",
+            )
 
             refs = sorted(f"default/{pod}" for pod in [*direct, blind])
             wait_explained(

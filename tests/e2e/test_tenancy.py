@@ -286,13 +286,11 @@ def test_namespaces_with_different_profiles_are_placed_differently(
 
     assert _profile_requests(stack.scorer, "research") >= 1
     assert _profile_requests(stack.scorer, "prod") >= 1
-    rejected = [
-        line
-        for line in stack.scorer.log_documents()
-        if line.get("msg") == "nodes rejected"
-        and line.get("pod") == f"{stack.prod}/{pods['prod'][1]}"
-    ]
-    assert rejected, stack.scorer.log()[-2000:]
+    prod_pod = f"{stack.prod}/{pods['prod'][1]}"
+    rejected = stack.scorer.wait_log_documents(
+        "the scorer's log line for the rejected prod pod",
+        lambda line: line.get("msg") == "nodes rejected" and line.get("pod") == prod_pod,
+    )
     assert rejected[-1]["pod_class"]["profile"] == "prod", rejected[-1]
 
     # A node below 0.70 joins: the prod pod binds there.
