@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
 
+from gpu_contract import podusage
+
 SCHEMA_VERSION: Final = "1"
 DEFAULT_PREFIX: Final = "gpu-scheduler.example.com/"
 # The API server stamps this manager's entry in metadata.managedFields with its own clock on every
@@ -60,6 +62,8 @@ class Field(StrEnum):
     PER_GPU_MEMORY_FREE_MIB = "per-gpu-memory-free-mib"
     PER_GPU_TEMPERATURE = "per-gpu-temperature"
     PER_GPU_ALLOCATED = "per-gpu-allocated"
+    # Each pod's use of the GPUs it holds (`gpu_contract.podusage`; additive within version 1).
+    POD_GPU_USAGE = "pod-gpu-usage"
 
 
 MIXED_MODELS: Final = "mixed"
@@ -126,7 +130,8 @@ class NodeGpuState:
     """What the agent publishes about one node. `None` means "not measured": the key is omitted.
 
     `gpus` holds one `GpuState` per GPU in NVML index order (lost GPUs included, all `None`), or
-    nothing when the node publishes no per-GPU data.
+    nothing when the node publishes no per-GPU data. `pods` holds what each pod holding a GPU
+    uses of it (`gpu_contract.podusage`), or nothing when that is not known.
     """
 
     health: Health
@@ -141,6 +146,7 @@ class NodeGpuState:
     gpu_count: int | None = None
     health_detail: str | None = None
     gpus: tuple[GpuState, ...] = ()
+    pods: tuple[podusage.PodUsage, ...] = ()
 
 
 def normalize_model_name(product_name: str) -> str:
@@ -216,6 +222,7 @@ def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
         Field.SCHEMA_VERSION: SCHEMA_VERSION,
     }
     values.update(_encode_per_gpu(state))
+    values[Field.POD_GPU_USAGE] = podusage.encode(state.pods).text
     return {keys[f]: v for f, v in values.items() if v is not None}
 
 
@@ -488,5 +495,14 @@ def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Decoded
         gpu_count=counts[2],
         health_detail=get(keys[Field.HEALTH_DETAIL]),
         gpus=_decode_per_gpu(annotations, keys, counts[2], problems),
+        pods=_decode_pods(annotations, keys, counts[2], problems),
     )
     return DecodedAnnotations(state, tuple(problems), version)
+
+
+def _decode_pods(
+    annotations: Mapping[str, str], keys: Keys, gpu_count: int | None, problems: list[str]
+) -> tuple[podusage.PodUsage, ...]:
+    decoded = podusage.decode(annotations.get(keys[Field.POD_GPU_USAGE]), gpu_count=gpu_count)
+    problems.extend(decoded.problems)
+    return decoded.pods
