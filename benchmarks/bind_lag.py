@@ -6,8 +6,8 @@ bind is in the scorer's pod watch, and what the scorer's provisional placements 
 
 kube-scheduler binds asynchronously: once a pod's scheduling cycle has picked a node, the bind
 (a POST to the API server) runs in a goroutine and the next pod's cycle starts at once. The
-scorer learns of the bind from its pod watch (`exporter_scheduler.podcache`), which comes later,
-so for a while the node's verdict cannot count that pod. The scorer therefore also counts its
+scorer learns of the bind from its pod watch (`exporter_scheduler.edges.podcache`), which comes
+later, so for a while the node's verdict cannot count that pod. The scorer therefore also counts its
 own last answer as a provisional placement (`PodCache.propose`). This measures the lag and
 what the proposals are worth, on the loopback control plane (`loopback_cluster.control_plane`):
 
@@ -133,12 +133,12 @@ class Recorder:
 def serve_scorer(args: argparse.Namespace) -> int:
     """The scorer, wired as `gpu-scorer serve` wires it, with the recorder's hooks; answers
     one JSON line on stdout per command line on stdin (`take`, `pods`, `quit`)."""
-    from exporter_scheduler.app import ScorerApp  # noqa: PLC0415
-    from exporter_scheduler.metrics import ScorerMetrics  # noqa: PLC0415
-    from exporter_scheduler.nodecache import NodeCache  # noqa: PLC0415
-    from exporter_scheduler.podcache import PodCache  # noqa: PLC0415
-    from exporter_scheduler.policy import Policy  # noqa: PLC0415
-    from exporter_scheduler.server import HttpServer  # noqa: PLC0415
+    from exporter_scheduler.core.policy import Policy  # noqa: PLC0415
+    from exporter_scheduler.edges.nodecache import NodeCache  # noqa: PLC0415
+    from exporter_scheduler.edges.podcache import PodCache  # noqa: PLC0415
+    from exporter_scheduler.edges.server import HttpServer  # noqa: PLC0415
+    from exporter_scheduler.serving.app import ScorerApp  # noqa: PLC0415
+    from exporter_scheduler.serving.metrics import ScorerMetrics  # noqa: PLC0415
 
     names_only = args.mode == "names"
     policy = Policy()

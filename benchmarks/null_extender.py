@@ -17,9 +17,9 @@ from typing import Final
 
 import msgspec
 
-from exporter_scheduler.app import Response
-from exporter_scheduler.server import HttpServer
-from exporter_scheduler.wire import Buffer
+from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.serving.app import Response
+from exporter_scheduler.serving.wire import Buffer
 
 
 class _Args(msgspec.Struct):

@@ -4,8 +4,8 @@
         [--duration-s 120] [--rounds 3] [--json]
 
 In names-only mode the scorer lists and watches every bound pod of the cluster
-(`exporter_scheduler.podcache`) to count the ones its nodes' annotations cannot show yet. On the
-loopback control plane (`loopback_cluster.control_plane`, built by `python3 dev.py cluster
+(`exporter_scheduler.edges.podcache`) to count the ones its nodes' annotations cannot show yet.
+On the loopback control plane (`loopback_cluster.control_plane`, built by `python3 dev.py cluster
 build`) this
 registers `--nodes` realistic GPU Nodes (the agent's annotations on every one) and `--pods`
 pods already bound to them, a few KB each as a Job's pods are (labels, an owner, env, an init
@@ -61,7 +61,7 @@ from typing import Any, Final, Literal
 from benchmarks.machine import machine_description
 from benchmarks.real_scheduler import Config as FleetConfig
 from benchmarks.real_scheduler import Patcher, node_plan, register_fleet
-from exporter_scheduler.metrics import EVENT_BUCKETS_S
+from exporter_scheduler.serving.metrics import EVENT_BUCKETS_S
 from gpu_contract.schema import format_timestamp
 from loopback_cluster.control_plane import (
     GPU_RESOURCE,

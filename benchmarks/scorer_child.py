@@ -85,12 +85,12 @@ def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
     """(app, node cache or None, name of the app's handler method), serving on `args.port`."""
     names_only = args.mode == "names"
     try:  # this version: a node store, an HTTP/1.1 server on blocking sockets
-        app_module = _module("exporter_scheduler.app")
-        server_module = _module("exporter_scheduler.server")
+        app_module = _module("exporter_scheduler.serving.app")
+        server_module = _module("exporter_scheduler.edges.server")
     except ImportError:
         app_module = server_module = None
-    nodecache = _module("exporter_scheduler.nodecache") if names_only else None
-    policy = _module("exporter_scheduler.policy").Policy()
+    nodecache = _module("exporter_scheduler.edges.nodecache") if names_only else None
+    policy = _module("exporter_scheduler.core.policy").Policy()
     if app_module is not None and server_module is not None and hasattr(app_module, "ScorerApp"):
         cache = None
         if nodecache is not None:
@@ -101,7 +101,7 @@ def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
         server_module.HttpServer(app, host="127.0.0.1", port=args.port).start()
         return app, cache, "respond"
     # The earlier version: reply cache and verdict memo, served by uvicorn.
-    server_module = _module("exporter_scheduler.server")
+    server_module = _module("exporter_scheduler.edges.server")
     cache = (
         None if nodecache is None else nodecache.NodeCache(kubeconfig=args.kubeconfig, keys=keys)
     )

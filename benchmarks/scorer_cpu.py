@@ -46,7 +46,7 @@ def serve(tree: Path, nodes: int, log_level: str) -> None:
     sys.path.insert(0, str(tree))
     # By name: the modules of the tree under test, whose API may differ from this checkout's.
     cli = importlib.import_module("exporter_scheduler.cli")
-    http_server = importlib.import_module("exporter_scheduler.server").HttpServer
+    http_server = importlib.import_module("exporter_scheduler.edges.server").HttpServer
     helpers = importlib.import_module("tests.scorer._http_helpers")
     gpu_node = importlib.import_module("tests.scorer.test_nodestore").gpu_node
 

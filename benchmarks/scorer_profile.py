@@ -122,7 +122,7 @@ def _python_frames(frames: Sequence[str]) -> list[str]:
 
 
 def _short(frame: str) -> str:
-    """`_judge (exporter_scheduler/verdicts.py:123)` -> `_judge (verdicts.py)`."""
+    """`_judge (exporter_scheduler/serving/verdicts.py:123)` -> `_judge (verdicts.py)`."""
     match = re.match(r"^(?P<fn>.*?) \((?P<path>[^:]*):\d+\)$", frame)
     if match is None:
         return frame

@@ -21,10 +21,10 @@ from agent.kube import NodeAnnotator, api_client_for
 from agent.limiter import WritePolicy
 from agent.simulated import SimulatedSource
 from demo.options import DemoOptions, NodePlan
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.nodecache import NodeCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import HttpServer
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.edges.nodecache import NodeCache
+from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.serving.app import ScorerApp
 from gpu_contract.schema import DEFAULT_PREFIX, Field, normalize_model_name
 from kube_standins.apiserver import ApiServerStandIn
 from kube_standins.nodes import gpu_node

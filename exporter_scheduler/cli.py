@@ -27,16 +27,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TextIO, Union, get_args, 
 
 import msgspec
 
-from exporter_scheduler import wire
-from exporter_scheduler.app import ObservabilityApp, ScorerApp
-from exporter_scheduler.explain import explain, render_text
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodedata import NodeDataCollector
-from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES
-from exporter_scheduler.profiles import PolicySet
-from exporter_scheduler.scoring import evaluate
-from exporter_scheduler.server import HttpServer
-from exporter_scheduler.settings import (
+from exporter_scheduler.config.profiles import PolicySet
+from exporter_scheduler.config.settings import (
     POLICY_FIELDS,
     ScorerSettings,
     SettingsError,
@@ -45,15 +37,23 @@ from exporter_scheduler.settings import (
     load_settings,
     settings_fields,
 )
+from exporter_scheduler.core.scoring import evaluate
+from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import ObservabilityApp, ScorerApp
+from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodedata import NodeDataCollector
+from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES
 from gpu_contract.schema import Keys, parse_timestamp
 
 PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
 if TYPE_CHECKING:
-    from exporter_scheduler.namespacecache import NamespaceCache
-    from exporter_scheduler.nodecache import NodeCache
-    from exporter_scheduler.podcache import PodCache
+    from exporter_scheduler.edges.namespacecache import NamespaceCache
+    from exporter_scheduler.edges.nodecache import NodeCache
+    from exporter_scheduler.edges.podcache import PodCache
 
 _NOT_SETTINGS = {"command", "request", "now", "output"}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -242,7 +242,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         if settings.node_cache:
             # Imported here so that full-node mode never loads the kubernetes client.
-            from exporter_scheduler.nodecache import NodeCache  # noqa: PLC0415
+            from exporter_scheduler.edges.nodecache import NodeCache  # noqa: PLC0415
 
             try:
                 cache = NodeCache(
@@ -350,7 +350,7 @@ def _start_pod_watch(
             extra={"fields": {"why": "--no-pod-watch"}},
         )
         return None
-    from exporter_scheduler.podcache import PodCache  # noqa: PLC0415
+    from exporter_scheduler.edges.podcache import PodCache  # noqa: PLC0415
 
     pod_cache = PodCache(
         kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
@@ -377,7 +377,7 @@ def _start_namespace_watch(
     False when it cannot start: such profiles cannot work without credentials)."""
     if not policies.reads_labels:
         return None
-    from exporter_scheduler.namespacecache import NamespaceCache  # noqa: PLC0415
+    from exporter_scheduler.edges.namespacecache import NamespaceCache  # noqa: PLC0415
 
     try:
         return NamespaceCache(

@@ -2,7 +2,7 @@
 
 What it compares, on the same pods, nodes, background load and seeds:
 
-- ``per-gpu``: the scorer's real filter and scores (`exporter_scheduler.scoring.evaluate`) with
+- ``per-gpu``: the scorer's real filter and scores (`exporter_scheduler.core.scoring.evaluate`) with
   its defaults, fed the annotations each node's agent last *wrote* (real `aggregate` with the
   kubelet's allocations, real write limiter, real `encode`), so the scorer sees data as stale as
   it would be in a cluster, never the truth; multi-GPU pods get the k-GPU rule on the per-GPU
@@ -74,16 +74,16 @@ import numpy as np
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
 from agent.records import DeviceAllocations, GpuReading, NodeReading
-from exporter_scheduler.hints import (
+from exporter_scheduler.core.hints import (
     EXPECTED_GPU_LOAD,
     FALLBACK_UTILIZATION,
     MAX_UTILIZATION,
     MIN_GPU_MEMORY_MIB,
     MODEL_PREFERENCE,
 )
-from exporter_scheduler.inflight import BASIS_POINTS, NO_PODS, BoundPod
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput, PodInput, evaluate
+from exporter_scheduler.core.inflight import BASIS_POINTS, NO_PODS, BoundPod
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput, PodInput, evaluate
 from fleet_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
 

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit
 
-from exporter_scheduler.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
+from exporter_scheduler.core.hints import FALLBACK_UTILIZATION, MIN_GPU_MEMORY_MIB, MODEL_PREFERENCE
 from gpu_contract.schema import DEFAULT_PREFIX
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"

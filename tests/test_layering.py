@@ -48,7 +48,7 @@ ONLY_IN: Mapping[str, frozenset[str]] = {
     "pynvml": frozenset({"agent.nvml"}),
     # The scorer's caches (nodes, pods, namespaces) share one list + watch loop, which alone
     # builds the client.
-    "kubernetes": frozenset({"agent.kube", "exporter_scheduler.listwatch"}),
+    "kubernetes": frozenset({"agent.kube", "exporter_scheduler.edges.listwatch"}),
     "grpc": frozenset({"agent.podresources", "kube_standins.kubelet"}),
 }
 

@@ -25,20 +25,20 @@ import pytest
 from agent.cli import build_parser as agent_parser
 from agent.settings import AgentSettings, env_names
 from agent.settings import load_settings as load_agent_settings
-from exporter_scheduler import wire
-from exporter_scheduler.app import ScorerApp
 from exporter_scheduler.cli import build_parser as scorer_parser
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import HttpServer
-from exporter_scheduler.settings import (
+from exporter_scheduler.config.settings import (
     FILE_ONLY,
     POLICY_FIELDS,
     ScorerSettings,
     env_name,
     settings_fields,
 )
-from exporter_scheduler.settings import load_settings as load_scorer_settings
+from exporter_scheduler.config.settings import load_settings as load_scorer_settings
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.nodestore import NodeStore
 from tests.deploy.chart_support import (
     CHART,
     FIXTURES,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.settings import load_settings
+from exporter_scheduler.config.settings import load_settings
 from tests.deploy.chart_support import (
     CHART,
     FULLNAME,

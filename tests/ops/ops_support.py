@@ -20,10 +20,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 
 from agent.metrics import AgentMetrics
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodedata import NodeDataCollector
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodedata import NodeDataCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "prometheus" / "gpu-live-scheduler.rules.yaml"

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.server import HttpApp, HttpServer, TlsFiles
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.edges.server import HttpApp, HttpServer, TlsFiles
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.nodestore import NodeStore
 from gpu_contract.schema import FIELD_MANAGER, Health, NodeGpuState, encode, format_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler import scoring, verdicts
-from exporter_scheduler.metrics import ERROR_VERBS
-from exporter_scheduler.policy import Policy
+from exporter_scheduler.core import scoring
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.serving import verdicts
+from exporter_scheduler.serving.metrics import ERROR_VERBS
 from tests.scorer._http_helpers import (
     args_body,
     call,

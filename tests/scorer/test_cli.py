@@ -24,7 +24,7 @@ from exporter_scheduler.cli import (
     build_parser,
     main,
 )
-from exporter_scheduler.settings import flag_name, settings_fields
+from exporter_scheduler.config.settings import flag_name, settings_fields
 from tests.scorer._http_helpers import FIXTURES, gpu_annotations
 
 UTIL = "gpu-scheduler.example.com/utilization"
@@ -231,7 +231,8 @@ def _free_port() -> int:
 
 def test_full_node_mode_never_loads_the_kubernetes_client() -> None:
     check = (
-        "import sys, exporter_scheduler.cli, exporter_scheduler.server, exporter_scheduler.wire;"
+        "import sys, exporter_scheduler.cli, exporter_scheduler.edges.server;"
+        "import exporter_scheduler.serving.wire;"
         "print('kubernetes' in sys.modules)"
     )
     out = subprocess.run(

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.explain import explain, render_text
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
+from exporter_scheduler.serving.explain import explain, render_text
 from gpu_contract.schema import FIELD_MANAGER, Field, Health, parse_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
 from tests.scorer.scoring_builders import (

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.app import NOT_READY_ERROR, ScorerApp
-from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.serving.app import NOT_READY_ERROR, ScorerApp
 from tests.scorer._http_helpers import (
     args_body,
     call,

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler import wire
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.metrics import ScorerMetrics, Verb
-from exporter_scheduler.nodecache import CacheTuning, NodeCache
-from exporter_scheduler.podcache import PodCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import evaluate
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import evaluate
+from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache
+from exporter_scheduler.edges.podcache import PodCache
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from kube_standins.apiserver import ApiServerStandIn
 from tests.scorer._http_helpers import (
     FIXTURES,

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import (
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import (
     BASIS_POINTS,
     NodeInput,
     NodeVerdict,
@@ -392,7 +392,7 @@ def test_old_readers_keep_working_on_per_gpu_nodes() -> None:
 
 def test_verdicts_depend_on_k_so_the_pod_class_carries_it() -> None:
     policy = Policy()
-    from exporter_scheduler.scoring import PodClass  # noqa: PLC0415
+    from exporter_scheduler.core.scoring import PodClass  # noqa: PLC0415
 
     assert PodClass.of(pod(gpus=4), policy).key != PodClass.of(pod(gpus=5), policy).key
     four = evaluate(pod(gpus=4), [FOUR_IDLE_FOUR_SATURATED], NOW, policy)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter_scheduler.hints import (
+from exporter_scheduler.core.hints import (
     NO_HINTS,
     HintError,
     PodHints,
@@ -14,7 +14,7 @@ from exporter_scheduler.hints import (
     model_rank,
     parse_hints,
 )
-from exporter_scheduler.scoring import PodInput
+from exporter_scheduler.core.scoring import PodInput
 from gpu_contract.schema import Keys
 from tests.scorer.scoring_builders import PREFIX, node, pod, run
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.server import HttpServer
+from exporter_scheduler.edges.server import HttpServer
 from tests.scorer._http_helpers import (
     args_body,
     call,

@@ -25,13 +25,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler import wire
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.explain import explain, render_text
-from exporter_scheduler.inflight import PROVISIONAL_MAX_S, BoundPod, InFlight, count_inflight
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import (
+from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod, InFlight, count_inflight
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import (
     Evaluation,
     GpuStatus,
     NodeInput,
@@ -42,6 +38,10 @@ from exporter_scheduler.scoring import (
     judge_node,
     validity_window,
 )
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.nodestore import NodeStore
 from tests.scorer.scoring_builders import (
     NOW,
     STRICT,

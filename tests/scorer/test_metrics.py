@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodedata import NodeDataCollector
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodedata import NodeDataCollector
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scorer.md"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodecache import CacheTuning, NodeCache, WatchExpiredError
+from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache, WatchExpiredError
+from exporter_scheduler.serving.metrics import ScorerMetrics
 from kube_standins.apiserver import ApiServerStandIn, Fault
 from kube_standins.nodes import gpu_node, with_agent_write
 from tests.fixture_paths import APISERVER_FIXTURES

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodecache import CacheTuning, NodeCache
-from exporter_scheduler.nodedata import OLDEST_AGE, NodeDataCollector, summarize
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodedata import OLDEST_AGE, NodeDataCollector, summarize
 from gpu_contract.schema import DEFAULT_KEYS, Field
 from kube_standins.apiserver import ApiServerStandIn
 from kube_standins.nodes import gpu_node, with_agent_write

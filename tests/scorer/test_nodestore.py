@@ -25,13 +25,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler import wire
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.metrics import ScorerMetrics, Verb
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput, PodClass, PodInput, evaluate, predecode
-from exporter_scheduler.verdicts import TallyKey
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput, PodClass, PodInput, evaluate, predecode
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
+from exporter_scheduler.serving.nodestore import NodeStore
+from exporter_scheduler.serving.verdicts import TallyKey
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, GpuState, Health, format_timestamp
 from tests.scorer._http_helpers import pod
 from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100, bound_pod

@@ -21,13 +21,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.inflight import PROVISIONAL_MAX_S, BoundPod
-from exporter_scheduler.listwatch import CacheTuning, WatchExpiredError
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.podcache import FIELD_SELECTOR, PodCache
-from exporter_scheduler.policy import Policy
+from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.edges.listwatch import CacheTuning, WatchExpiredError
+from exporter_scheduler.edges.podcache import FIELD_SELECTOR, PodCache
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodestore import NodeStore
 from tests.fixture_paths import APISERVER_FIXTURES
 from tests.scorer.scoring_builders import NOW, PREFIX, node
 

@@ -17,13 +17,7 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.listwatch import WatchExpiredError
-from exporter_scheduler.metrics import Verb
-from exporter_scheduler.namespacecache import NamespaceCache
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.profiles import (
+from exporter_scheduler.config.profiles import (
     LabelSelector,
     PolicySet,
     Profile,
@@ -31,8 +25,14 @@ from exporter_scheduler.profiles import (
     Requirement,
     parse_profiles,
 )
-from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.settings import POLICY_FIELDS, SettingsError, load_settings
+from exporter_scheduler.config.settings import POLICY_FIELDS, SettingsError, load_settings
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.edges.listwatch import WatchExpiredError
+from exporter_scheduler.edges.namespacecache import NamespaceCache
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.metrics import Verb
+from exporter_scheduler.serving.nodestore import NodeStore
 from tests.scorer._http_helpers import NOW, args_body, fixed_clock, gpu_annotations
 from tests.scorer._http_helpers import node as node_object
 from tests.scorer._http_helpers import pod as pod_object

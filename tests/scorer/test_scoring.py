@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput, ScoreBreakdown, clear_decode_cache, evaluate
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput, ScoreBreakdown, clear_decode_cache, evaluate
 from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState
 from tests.scorer.scoring_builders import NOW, PREFIX, node, one, pod, run
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.settings import (
+from exporter_scheduler.config.settings import (
     POLICY_FIELDS,
     ScorerSettings,
     SettingsError,
     load_settings,
     read_policy_file,
 )
+from exporter_scheduler.core.policy import Policy
 
 
 @pytest.fixture(autouse=True)

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.inflight import BoundPod
-from exporter_scheduler.nodestore import NodeStore
-from exporter_scheduler.podcache import PodCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput
-from exporter_scheduler.spread import HOSTNAME_KEY, SpreadCap, check_spread
+from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.spread import HOSTNAME_KEY, SpreadCap, check_spread
+from exporter_scheduler.edges.podcache import PodCache
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.nodestore import NodeStore
 from tests.scorer._http_helpers import NOW, args_body, fixed_clock, gpu_annotations
 from tests.scorer._http_helpers import node as node_object
 from tests.scorer._http_helpers import pod as pod_object

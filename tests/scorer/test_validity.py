@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import (
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import (
     NodeInput,
     PodClass,
     PodInput,

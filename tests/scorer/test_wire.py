@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from exporter_scheduler import wire
+from exporter_scheduler.serving import wire
 from tests.scorer._http_helpers import FIXTURES, args_body, gpu_annotations, node, pod
 
 GPU = "nvidia.com/gpu"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.nodecache import NodeCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.scoring import NodeInput, PodInput, evaluate, written_by_agent
-from exporter_scheduler.wire import node_input_from_json
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import NodeInput, PodInput, evaluate, written_by_agent
+from exporter_scheduler.edges.nodecache import NodeCache
+from exporter_scheduler.serving.wire import node_input_from_json
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health, NodeGpuState, encode
 from kube_standins import objects as ko
 from kube_standins.nodes import gpu_node, with_agent_write
@@ -159,7 +159,7 @@ def test_off_by_default_the_data_is_judged_as_written() -> None:
 
 
 def test_the_explanation_names_the_other_writer() -> None:
-    from exporter_scheduler.explain import explain, render_text  # noqa: PLC0415
+    from exporter_scheduler.serving.explain import explain, render_text  # noqa: PLC0415
 
     case = CASES["kubectl-annotate changed utilization after the agent"]
     node = node_input_from_json(json.dumps(case.node).encode())

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState
-from exporter_scheduler.policy import Policy
+from exporter_scheduler.core.policy import Policy
 from fleet_sim.placement import (
     EPOCH,
     JOB_SPREAD_S,

@@ -31,8 +31,8 @@ from benchmarks.pod_watch import (
     summarize_rounds,
 )
 from exporter_scheduler.cli import JsonLogFormatter
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.podcache import PodCache
+from exporter_scheduler.edges.podcache import PodCache
+from exporter_scheduler.serving.metrics import ScorerMetrics
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter_scheduler.app import ScorerApp
-from exporter_scheduler.nodecache import NodeCache
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.server import HttpServer
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.edges.nodecache import NodeCache
+from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.serving.app import ScorerApp
 from gpu_contract.schema import Health, NodeGpuState, encode
 from kube_standins.apiserver import ApiServerStandIn
 from kube_standins.nodes import gpu_node

@@ -22,8 +22,8 @@ from typing import Final
 
 import msgspec
 
-from exporter_scheduler.inflight import BoundPod
-from exporter_scheduler.scoring import (
+from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.scoring import (
     ChainOutcome,
     NodeInput,
     NodeVerdict,
@@ -32,7 +32,7 @@ from exporter_scheduler.scoring import (
     resolve_chain,
     validity_window,
 )
-from exporter_scheduler.wire import NODE_CONTENT, encode_host_priority
+from exporter_scheduler.serving.wire import NODE_CONTENT, encode_host_priority
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
 NO_RANK: Final = 1 << 30

@@ -23,7 +23,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from exporter_scheduler.wire import WireErrorCause
+from exporter_scheduler.serving.wire import WireErrorCause
 
 Verb = Literal["filter", "prioritize", "explain"]
 

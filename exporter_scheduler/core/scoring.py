@@ -5,12 +5,12 @@ caller shares: `PodClass.of` compiles what is the same for every node (the polic
 hints and GPU request), `judge_node` judges one node for that class at `now`, and
 `resolve_chain` is the one step that looks across nodes (the model preference chain). A node's
 input carries, beside its annotations, the GPU pods bound to it that its data cannot show yet
-(`exporter_scheduler.inflight`): they are counted in `judge_node` like any other node value, so
+(`exporter_scheduler.core.inflight`): they are counted in `judge_node` like any other node value, so
 a verdict holds after binding and not only at the moment of the decision. `evaluate`
 runs the three over a node list; the names-only node store runs `judge_node` when a node's
 watch event arrives and the chain per request. Reason texts are uniform per rule and limit
 (kube-scheduler's `FailedScheduling` event counts each distinct text); the node's own values live
-in the verdict and are rendered by `exporter_scheduler.explain`.
+in the verdict and are rendered by `exporter_scheduler.serving.explain`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
-from exporter_scheduler.hints import (
+from exporter_scheduler.core.hints import (
     ANY_MODEL,
     NO_HINTS,
     HintError,
@@ -32,8 +32,8 @@ from exporter_scheduler.hints import (
     model_rank,
     parse_hints,
 )
-from exporter_scheduler.inflight import NO_PODS, BoundPod, InFlight, count_inflight
-from exporter_scheduler.policy import (
+from exporter_scheduler.core.inflight import NO_PODS, BoundPod, InFlight, count_inflight
+from exporter_scheduler.core.policy import (
     Policy,
     format_fraction_limit,
     format_seconds,

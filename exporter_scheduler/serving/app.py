@@ -24,15 +24,11 @@ from types import MappingProxyType
 from typing import Final, Protocol
 from urllib.parse import parse_qs
 
-from exporter_scheduler import wire
-from exporter_scheduler.explain import explain, rejection_fields, render_text
-from exporter_scheduler.hints import SPREAD_MAX_PER_DOMAIN
-from exporter_scheduler.inflight import BASIS_POINTS, BoundPod
-from exporter_scheduler.metrics import ScorerMetrics, Verb, VerdictTally
-from exporter_scheduler.nodestore import NodeStore, describe_pod_class
-from exporter_scheduler.policy import Policy
-from exporter_scheduler.profiles import PolicySet, Profile
-from exporter_scheduler.scoring import (
+from exporter_scheduler.config.profiles import PolicySet, Profile
+from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
+from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.scoring import (
     NodeInput,
     NodeVerdict,
     PodClass,
@@ -40,7 +36,7 @@ from exporter_scheduler.scoring import (
     evaluate,
     pod_class_key,
 )
-from exporter_scheduler.spread import (
+from exporter_scheduler.core.spread import (
     HOSTNAME_KEY,
     LabelsOf,
     SpreadCap,
@@ -48,7 +44,11 @@ from exporter_scheduler.spread import (
     block_evaluation,
     check_spread,
 )
-from exporter_scheduler.verdicts import ContentVerdicts, Judgement, TallyKey
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.explain import explain, rejection_fields, render_text
+from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
+from exporter_scheduler.serving.nodestore import NodeStore, describe_pod_class
+from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement, TallyKey
 
 # 5000 full Nodes of ~7 KB are ~38 MB; twice that leaves room for bigger Node objects
 # (many images, long annotations) without letting one request exhaust memory.

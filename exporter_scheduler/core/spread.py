@@ -9,7 +9,7 @@ preemption (evicting lower-priority pods frees no slot of the cap unless they ar
 which have the same priority), so both go to `FailedAndUnresolvableNodes`.
 
 The group's pods are those the Pod watch holds bound, and the scorer's own proposals (pods it
-has just placed whose bind the watch has not shown yet, see `exporter_scheduler.inflight`): so
+has just placed whose bind the watch has not shown yet, see `exporter_scheduler.core.inflight`): so
 two pods of a group decided within one burst see each other, and cannot both take the last slot.
 
 This is a cross-node step like the model chain, applied after the per-node verdicts: pure, a
@@ -26,8 +26,8 @@ from typing import Final
 
 import msgspec
 
-from exporter_scheduler.inflight import BoundPod
-from exporter_scheduler.scoring import Evaluation
+from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.scoring import Evaluation
 
 HOSTNAME_KEY: Final = "kubernetes.io/hostname"
 

@@ -2,7 +2,7 @@
 
 With `nodeCacheCapable: true` kube-scheduler sends node names only, so the scorer needs the
 annotations from somewhere, and the request path must never wait on the API server for them.
-The list + watch loop (`exporter_scheduler.listwatch`) LISTs the Nodes once, then WATCHes from
+The list + watch loop (`exporter_scheduler.edges.listwatch`) LISTs the Nodes once, then WATCHes from
 the list's resourceVersion and hands each changed Node to a `NodeStore`, which judges it for
 every active pod class there and then; a second thread re-judges verdicts whose time window ends
 (a node turning stale). Requests read the store as it is at that moment. A list or watch error
@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.listwatch import CacheTuning, ListWatch, WatchExpiredError
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
-from exporter_scheduler.scoring import NodeInput, predecode
-from exporter_scheduler.wire import (
+from exporter_scheduler.core.scoring import NodeInput, predecode
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, WatchExpiredError
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
+from exporter_scheduler.serving.wire import (
     agent_write_time,
     annotations_of,
     foreign_writer,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from exporter_scheduler.policy import Policy
+from exporter_scheduler.core.policy import Policy
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 OPERATORS: Final[tuple[Operator, ...]] = ("In", "NotIn", "Exists", "DoesNotExist")

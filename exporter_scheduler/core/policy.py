@@ -52,7 +52,7 @@ class Policy:
     weight_fragmentation: float = 0.15
     weight_temperature: float = 0.15
     gpu_resource_name: str = "nvidia.com/gpu"
-    # -- in-flight pods (exporter_scheduler/inflight.py): GPU pods bound since the data
+    # -- in-flight pods (exporter_scheduler/core/inflight.py): GPU pods bound since the data
     # Longest a bound pod counts as in flight, whatever the node publishes: long enough for a
     # GPU image's pull and start-up, short enough that a node whose agent never shows the pod
     # is not held for it long.
@@ -73,7 +73,7 @@ class Policy:
     # defined order), so a node is judged on the GPUs it could hand out. False only where GPUs
     # are assigned by their load (a load-aware allocator): the best k candidates are counted.
     blind_device_plugin: bool = True
-    # The tenant profile this policy is (`exporter_scheduler.profiles`); `default` for the
+    # The tenant profile this policy is (`exporter_scheduler.config.profiles`); `default` for the
     # top-level policy. Named in explanations, logs and the request metrics.
     profile: str = "default"
 

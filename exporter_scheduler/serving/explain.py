@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter_scheduler.hints import HINT_NAMES
-from exporter_scheduler.policy import Policy, format_fraction_limit, weight_milli
-from exporter_scheduler.scoring import (
+from exporter_scheduler.core.hints import HINT_NAMES
+from exporter_scheduler.core.policy import Policy, format_fraction_limit, weight_milli
+from exporter_scheduler.core.scoring import (
     BASIS_POINTS,
     TEMPERATURE_HEADROOM_SPAN_C,
     Evaluation,
@@ -22,7 +22,7 @@ from exporter_scheduler.scoring import (
     PodInput,
     ScoreBreakdown,
 )
-from exporter_scheduler.spread import SpreadCheck
+from exporter_scheduler.core.spread import SpreadCheck
 from gpu_contract.schema import NodeGpuState, format_timestamp
 
 

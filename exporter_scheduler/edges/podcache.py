@@ -1,8 +1,8 @@
 """The Pod watch: every GPU pod bound to a node, so that verdicts count the in-flight ones.
 
 A node's annotations cannot show a pod placed on it until the kubelet, the agent and the watch
-have all caught up (`exporter_scheduler.inflight`), so the scorer learns placements from the
-pods themselves: a list + watch (`exporter_scheduler.listwatch`) of the pods that are bound
+have all caught up (`exporter_scheduler.core.inflight`), so the scorer learns placements from the
+pods themselves: a list + watch (`exporter_scheduler.edges.listwatch`) of the pods that are bound
 and not finished, narrowed on the server by a field selector
 (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`: a pod that finishes leaves the
 selection, and the server sends it as DELETED). Pods that ask for none of the GPU resource are
@@ -30,17 +30,17 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from exporter_scheduler.hints import (
+from exporter_scheduler.core.hints import (
     EXPECTED_GPU_LOAD,
     MIN_GPU_MEMORY_MIB,
     SPREAD_GROUP_LABEL,
     HintError,
     parse_hints,
 )
-from exporter_scheduler.inflight import BASIS_POINTS, NO_PODS, PROVISIONAL_MAX_S, BoundPod
-from exporter_scheduler.listwatch import CacheTuning, ListWatch
-from exporter_scheduler.metrics import ScorerMetrics
-from exporter_scheduler.wire import PodSpec, WireError, pod_gpu_request
+from exporter_scheduler.core.inflight import BASIS_POINTS, NO_PODS, PROVISIONAL_MAX_S, BoundPod
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from exporter_scheduler.serving.wire import PodSpec, WireError, pod_gpu_request
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 log = logging.getLogger("exporter_scheduler.podcache")

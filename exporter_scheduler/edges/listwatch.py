@@ -31,7 +31,7 @@ from typing import Any, Final, Self
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
-from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.serving.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.listwatch")
 

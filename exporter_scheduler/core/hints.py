@@ -21,9 +21,9 @@ FALLBACK_UTILIZATION: Final = "gpu-fallback-utilization"
 MAX_UTILIZATION: Final = "max-utilization"
 MIN_GPU_MEMORY_MIB: Final = "min-gpu-memory-mib"
 # Utilization one unit of the pod's GPU request adds to a GPU once it runs: what the scorer
-# counts for the pod while the node's data cannot show it yet (exporter_scheduler/inflight.py).
+# counts for the pod while the node's data cannot show it yet (exporter_scheduler/core/inflight.py).
 EXPECTED_GPU_LOAD: Final = "expected-gpu-load"
-# Group caps (exporter_scheduler/spread.py): the group is the pod's `spread-group` label.
+# Group caps (exporter_scheduler/core/spread.py): the group is the pod's `spread-group` label.
 SPREAD_GROUP_LABEL: Final = "spread-group"
 SPREAD_MAX_PER_DOMAIN: Final = "spread-max-per-domain"
 SPREAD_TOPOLOGY_KEY: Final = "spread-topology-key"

@@ -26,11 +26,15 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from exporter_scheduler.app import DEFAULT_MAX_BODY_BYTES
-from exporter_scheduler.policy import MAX_TEMPERATURE_LIMIT_C, MAX_WEIGHT, MIN_TEMPERATURE_LIMIT_C
-from exporter_scheduler.policy import Policy as _Policy
-from exporter_scheduler.profiles import PolicySet, ProfileError, parse_profiles
-from exporter_scheduler.server import DEFAULT_KEEP_ALIVE_S, TlsFiles
+from exporter_scheduler.config.profiles import PolicySet, ProfileError, parse_profiles
+from exporter_scheduler.core.policy import (
+    MAX_TEMPERATURE_LIMIT_C,
+    MAX_WEIGHT,
+    MIN_TEMPERATURE_LIMIT_C,
+)
+from exporter_scheduler.core.policy import Policy as _Policy
+from exporter_scheduler.edges.server import DEFAULT_KEEP_ALIVE_S, TlsFiles
+from exporter_scheduler.serving.app import DEFAULT_MAX_BODY_BYTES
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError
 
 ENV_PREFIX: Final = "GPU_SCORER_"

@@ -32,8 +32,8 @@ from http import HTTPStatus
 from typing import Final, Literal, Protocol
 from urllib.parse import unquote
 
-from exporter_scheduler import wire
-from exporter_scheduler.app import Response
+from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.app import Response
 
 # Longer than kube-scheduler's 90 s idle-connection timeout (Go's default transport).
 DEFAULT_KEEP_ALIVE_S: Final = 120

@@ -18,8 +18,8 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.listwatch import CacheTuning, ListWatch
-from exporter_scheduler.metrics import ScorerMetrics
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
+from exporter_scheduler.serving.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.namespacecache")
 

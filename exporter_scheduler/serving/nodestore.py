@@ -36,10 +36,10 @@ from operator import is_
 from types import MappingProxyType
 from typing import Final
 
-from exporter_scheduler.explain import rejection_fields
-from exporter_scheduler.inflight import NO_PODS, BoundPod
-from exporter_scheduler.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
-from exporter_scheduler.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
+from exporter_scheduler.core.inflight import NO_PODS, BoundPod
+from exporter_scheduler.core.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
+from exporter_scheduler.serving.explain import rejection_fields
+from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
 log = logging.getLogger("exporter_scheduler.nodestore")
 
