@@ -49,13 +49,29 @@ def started_control_plane(factory: pytest.TempPathFactory, name: str) -> Iterato
 
 
 def require_control_plane() -> None:
-    """Skip without the built binaries locally; fail without them in CI (`CI=true`)."""
-    reason = missing_binaries_reason(BuildSpec.read())
+    """Skip without the built binaries locally; fail without them in CI (`CI=true`). The
+    version is the one `$LOOPBACK_KUBERNETES` chooses (default: the newest pinned)."""
+    reason = missing_binaries_reason(BuildSpec.for_version())
     if reason is None:
         return
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(reason + "; CI must run the e2e suite")
     pytest.skip(reason)
+
+
+def require_kubernetes(minor: str, why: str) -> None:
+    """Skip a test of a feature that the chosen control plane's version does not have (the
+    version matrix runs the suite on older minors too)."""
+    spec = BuildSpec.for_version()
+    if _minor_key(spec.minor) < _minor_key(minor):
+        pytest.skip(
+            f"needs Kubernetes {minor} or later ({why}); this run: {spec.kubernetes_version}"
+        )
+
+
+def _minor_key(minor: str) -> tuple[int, int]:
+    major, number = minor.removeprefix("v").split(".")[:2]
+    return int(major), int(number)
 
 
 @dataclass
