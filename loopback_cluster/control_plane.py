@@ -43,7 +43,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -841,6 +841,11 @@ class ControlPlane:
     spec: BuildSpec = field(default_factory=BuildSpec.for_version)
     tie_to_parent: bool = False
     schedulers: dict[str, Scheduler] = field(default_factory=dict)
+    # Feature gates for kube-apiserver and every kube-scheduler (a cluster sets them alike), and
+    # API versions to serve beyond the defaults (`scheduling.k8s.io/v1beta1=true`): for tests of
+    # a feature that is off by default.
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    runtime_config: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.pki = Pki(self.state_dir / "pki")
@@ -950,9 +955,21 @@ class ControlPlane:
                 f"--proxy-client-key-file={pki.path('front-proxy-client.key')}",
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
                 "--profiling=false",
+                *self._gate_flags(),
+                *(
+                    [f"--runtime-config={','.join(self.runtime_config)}"]
+                    if self.runtime_config
+                    else []
+                ),
                 "--v=1",
             ],
         )
+
+    def _gate_flags(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        gates = ",".join(f"{name}={str(on).lower()}" for name, on in self.feature_gates.items())
+        return [f"--feature-gates={gates}"]
 
     def running(self) -> bool:
         return self._process("kube-apiserver", "kube-apiserver", []).alive()
@@ -1082,6 +1099,7 @@ class ControlPlane:
                     if config.profiling
                     else []
                 ),
+                *self._gate_flags(),
                 "--v=1",
             ],
         )
@@ -1168,10 +1186,21 @@ def jwt_claims(token: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_control_plane(
-    state_dir: Path, *, ports: Ports | None = None, tie_to_parent: bool = True
+    state_dir: Path,
+    *,
+    ports: Ports | None = None,
+    tie_to_parent: bool = True,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
 ) -> Iterator[ControlPlane]:
     """`up` on entry, `down` on exit (tests and benchmarks)."""
-    plane = ControlPlane(state_dir, ports or Ports.free(), tie_to_parent=tie_to_parent)
+    plane = ControlPlane(
+        state_dir,
+        ports or Ports.free(),
+        tie_to_parent=tie_to_parent,
+        feature_gates=dict(feature_gates or {}),
+        runtime_config=tuple(runtime_config),
+    )
     plane.up()
     try:
         yield plane

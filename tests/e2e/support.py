@@ -39,12 +39,20 @@ SETTLE_S = 0.5
 
 
 @contextlib.contextmanager
-def started_control_plane(factory: pytest.TempPathFactory, name: str) -> Iterator[ControlPlane]:
+def started_control_plane(
+    factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
+) -> Iterator[ControlPlane]:
     """A control plane under a fresh temporary directory: the suite's, or a test module's own
-    (for tests that stop parts of it, or install a policy that would refuse other tests'
-    writes). Skipped without the binaries locally, failed in CI."""
+    (for tests that stop parts of it, install a policy that would refuse other tests' writes,
+    or need a feature gate). Skipped without the binaries locally, failed in CI."""
     require_control_plane()
-    with running_control_plane(factory.mktemp(name)) as plane:
+    with running_control_plane(
+        factory.mktemp(name), feature_gates=feature_gates, runtime_config=runtime_config
+    ) as plane:
         yield plane
 
 
