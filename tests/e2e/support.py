@@ -77,6 +77,11 @@ def require_kubernetes(minor: str, why: str) -> None:
         )
 
 
+def kube_version() -> str:
+    """The chosen control plane's version as helm's `--kube-version` takes it (`1.37.2`)."""
+    return BuildSpec.for_version().kubernetes_version.removeprefix("v")
+
+
 def _minor_key(minor: str) -> tuple[int, int]:
     major, number = minor.removeprefix("v").split(".")[:2]
     return int(major), int(number)
