@@ -9,7 +9,7 @@
                              # Python base made from Debian's packages; `--report` its contents
     python3 dev.py figures   # regenerate docs/performance.md's figures and tables
     python3 dev.py cluster build|up|down|status
-                             # a real etcd + kube-apiserver + kube-scheduler v1.36 on loopback,
+                             # a real etcd + kube-apiserver + kube-scheduler v1.37 on loopback,
                              # built from their Go modules (needs Go); the e2e tests use it
     python3 dev.py rules     # regenerate the plain Prometheus rules file from the chart
 

@@ -1,4 +1,4 @@
-"""Pods per second of a real kube-scheduler v1.36, with the scorer as its extender and without.
+"""Pods per second of a real kube-scheduler, with the scorer as its extender and without.
 
     python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
         [--rounds 3] [--modes none,names,full,names-no-inflight,...] [--json]
@@ -51,6 +51,7 @@ from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
 from loopback_cluster.control_plane import (
+    BuildSpec,
     ControlPlane,
     ExtenderConfig,
     Scheduler,
@@ -601,10 +602,12 @@ def markdown_section(
         if any(m in VARIANT_MODES for r in document["sizes"] for m in r["modes"])
         else ""
     )
+    # Runs from before the version was recorded were all made on v1.36.3.
+    kubernetes = document.get("kubernetes", "v1.36.3")
     return f"""## The real kube-scheduler's throughput
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
-kube-scheduler v1.36 on the loopback control plane ([control-plane.md](control-plane.md))
+kube-scheduler {kubernetes} on the loopback control plane ([control-plane.md](control-plane.md))
 places a burst of {first["pods"]} one-GPU pods ({first.get("full_pods", first["pods"])} in the
 full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in rotating order,
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
@@ -745,6 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "machine": machine_description(),
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "kubernetes": BuildSpec.for_version().kubernetes_version,
         "sizes": results,
     }
     if args.json:

@@ -346,7 +346,7 @@ def run(options: DemoOptions, *, out: TextIO = sys.stdout) -> DemoOutcome:
     ):
         demo = Demo(options, workdir=Path(scratch), logs=logs)
         cluster_words = (
-            "etcd, kube-apiserver and kube-scheduler v1.36"
+            "etcd, kube-apiserver and kube-scheduler v1.37"
             if options.cluster == "real"
             else "the API stand-in"
         )
@@ -504,7 +504,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DemoOptions:
         choices=("standin", "real"),
         default=defaults.cluster,
         help="standin: the embedded API stand-in and scheduler driver (default); real: "
-        "kube-apiserver and kube-scheduler v1.36 on loopback (python3 dev.py cluster build)",
+        "kube-apiserver and kube-scheduler v1.37 on loopback (python3 dev.py cluster build)",
     )
     parser.add_argument(
         "--no-tui",

@@ -26,7 +26,7 @@ class DemoOptions:
     extender_weight: int = 5
     refresh_per_s: float = 4.0
     # "standin": the embedded API stand-in and scheduler driver (needs only Python); "real":
-    # kube-apiserver and kube-scheduler v1.36 from `python3 dev.py cluster build`.
+    # kube-apiserver and kube-scheduler v1.37 from `python3 dev.py cluster build`.
     cluster: Literal["standin", "real"] = "standin"
 
     def settings_line(self) -> str:

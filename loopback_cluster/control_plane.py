@@ -1,15 +1,22 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler v1.36.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler v1.37
+(or another minor of the version matrix: v1.36).
 
 The binaries are built from their Go modules by `tools/k8s` (the project's own small Go module:
 `k8s.io/kubernetes` with every staging module pinned to its published release, and etcd through
 its `embed` package) and cached under `.tools/k8s/<versions>-<hash>/bin`, so a second `build` is
-free. `up` generates a PKI (cluster CA, serving certificate, admin and scheduler client
-certificates, service-account signing keys, front-proxy CA and client), starts etcd and
-kube-apiserver with RBAC and a service-account issuer (pod-bound tokens carry the node-name
-claim), and creates the `default` ServiceAccount that pods need (no controller-manager runs).
-kube-schedulers are started separately, each with its own KubeSchedulerConfiguration, because
-an extender is configured per scheduler process. There is no kubelet: Nodes are created through
-the API and pods are bound by the real scheduler, then stay Pending on their node.
+free. `tools/k8s/go.mod` pins the default release; each older minor that CI also runs has its own
+pins in `tools/k8s/versions/<minor>.mod` (and `.sum`), built with `go build -modfile`, so one
+module's Go files build every version. `LOOPBACK_KUBERNETES` (`v1.36`, `1.36` or `v1.36.3`)
+chooses the version for everything that starts a control plane (the e2e suite, the benchmarks,
+the demo, `dev.py cluster`); `--kubernetes` does it for one command.
+
+`up` generates a PKI (cluster CA, serving certificate, admin and scheduler client certificates,
+service-account signing keys, front-proxy CA and client), starts etcd and kube-apiserver with
+RBAC and a service-account issuer (pod-bound tokens carry the node-name claim), and creates the
+`default` ServiceAccount that pods need (no controller-manager runs). kube-schedulers are
+started separately, each with its own KubeSchedulerConfiguration, because an extender is
+configured per scheduler process. There is no kubelet: Nodes are created through the API and
+pods are bound by the real scheduler, then stay Pending on their node.
 
 Every process is started in its own session with its PID recorded under the state directory,
 so `down` stops exactly what `up` started, from any later process.
@@ -36,13 +43,16 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 GO_MODULE: Final = ROOT / "tools" / "k8s"
+# Where the pins of the minors other than the default live (`<minor>.mod` and `<minor>.sum`).
+OLDER_VERSIONS: Final = "versions"
+VERSION_ENV: Final = "LOOPBACK_KUBERNETES"
 TOOLS_K8S: Final = ROOT / ".tools" / "k8s"
 DEFAULT_STATE_DIR: Final = ROOT / ".tools" / "cluster"
 BINARIES: Final = ("etcd", "kube-apiserver", "kube-scheduler", "null-extender")
@@ -63,29 +73,73 @@ class ClusterError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class BuildSpec:
-    """What `tools/k8s` builds: the versions it pins and the cache folder they map to."""
+    """What `tools/k8s` builds for one version: its pins and the cache folder they map to."""
 
     kubernetes_version: str
     etcd_version: str
-    source_digest: str  # of go.mod, go.sum and the module's Go files
+    source_digest: str  # of the pins (go.mod and go.sum, or a version's pair) and the Go files
+    # The pins' file relative to the module (`go.mod`, or `versions/<minor>.mod`).
+    modfile: str = "go.mod"
 
     @classmethod
-    def read(cls, module: Path = GO_MODULE) -> BuildSpec:
+    def read(cls, module: Path = GO_MODULE, modfile: str = "go.mod") -> BuildSpec:
+        mod = module / modfile
         requires: dict[str, str] = {}
-        for line in (module / "go.mod").read_text().splitlines():
+        for line in mod.read_text().splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[1].startswith("v") and "=>" not in line:
                 requires[parts[0]] = parts[1]
         try:
             kubernetes, etcd = requires["k8s.io/kubernetes"], requires["go.etcd.io/etcd/server/v3"]
         except KeyError as missing:
-            raise ClusterError(f"{module / 'go.mod'} does not require {missing}") from None
+            raise ClusterError(f"{mod} does not require {missing}") from None
         digest = hashlib.sha256()
-        sources = [module / "go.mod", module / "go.sum", *sorted(module.rglob("*.go"))]
-        for path in sources:
-            digest.update(path.relative_to(module).as_posix().encode() + b"\0")
+        # The pins are hashed under the names Go reads them as, so the same pins build into the
+        # same cache folder from go.mod or from an alternate file.
+        sources = [
+            ("go.mod", mod),
+            ("go.sum", mod.with_suffix(".sum")),
+            *((p.relative_to(module).as_posix(), p) for p in sorted(module.rglob("*.go"))),
+        ]
+        for name, path in sources:
+            digest.update(name.encode() + b"\0")
             digest.update(path.read_bytes())
-        return cls(kubernetes, etcd, digest.hexdigest()[:12])
+        return cls(kubernetes, etcd, digest.hexdigest()[:12], modfile)
+
+    @classmethod
+    def every(cls, module: Path = GO_MODULE) -> list[BuildSpec]:
+        """Every version `tools/k8s` pins, the default first, then newest to oldest."""
+        older = [
+            cls.read(module, f"{OLDER_VERSIONS}/{path.name}")
+            for path in (module / OLDER_VERSIONS).glob("*.mod")
+        ]
+        older.sort(key=lambda spec: _version_key(spec.kubernetes_version), reverse=True)
+        return [cls.read(module), *older]
+
+    @classmethod
+    def for_version(cls, wanted: str | None = None, module: Path = GO_MODULE) -> BuildSpec:
+        """The spec of `wanted` (`v1.36`, `1.36`, `v1.36.3`), else of `$LOOPBACK_KUBERNETES`,
+        else the default. A version `tools/k8s` does not pin is an error that lists those it
+        does."""
+        wanted = wanted or os.environ.get(VERSION_ENV) or None
+        specs = cls.every(module)
+        if wanted is None:
+            return specs[0]
+        want = "v" + wanted.strip().removeprefix("v")
+        for spec in specs:
+            if want in (spec.kubernetes_version, spec.minor):
+                return spec
+        known = ", ".join(spec.kubernetes_version for spec in specs)
+        raise ClusterError(f"no Kubernetes {wanted!r} in {module}: choose one of {known}")
+
+    @property
+    def minor(self) -> str:
+        """`v1.37` of `v1.37.2`."""
+        return ".".join(self.kubernetes_version.split(".")[:2])
+
+    @property
+    def default(self) -> bool:
+        return self.modfile == "go.mod"
 
     @property
     def bin_dir(self) -> Path:
@@ -99,7 +153,7 @@ class BuildSpec:
         return all((self.bin_dir / name).is_file() for name in BINARIES)
 
     def ldflags(self) -> str:
-        # What the upstream release build stamps, so `/version` and `--version` say v1.36.x.
+        # What the upstream release build stamps, so `/version` and `--version` say v1.37.x.
         major, minor = self.kubernetes_version.lstrip("v").split(".")[:2]
         stamp = "k8s.io/component-base/version"
         return " ".join(
@@ -113,20 +167,25 @@ class BuildSpec:
         )
 
 
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.lstrip("v").split(".") if part.isdigit())
+
+
 def missing_binaries_reason(spec: BuildSpec | None = None) -> str | None:
     """None when the control plane is built; else one line saying how to build it."""
-    spec = spec or BuildSpec.read()
+    spec = spec or BuildSpec.for_version()
     if spec.built():
         return None
+    option = "" if spec.default else f" --kubernetes {spec.minor}"
     return (
         f"control plane not built (kubernetes {spec.kubernetes_version}, etcd "
-        f"{spec.etcd_version}): run `python3 dev.py cluster build`"
+        f"{spec.etcd_version}): run `python3 dev.py cluster build{option}`"
     )
 
 
 def build(spec: BuildSpec | None = None, *, out: Any = sys.stderr) -> Path:
     """Build the three binaries into the version cache (a no-op when already there)."""
-    spec = spec or BuildSpec.read()
+    spec = spec or BuildSpec.for_version()
     if spec.built():
         print(f"control plane binaries up to date in {spec.bin_dir}", file=out)
         return spec.bin_dir
@@ -148,6 +207,7 @@ def build(spec: BuildSpec | None = None, *, out: Any = sys.stderr) -> Path:
         go,
         "build",
         "-trimpath",
+        f"-modfile={spec.modfile}",
         "-ldflags",
         spec.ldflags(),
         "-o",
@@ -778,9 +838,14 @@ class ControlPlane:
 
     state_dir: Path
     ports: Ports = field(default_factory=Ports)
-    spec: BuildSpec = field(default_factory=BuildSpec.read)
+    spec: BuildSpec = field(default_factory=BuildSpec.for_version)
     tie_to_parent: bool = False
     schedulers: dict[str, Scheduler] = field(default_factory=dict)
+    # Feature gates for kube-apiserver and every kube-scheduler (a cluster sets them alike), and
+    # API versions to serve beyond the defaults (`scheduling.k8s.io/v1beta1=true`): for tests of
+    # a feature that is off by default.
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    runtime_config: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.pki = Pki(self.state_dir / "pki")
@@ -867,6 +932,10 @@ class ControlPlane:
                 f"--etcd-servers=http://{LOOPBACK}:{self.ports.etcd_client}",
                 f"--bind-address={LOOPBACK}",
                 f"--advertise-address={LOOPBACK}",
+                # The `kubernetes` Service's endpoints would name the advertise address, which
+                # v1.37 refuses to publish from loopback; nothing here reaches the API through
+                # that Service (pods started from the image get 127.0.0.1 directly).
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.ports.apiserver}",
                 f"--tls-cert-file={pki.path('apiserver.crt')}",
                 f"--tls-private-key-file={pki.path('apiserver.key')}",
@@ -886,9 +955,21 @@ class ControlPlane:
                 f"--proxy-client-key-file={pki.path('front-proxy-client.key')}",
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
                 "--profiling=false",
+                *self._gate_flags(),
+                *(
+                    [f"--runtime-config={','.join(self.runtime_config)}"]
+                    if self.runtime_config
+                    else []
+                ),
                 "--v=1",
             ],
         )
+
+    def _gate_flags(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        gates = ",".join(f"{name}={str(on).lower()}" for name, on in self.feature_gates.items())
+        return [f"--feature-gates={gates}"]
 
     def running(self) -> bool:
         return self._process("kube-apiserver", "kube-apiserver", []).alive()
@@ -1018,6 +1099,7 @@ class ControlPlane:
                     if config.profiling
                     else []
                 ),
+                *self._gate_flags(),
                 "--v=1",
             ],
         )
@@ -1104,10 +1186,21 @@ def jwt_claims(token: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_control_plane(
-    state_dir: Path, *, ports: Ports | None = None, tie_to_parent: bool = True
+    state_dir: Path,
+    *,
+    ports: Ports | None = None,
+    tie_to_parent: bool = True,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
 ) -> Iterator[ControlPlane]:
     """`up` on entry, `down` on exit (tests and benchmarks)."""
-    plane = ControlPlane(state_dir, ports or Ports.free(), tie_to_parent=tie_to_parent)
+    plane = ControlPlane(
+        state_dir,
+        ports or Ports.free(),
+        tie_to_parent=tie_to_parent,
+        feature_gates=dict(feature_gates or {}),
+        runtime_config=tuple(runtime_config),
+    )
     plane.up()
     try:
         yield plane
@@ -1121,11 +1214,24 @@ def running_control_plane(
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dev.py cluster",
-        description="A real etcd + kube-apiserver + kube-scheduler v1.36 on loopback.",
+        description="A real etcd + kube-apiserver + kube-scheduler on loopback (v1.37; v1.36 "
+        "with --kubernetes).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build the binaries from tools/k8s into .tools/k8s")
+    build_cmd = commands.add_parser(
+        "build", help="build the binaries from tools/k8s into .tools/k8s"
+    )
+    build_cmd.add_argument(
+        "--all", action="store_true", help="build every version tools/k8s pins (CI's matrix)"
+    )
     up = commands.add_parser("up", help="start etcd, kube-apiserver and one kube-scheduler")
+    for sub in (build_cmd, up):
+        sub.add_argument(
+            "--kubernetes",
+            default=None,
+            metavar="VERSION",
+            help=f"which pinned version (v1.37, v1.36; default: ${VERSION_ENV}, else the newest)",
+        )
     down = commands.add_parser("down", help="stop every process `up` started")
     status = commands.add_parser("status", help="which processes run, and the API's version")
     for sub in (up, down, status):
@@ -1154,7 +1260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
-            build()
+            specs = BuildSpec.every() if args.all else [BuildSpec.for_version(args.kubernetes)]
+            for spec in specs:
+                build(spec)
             return 0
         if args.command == "down":
             plane = ControlPlane(args.state_dir)
@@ -1170,7 +1278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{name}: {state}")
             return 0 if all(s.startswith("running") for s in report.values()) else 1
         ports = Ports(args.etcd_port, args.etcd_peer_port, args.apiserver_port)
-        plane = ControlPlane(args.state_dir, ports).up()
+        plane = ControlPlane(args.state_dir, ports, BuildSpec.for_version(args.kubernetes)).up()
         extender = (
             ExtenderConfig(args.extender, node_cache_capable=not args.full_nodes, ignorable=True)
             if args.extender

@@ -19,6 +19,11 @@ for as long as the node's data cannot show it:
   node publishes, so a node whose kubelet or agent never catches up is not blocked forever;
 - a pod deleted, or in a terminal phase, is gone from the input at once (the watch drops it).
 
+A pod kube-scheduler has nominated to a node and not bound (`status.nominatedNodeName`: a gang
+member waiting at Permit, a pod in a slow PreBind, a preemptor) is an input to that node's
+verdict as well, pending in both ways and with no time bound: it counts until it is bound (then
+as above), its nomination is cleared, or it is gone.
+
 Within a burst the watch is not quick enough: kube-scheduler binds asynchronously, and the next
 pod's filter can arrive before the previous pod's bind is in the watch. So the scorer also
 counts its own expectation: a pod it has just scored is *proposed* on the node(s) it expects
@@ -70,6 +75,8 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
     provisional: bool = False
     # Its `<prefix>spread-group` label: the group a spread cap counts it in (spread.py).
     group: str | None = None
+    # Not bound: kube-scheduler's `status.nominatedNodeName` names `node` (`bound_at` is None).
+    nominated: bool = False
 
     @property
     def ref(self) -> str:
@@ -89,6 +96,7 @@ class CountedPod(msgspec.Struct, frozen=True, gc=False):
     load_bp: int  # utilization it is expected to add to each of its GPUs, basis points
     bound_at: datetime | None
     provisional: bool = False
+    nominated: bool = False
 
 
 class InFlight(msgspec.Struct, frozen=True, gc=False):
@@ -142,7 +150,14 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
         per_gpu_bp = default_load_bp if pod.gpu_load_bp is None else pod.gpu_load_bp
         counted.append(
             CountedPod(
-                pod.ref, pod.gpus, allocation, load, per_gpu_bp, pod.bound_at, pod.provisional
+                pod.ref,
+                pod.gpus,
+                allocation,
+                load,
+                per_gpu_bp,
+                pod.bound_at,
+                pod.provisional,
+                pod.nominated,
             )
         )
         if allocation:

@@ -1,4 +1,5 @@
-"""The Pod watch: every GPU pod bound to a node, so that verdicts count the in-flight ones.
+"""The Pod watch: every GPU pod bound or nominated to a node, so that verdicts count the in-flight
+ones.
 
 A node's annotations cannot show a pod placed on it until the kubelet, the agent and the watch
 have all caught up (`exporter_scheduler.core.inflight`), so the scorer learns placements from the
@@ -7,6 +8,21 @@ and not finished, narrowed on the server by a field selector
 (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`: a pod that finishes leaves the
 selection, and the server sends it as DELETED). Pods that ask for none of the GPU resource are
 dropped as they are decoded; of the others only what a verdict reads is kept (`BoundPod`).
+
+kube-scheduler also says where it expects an unbound pod to go, in `status.nominatedNodeName`:
+a gang member waiting at Permit for the rest of its gang, a pod whose PreBind takes time (a
+volume being provisioned), both since v1.35 (KEP-5278), and a preemptor waiting for its victims
+to leave. Such a pod holds its GPUs on that node in the scheduler's own accounting and will hold
+them on the node once bound, so it counts as in flight there until it is bound (the bound record
+replaces it), its nomination is cleared, or it is gone. A second list + watch selects exactly
+those pods (`spec.nodeName=,status.nominatedNodeName!=`, not finished): widening the first
+selector to every unfinished pod would also stream every pending pod's status update, one per
+failed scheduling attempt, to learn of the few that are nominated. The cost is one more watch
+connection and one more LIST at start and after each expiry, carrying only nominated pods. The
+two watches are not ordered with each other: when a nominated pod binds, the second watch may
+drop it a moment before the first shows it bound (milliseconds in which it does not count).
+The scorer's own proposals (`propose`) cover the time before the scheduler nominates or binds;
+a nomination replaces them as a binding does.
 
 Each change of a node's pods is handed to the sinks (the names-only node store, which judges
 that node again for every active pod class; the full-node path reads `pods_of` per request).
@@ -26,7 +42,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, Self
 
 import msgspec
 
@@ -47,6 +63,10 @@ log = logging.getLogger("exporter_scheduler.podcache")
 
 # Bound, and not finished: what can hold GPUs on a node.
 FIELD_SELECTOR: Final = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+# Not bound, nominated to a node, not finished: what the scheduler expects to bind there.
+NOMINATED_FIELD_SELECTOR: Final = (
+    "spec.nodeName=,status.nominatedNodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+)
 
 PodsByNode = Mapping[str, tuple[BoundPod, ...]]
 
@@ -80,6 +100,7 @@ class _Condition(msgspec.Struct):
 class _Status(msgspec.Struct):
     phase: str | None = None
     startTime: str | None = None  # noqa: N815
+    nominatedNodeName: str | None = None  # noqa: N815
     conditions: list[_Condition] | None = None
     containerStatuses: list[_ContainerStatus] | None = None  # noqa: N815
 
@@ -140,8 +161,28 @@ def _time(text: str | None) -> datetime | None:
 def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod | None:
     """What a verdict reads of a decoded Pod; None for a pod that holds none of `resource` (or
     is not bound)."""
+    spec = obj.spec
+    if spec is None or not spec.nodeName:
+        return None
+    return _pod_record(obj, spec.nodeName, resource=resource, keys=keys)
+
+
+def nominated_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod | None:
+    """What a verdict reads of a decoded Pod that kube-scheduler nominated to a node and has not
+    bound; None for one that holds none of `resource`, is bound, or is not nominated."""
+    spec, status = obj.spec, obj.status
+    if spec is None or spec.nodeName or not isinstance(status, _Status):
+        return None
+    if not status.nominatedNodeName:
+        return None
+    pod = _pod_record(obj, status.nominatedNodeName, resource=resource, keys=keys)
+    # No time bound: it counts until the scheduler binds it or drops the nomination.
+    return None if pod is None else msgspec.structs.replace(pod, bound_at=None, nominated=True)
+
+
+def _pod_record(obj: Any, node: str, *, resource: str, keys: Keys) -> BoundPod | None:
     meta, spec, status = obj.metadata, obj.spec, obj.status
-    if meta is None or spec is None or not spec.nodeName or not meta.name:
+    if meta is None or spec is None or not meta.name:
         return None
     try:
         gpus = pod_gpu_request(spec, resource)
@@ -181,7 +222,7 @@ def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod
         namespace=sys.intern(meta.namespace or ""),
         name=meta.name,
         uid=meta.uid or f"{meta.namespace}/{meta.name}",
-        node=sys.intern(spec.nodeName),
+        node=sys.intern(node),
         gpus=gpus,
         bound_at=bound_at,
         admitted_at=_time(status.startTime),
@@ -193,7 +234,8 @@ def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod
 
 
 class PodCache(ListWatch):
-    """Every bound GPU pod by node, kept current by a background list + watch."""
+    """Every bound or nominated GPU pod by node, kept current by two background list + watches
+    (this loop for the bound pods, `_NominationWatch` for the nominated ones)."""
 
     kind = "pod"
 
@@ -218,6 +260,12 @@ class PodCache(ListWatch):
         self._by_node: dict[str, tuple[BoundPod, ...]] = {}
         # The scorer's own proposals (`propose`) by pod uid, until the watch shows the pod.
         self._proposed: dict[str, tuple[BoundPod, ...]] = {}
+        # Pods kube-scheduler nominated and has not bound, by uid (the second watch's).
+        self._nominated: dict[str, BoundPod] = {}
+        self._nominations_failing = False
+        self._nominations = _NominationWatch(
+            self, kubeconfig=kubeconfig, metrics=self.metrics, tuning=tuning, rng=rng, api=api
+        )
         # Spread groups: (namespace, group) -> the members held, bound or proposed.
         self._groups: dict[tuple[str, str], dict[tuple[str, str, bool], BoundPod]] = {}
         self._sinks: list[PodSink] = []
@@ -250,6 +298,21 @@ class PodCache(ListWatch):
     def __len__(self) -> int:
         return len(self._by_uid)
 
+    def nominations(self) -> int:
+        """Nominated, unbound GPU pods held (counted only while accounting is on)."""
+        return len(self._nominated)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Self:
+        super().start()
+        self._nominations.share_api(self._api)
+        self._nominations.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._nominations.stop(timeout_s)
+        super().stop(timeout_s)
+
     # ------------------------------------------------------------------ proposals
     def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None:
         """Count `pod` as in flight on each of `nodes`, where the scorer expects the scheduler
@@ -261,7 +324,8 @@ class PodCache(ListWatch):
         if not self._active or not pod.uid:
             return
         with self._lock:
-            if pod.uid in self._by_uid:  # already bound: the watch's record is the truth
+            # Already bound, or nominated by the scheduler: the watch's record is the truth.
+            if pod.uid in self._by_uid or pod.uid in self._nominated:
                 return
             self._expire_proposals(now)
             self._drop_proposals(pod.uid)
@@ -340,6 +404,10 @@ class PodCache(ListWatch):
         for pod in by_uid.values():
             by_node.setdefault(pod.node, []).append(pod)
         with self._lock:
+            # A pod the LIST shows bound is no longer only nominated.
+            self._nominated = {u: p for u, p in self._nominated.items() if u not in by_uid}
+            for pod in self._nominated.values():
+                by_node.setdefault(pod.node, []).append(pod)
             self._by_uid = by_uid
             self._proposed = {}
             self._by_node = {node: _ordered(pods) for node, pods in by_node.items()}
@@ -355,9 +423,13 @@ class PodCache(ListWatch):
         pod = None if kind == "DELETED" else bound_pod(obj, resource=self.resource, keys=self.keys)
         with self._lock:
             old = self._by_uid.get(uid)
-            if pod == old and uid not in self._proposed:
+            # Bound now: the nomination is over, whichever watch says so first.
+            nominated = None if pod is None else self._nominated.get(uid)
+            if pod == old and uid not in self._proposed and nominated is None:
                 return False  # a change no verdict reads (labels, the kubelet's probes, ...)
             self._drop_proposals(uid)  # the watch shows where the pod went: the truth
+            if nominated is not None:
+                self._drop_nomination(uid)
             if pod is None:
                 self._by_uid.pop(uid, None)
             else:
@@ -371,6 +443,8 @@ class PodCache(ListWatch):
         return True
 
     def _on_failure(self, exc: Exception) -> None:
+        # The nominations are the second watch's and stay with it; they are published again
+        # with the bound pods by the next successful LIST.
         with self._lock:
             self._by_uid = {}
             self._proposed = {}
@@ -381,6 +455,72 @@ class PodCache(ListWatch):
                 sink.replace_pods(_EMPTY)
             self.metrics.pod_cache_pods.set(0)
             self._set_active(False, _why(exc))
+
+    # ------------------------------------------------------------------ the nominations' hooks
+    def _replace_nominations(self, items: list[Any]) -> None:
+        nominated: dict[str, BoundPod] = {}
+        for item in items:
+            pod = nominated_pod(item, resource=self.resource, keys=self.keys)
+            if pod is not None:
+                nominated[pod.uid] = pod
+        with self._lock:
+            self._nominations_failing = False
+            nodes = {p.node for p in (*self._nominated.values(), *nominated.values())}
+            self._nominated = {u: p for u, p in nominated.items() if u not in self._by_uid}
+            if self._active:
+                for uid in self._nominated:
+                    self._drop_proposals(uid)
+                self._republish_nominations(nodes)
+
+    def _on_nomination(self, kind: str, obj: Any) -> bool:
+        meta = obj.metadata
+        uid = meta.uid or f"{meta.namespace}/{meta.name}"
+        pod = (
+            None
+            if kind == "DELETED"
+            else nominated_pod(obj, resource=self.resource, keys=self.keys)
+        )
+        with self._lock:
+            old = self._nominated.get(uid)
+            if pod == old:
+                return False
+            if pod is not None and uid in self._by_uid:
+                return False  # seen bound already (the watches are not ordered): bound wins
+            if pod is None:
+                self._drop_nomination(uid)
+                return True
+            self._nominated[uid] = pod
+            if self._active:
+                self._drop_proposals(uid)  # the scheduler's own expectation replaces the scorer's
+                self._republish_nominations({pod.node} | ({old.node} if old is not None else set()))
+        return True
+
+    def _nominations_failed(self, exc: Exception) -> None:
+        with self._lock:
+            nodes = {p.node for p in self._nominated.values()}
+            self._nominated = {}
+            if self._active:
+                self._republish_nominations(nodes)
+            if not self._nominations_failing:
+                self._nominations_failing = True
+                log.warning(
+                    "nominated pods not counted: verdicts count the bound pods alone",
+                    extra={"fields": {"why": _why(exc)}},
+                )
+
+    def _drop_nomination(self, uid: str) -> None:
+        """Under the lock: `uid` is no longer nominated (bound, cleared or gone)."""
+        old = self._nominated.pop(uid, None)
+        if old is not None and self._active:
+            node = old.node
+            self._publish(node, tuple(p for p in self.pods_of(node) if p is not old))
+
+    def _republish_nominations(self, nodes: set[str]) -> None:
+        """Under the lock: each of `nodes` publishes its pods with the nominations held now."""
+        for node in sorted(nodes):
+            pods = [p for p in self.pods_of(node) if not p.nominated]
+            pods += [p for p in self._nominated.values() if p.node == node]
+            self._publish(node, _ordered(pods))
 
     def _set_active(self, active: bool, why: str) -> None:
         if active == self._active:
@@ -394,6 +534,42 @@ class PodCache(ListWatch):
                 "in-flight accounting off: verdicts read the nodes' annotations alone",
                 extra={"fields": {"why": why}},
             )
+
+
+class _NominationWatch(ListWatch):
+    """The second list + watch: unbound pods with `status.nominatedNodeName`, handed to the
+    `PodCache` that owns it (its loop's metrics: `gpu_scorer_nominated_pod_cache_*`)."""
+
+    kind = "nominated_pod"
+
+    def __init__(self, owner: PodCache, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._owner = owner
+        self._page = _PAGE
+        self._event = _EVENT
+
+    def share_api(self, api: Any) -> None:
+        """Use the owner's client (built once, at the owner's start)."""
+        self._api = api
+
+    def _list(self, **kwargs: Any) -> Any:
+        return self._api.list_pod_for_all_namespaces(
+            field_selector=NOMINATED_FIELD_SELECTOR, **kwargs
+        )
+
+    def _replace(self, items: list[Any]) -> None:
+        self._owner._replace_nominations(items)
+
+    def _on_event(self, kind: str, obj: Any) -> bool:
+        return self._owner._on_nomination(kind, obj)
+
+    def _on_failure(self, exc: Exception) -> None:
+        self._owner._nominations_failed(exc)
+        self._resource_version = None  # relist: events missed while down are not replayed
+
+    def _notify(self) -> None:
+        super()._notify()
+        self._owner._notify()  # whoever waits on the cache waits on both of its watches
 
 
 def _member(pod: BoundPod) -> tuple[str, str, bool]:

@@ -274,6 +274,8 @@ def _inflight(v: NodeVerdict) -> dict[str, Any] | None:
                 "bound_at": _time(p.bound_at),
                 # The scorer's own expectation, not yet seen bound in the Pod watch.
                 "provisional": p.provisional,
+                # Nominated to this node by kube-scheduler, not bound yet.
+                "nominated": p.nominated,
             }
             for p in inflight.pods
         ],
@@ -480,6 +482,8 @@ def _inflight_lines(inflight: dict[str, Any]) -> list[str]:
             + (
                 f"proposed by the scorer {p['bound_at']}"
                 if p["provisional"]
+                else "nominated by the scheduler, not bound"
+                if p.get("nominated")
                 else f"bound {p['bound_at'] or 'at an unknown time'}"
             )
         )

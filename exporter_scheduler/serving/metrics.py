@@ -215,6 +215,30 @@ class ScorerMetrics:
             "1 once the pod watch holds its first full LIST.",
             registry=r,
         )
+        self.nominated_pod_cache_relists = Counter(
+            "gpu_scorer_nominated_pod_cache_relists",
+            "Full LISTs of nominated, unbound GPU pods made by the second pod watch.",
+            registry=r,
+        )
+        self.nominated_pod_cache_watch_restarts = Counter(
+            "gpu_scorer_nominated_pod_cache_watch_restarts",
+            "Nominated-pod watches that ended (timeout, 410 Gone, connection error) and were "
+            "reopened.",
+            ["cause"],
+            registry=r,
+        )
+        self.nominated_pod_cache_event_seconds = Histogram(
+            "gpu_scorer_nominated_pod_cache_event_seconds",
+            "Time the nominated-pod watch spent on one event that changed a node's nominated "
+            "pods, judging the node again included.",
+            buckets=EVENT_BUCKETS_S,
+            registry=r,
+        )
+        self.nominated_pod_cache_ready = Gauge(
+            "gpu_scorer_nominated_pod_cache_ready",
+            "1 once the nominated-pod watch holds its first full LIST.",
+            registry=r,
+        )
         self.inflight_accounting = Gauge(
             "gpu_scorer_inflight_accounting",
             "1 while pods bound since a node's last measurement are counted in its verdicts "
@@ -262,6 +286,7 @@ class ScorerMetrics:
         for cause in WATCH_RESTART_CAUSES:
             self.node_cache_watch_restarts.labels(cause)
             self.pod_cache_watch_restarts.labels(cause)
+            self.nominated_pod_cache_watch_restarts.labels(cause)
             self.namespace_cache_watch_restarts.labels(cause)
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}

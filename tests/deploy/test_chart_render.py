@@ -1,7 +1,7 @@
 """The chart, rendered by the real helm for every toggle: lint, OpenAPI validity, and what it says.
 
 Each values variant in `chart_support.VARIANTS` is rendered once; every manifest is validated
-against Kubernetes' OpenAPI schemas (1.30 and 1.36, strict: unknown fields fail). The
+against Kubernetes' OpenAPI schemas (1.36 and 1.37, strict: unknown fields fail). The
 KubeSchedulerConfiguration is not an API object, so its fields are checked against the
 kubescheduler.config.k8s.io/v1 Go types' JSON names, because kube-scheduler decodes it strictly.
 """
@@ -471,9 +471,9 @@ def test_scheduler_rbac_follows_the_multiple_schedulers_guide() -> None:
 @pytest.mark.parametrize(
     ("variant", "image"),
     [
-        pytest.param("defaults", "registry.k8s.io/kube-scheduler:v1.30.0", id="cluster-1.30"),
+        pytest.param("defaults", "registry.k8s.io/kube-scheduler:v1.36.0", id="cluster-1.36"),
         pytest.param(
-            "defaults-k8s-1.36", "registry.k8s.io/kube-scheduler:v1.36.0", id="cluster-1.36"
+            "defaults-k8s-1.37", "registry.k8s.io/kube-scheduler:v1.37.0", id="cluster-1.37"
         ),
         pytest.param("pinned-images", "registry.k8s.io/kube-scheduler:v1.33.2", id="pinned-tag"),
     ],
@@ -638,9 +638,9 @@ def test_bad_values_fail_with_a_clear_message(values: dict[str, Any], message: s
         template(values)
 
 
-def test_clusters_older_than_1_30_are_refused() -> None:
+def test_clusters_older_than_the_oldest_minor_ci_runs_are_refused() -> None:
     with pytest.raises(HelmError, match="kubeVersion"):
-        template({}, kube_version="1.29.9")
+        template({}, kube_version="1.35.9")
 
 
 def _uncovered(value: Any, node: Manifest, path: str) -> list[str]:

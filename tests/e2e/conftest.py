@@ -1,9 +1,10 @@
-"""The e2e suite's control plane: real etcd, kube-apiserver and kube-scheduler v1.36 on loopback.
+"""The e2e suite's control plane: real etcd, kube-apiserver and kube-scheduler v1.37 on loopback.
 
 One control plane serves the whole run (start-up takes seconds); tests keep out of each other's
 way by labelling their Nodes and selecting them from their pods (`Scope`), so a test's pods
-only ever see its own Nodes. Without the binaries the suite skips with one line locally and
-fails in CI (`CI=true`): `.ci/run` builds them first.
+only ever see its own Nodes. `LOOPBACK_KUBERNETES=v1.36` runs the suite on the older minor of
+the version matrix (docs/control-plane.md). Without the binaries the suite skips with one line
+locally and fails in CI (`CI=true`): `.ci/run` builds them first.
 """
 
 from __future__ import annotations

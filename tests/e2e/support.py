@@ -39,23 +39,52 @@ SETTLE_S = 0.5
 
 
 @contextlib.contextmanager
-def started_control_plane(factory: pytest.TempPathFactory, name: str) -> Iterator[ControlPlane]:
+def started_control_plane(
+    factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    feature_gates: Mapping[str, bool] | None = None,
+    runtime_config: Sequence[str] = (),
+) -> Iterator[ControlPlane]:
     """A control plane under a fresh temporary directory: the suite's, or a test module's own
-    (for tests that stop parts of it, or install a policy that would refuse other tests'
-    writes). Skipped without the binaries locally, failed in CI."""
+    (for tests that stop parts of it, install a policy that would refuse other tests' writes,
+    or need a feature gate). Skipped without the binaries locally, failed in CI."""
     require_control_plane()
-    with running_control_plane(factory.mktemp(name)) as plane:
+    with running_control_plane(
+        factory.mktemp(name), feature_gates=feature_gates, runtime_config=runtime_config
+    ) as plane:
         yield plane
 
 
 def require_control_plane() -> None:
-    """Skip without the built binaries locally; fail without them in CI (`CI=true`)."""
-    reason = missing_binaries_reason(BuildSpec.read())
+    """Skip without the built binaries locally; fail without them in CI (`CI=true`). The
+    version is the one `$LOOPBACK_KUBERNETES` chooses (default: the newest pinned)."""
+    reason = missing_binaries_reason(BuildSpec.for_version())
     if reason is None:
         return
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(reason + "; CI must run the e2e suite")
     pytest.skip(reason)
+
+
+def require_kubernetes(minor: str, why: str) -> None:
+    """Skip a test of a feature that the chosen control plane's version does not have (the
+    version matrix runs the suite on older minors too)."""
+    spec = BuildSpec.for_version()
+    if _minor_key(spec.minor) < _minor_key(minor):
+        pytest.skip(
+            f"needs Kubernetes {minor} or later ({why}); this run: {spec.kubernetes_version}"
+        )
+
+
+def kube_version() -> str:
+    """The chosen control plane's version as helm's `--kube-version` takes it (`1.37.2`)."""
+    return BuildSpec.for_version().kubernetes_version.removeprefix("v")
+
+
+def _minor_key(minor: str) -> tuple[int, int]:
+    major, number = minor.removeprefix("v").split(".")[:2]
+    return int(major), int(number)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Every object the chart renders, accepted by a real kube-apiserver v1.36.
+"""Every object the chart renders, accepted by a real kube-apiserver v1.37.
 
 The render tests check the manifests against the published OpenAPI schemas; the API server goes
 further: its own validation (a NetworkPolicy's peers, a Deployment's selector against its
@@ -16,6 +16,7 @@ import pytest
 
 from loopback_cluster.control_plane import KubeApi
 from tests.deploy.chart_support import NAMESPACE, VARIANTS, parse_manifests, template
+from tests.e2e.support import kube_version
 
 # Kinds served by the operators the chart integrates with, not by kube-apiserver: their CRDs are
 # not installed here (the render tests check their shape).
@@ -69,7 +70,7 @@ def ensure_namespace(api: KubeApi, name: str) -> None:
 
 @pytest.mark.parametrize("variant", CHECKED_VARIANTS)
 def test_the_api_server_accepts_every_rendered_object(admin: KubeApi, variant: str) -> None:
-    manifests = parse_manifests(template(VARIANTS[variant].values, kube_version="1.36.0"))
+    manifests = parse_manifests(template(VARIANTS[variant].values, kube_version=kube_version()))
     kinds = {m["kind"] for m in manifests}
     # A kind added to the chart is checked here, or listed as served by an operator.
     assert kinds <= BUILT_IN.keys() | CUSTOM_KINDS, sorted(kinds - BUILT_IN.keys() - CUSTOM_KINDS)
@@ -94,7 +95,7 @@ def test_the_api_server_accepts_every_rendered_object(admin: KubeApi, variant: s
 def test_the_api_server_refuses_an_invalid_object(admin: KubeApi) -> None:
     # The check above can fail: a NetworkPolicy port out of range and a field the type lacks.
     ensure_namespace(admin, NAMESPACE)
-    rendered = template({}, kube_version="1.36.0")
+    rendered = template({}, kube_version=kube_version())
 
     def network_policy() -> dict[str, Any]:
         return next(m for m in parse_manifests(rendered) if m["kind"] == "NetworkPolicy")

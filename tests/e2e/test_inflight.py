@@ -1,6 +1,6 @@
 """In-flight accounting on the real control plane: pods bound since a node's data was sampled.
 
-The real kube-scheduler v1.36 with the real scorer as its extender, in both modes (names only,
+The real kube-scheduler v1.37 with the real scorer as its extender, in both modes (names only,
 the scorer's node cache; full Node objects), each scorer with its pod watch. There is no
 kubelet: a bound pod stays Pending, and the tests write its status as the kubelet would
 (`report_pod_status`), and the node's GPU data as the agent would (`publish`), to show when

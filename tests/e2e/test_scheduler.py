@@ -1,4 +1,4 @@
-"""The real kube-scheduler v1.36 with the real scorer as its extender, in both modes.
+"""The real kube-scheduler v1.37 with the real scorer as its extender, in both modes.
 
 Each mode runs as its own pair: a `gpu-scorer` process and a kube-scheduler whose only profile
 (`gpu-names` or `gpu-full`) calls it, `nodeCacheCapable: true` (names only; the scorer
@@ -248,7 +248,7 @@ def test_rejections_aggregate_into_one_reason_and_the_pod_binds_once_a_node_cool
 def test_full_node_mode_hides_running_pods_from_the_default_scores(
     stack: Stack, scope: Scope
 ) -> None:
-    """kube-scheduler v1.36 rebuilds each feasible node's NodeInfo from the Node object a
+    """kube-scheduler (v1.36, v1.37) rebuilds each feasible node's NodeInfo from the Node object a
     full-node extender returns (`HTTPExtender.Filter`: `NewNodeInfo()` + `SetNode`), without the
     node's pods, so NodeResourcesFit no longer sees that one node is three quarters full."""
     api = scope.api

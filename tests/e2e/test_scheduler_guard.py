@@ -1,4 +1,4 @@
-"""The schedulerName guard on a real kube-apiserver v1.36, driven with kubectl as a user would.
+"""The schedulerName guard on a real kube-apiserver v1.37, driven with kubectl as a user would.
 
 The chart's two ValidatingAdmissionPolicies and their bindings, rendered by helm, applied as the
 chart would: with the default validationActions (Warn, Audit) a pod that breaks a rule is
@@ -29,7 +29,7 @@ from loopback_cluster.control_plane import ControlPlane, KubeApi, ManagedProcess
 from loopback_cluster.workload import apply, wait_for
 from tests.deploy.admission_cel import CelPolicy
 from tests.deploy.chart_support import FULLNAME, ROOT, parse_manifests, template
-from tests.e2e.support import require_control_plane
+from tests.e2e.support import kube_version, require_control_plane
 
 REQUIRE = f"{FULLNAME}-require-scheduler"
 RESTRICT = f"{FULLNAME}-restrict-scheduler"
@@ -221,7 +221,7 @@ class Guard:
 
 
 def _rendered_guard(values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = parse_manifests(template(values, kube_version="1.36.0"))
+    manifests = parse_manifests(template(values, kube_version=kube_version()))
     chosen = [m for m in manifests if m["metadata"]["name"] in (REQUIRE, RESTRICT)]
     assert {m["kind"] for m in chosen} == {
         "ValidatingAdmissionPolicy",

@@ -1,6 +1,6 @@
 """Tenant profiles and spread caps on the real control plane.
 
-The real kube-scheduler v1.36 with the real scorer as its extender, in both modes (names only,
+The real kube-scheduler v1.37 with the real scorer as its extender, in both modes (names only,
 the scorer's node cache; full Node objects), each scorer with a kubeconfig so that its Pod watch
 runs (a spread group's pods are counted from it) and with a policy file whose profiles are
 chosen by namespace name (`prod-*`) and by namespace label (`team: research`, read by the

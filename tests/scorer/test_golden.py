@@ -1,4 +1,4 @@
-"""Golden inputs: every request a real kube-scheduler v1.36 sent gets a valid reply, right form.
+"""Golden inputs: every request a real kube-scheduler (v1.36, v1.37) sent gets a valid reply.
 
 The captured Nodes carry only `utilization` and `updated-at` (written by kubectl in the original
 design's format); each request is replayed as captured and again with the agent's full set of
@@ -23,6 +23,7 @@ from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from kube_standins.apiserver import ApiServerStandIn
+from tests.fixture_paths import SCHEDULER_CAPTURES
 from tests.scorer._http_helpers import (
     FIXTURES,
     NOW,
@@ -39,10 +40,13 @@ from tests.scorer._http_helpers import (
 UTIL = "gpu-scheduler.example.com/utilization"
 
 
-def _captures(mode: str) -> list[Any]:
+def _captures(mode: str, roots: tuple[Path, ...] = SCHEDULER_CAPTURES) -> list[Any]:
     return [
-        pytest.param(path, id=path.name.removesuffix(".request.json"))
-        for path in sorted((FIXTURES / mode).glob("*.request.json"))
+        pytest.param(
+            path, id=f"{root.name.rsplit('-', 1)[-1]}-{path.name[: -len('.request.json')]}"
+        )
+        for root in roots
+        for path in sorted((root / mode).glob("*.request.json"))
     ]
 
 
@@ -164,7 +168,7 @@ def test_captured_sequence_with_the_scorers_own_proposals(agent_annotations: boo
     pods._replace([])  # the first LIST: accounting on, no pod bound
     app = ScorerApp(policy=policy, clock=fixed_clock(), pods_of=pods.pods_of, placements=pods)
     counted = 0
-    for param in _captures("nodecache-false"):
+    for param in _captures("nodecache-false", (FIXTURES,)):
         (path,) = param.values
         body = path.read_bytes()
         if agent_annotations:

@@ -165,6 +165,12 @@ COUNT_CASES = [
         [bound_pod(bound_age_s=10.0, provisional=True)], ([], 0, 0, 0, 0, INF, 0.0),
         id="provisional-ends-after-10s",
     ),
+    pytest.param(
+        # What the pod watch keeps of a pod kube-scheduler nominated and has not bound.
+        [msgspec.structs.replace(bound_pod(gpus=4, bound_age_s=None), nominated=True)],
+        ([(P, True, True, 10_000)], 4, 4, 40_000, 0, INF, INF),
+        id="nominated-unbound-counts-with-no-time-bound",
+    ),
     pytest.param([bound_pod(gpus=0)], None, id="pod-without-gpus-ignored"),
     pytest.param(
         [bound_pod(gpus=2, gpu_load=0.25)], ([(P, True, True, 2500)], 2, 2, 5000, 0, 595.0, INF),
@@ -472,6 +478,7 @@ def test_explain_shows_the_inflight_pods_and_the_pool() -> None:
                 "gpu_load": 0.5,
                 "bound_at": bound_at,
                 "provisional": False,
+                "nominated": False,
             }
         ],
         "allocation_gpus": 2,

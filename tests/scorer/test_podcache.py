@@ -24,7 +24,7 @@ import pytest
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.edges.listwatch import CacheTuning, WatchExpiredError
-from exporter_scheduler.edges.podcache import FIELD_SELECTOR, PodCache
+from exporter_scheduler.edges.podcache import FIELD_SELECTOR, NOMINATED_FIELD_SELECTOR, PodCache
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodestore import NodeStore
@@ -53,9 +53,11 @@ def pod_object(
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
     resource_version: str = "300",
+    nominated: str | None = None,
 ) -> dict[str, Any]:
     """A Pod as the v1.36 API server serializes it (hand-written): `running` gives, per
-    container, its `state.running.startedAt` (None: waiting)."""
+    container, its `state.running.startedAt` (None: waiting); `nominated`, its
+    `status.nominatedNodeName`."""
     requests: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
     if gpus:
         requests["nvidia.com/gpu"] = str(gpus)
@@ -101,6 +103,8 @@ def pod_object(
             }
         )
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "qosClass": "Burstable"}
+    if nominated is not None:
+        status["nominatedNodeName"] = nominated
     if started is not None:
         status["hostIP"] = "10.0.0.11"
         status["startTime"] = started
@@ -185,7 +189,26 @@ def listed(cache: PodCache, *pods: dict[str, Any]) -> None:
 
 
 def names(pods: Sequence[BoundPod]) -> list[str]:
-    return [p.name + (" (proposed)" if p.provisional else "") for p in pods]
+    return [
+        p.name + (" (proposed)" if p.provisional else " (nominated)" if p.nominated else "")
+        for p in pods
+    ]
+
+
+def waiting(name: str, node: str, **fields: Any) -> dict[str, Any]:
+    """A pod kube-scheduler nominated to `node` and has not bound (waiting at Permit or in
+    PreBind): no `spec.nodeName`, no `PodScheduled: True`."""
+    return pod_object(name, node_name=None, scheduled=None, nominated=node, **fields)
+
+
+def nominations_listed(cache: PodCache, *pods: dict[str, Any]) -> None:
+    """The nomination watch's LIST."""
+    cache._nominations._replace(list(cache._page.decode(pod_list(*pods)).items or ()))
+
+
+def nominated_event(cache: PodCache, kind: str, obj: dict[str, Any]) -> None:
+    """One line of the nomination watch, through its loop's entry point."""
+    cache._nominations._apply(event(kind, obj))
 
 
 def gauge(metrics: ScorerMetrics, name: str, labels: str = "") -> float:
@@ -259,6 +282,10 @@ DECODED = [
     pytest.param(
         pod_object("p", annotations={PREFIX + "expected-gpu-load": "lots"}),
         {"gpu_load_bp": None}, id="bad-load-hint-on-a-bound-pod-the-policy-default",
+    ),
+    pytest.param(
+        pod_object("p", nominated="gpu-node-2"), {"node": "gpu-node-1", "nominated": False},
+        id="bound-and-still-nominated-elsewhere-bound-wins",
     ),
 ]  # fmt: skip
 
@@ -447,6 +474,180 @@ def test_proposals_are_ignored_while_accounting_is_off(store: NodeStore) -> None
     assert (cache.proposals(), store.pods_of("gpu-node-1")) == (0, ())
 
 
+# ----------------------------------------------------------------------------- nominations
+
+NOMINATED_DECODED = [
+    pytest.param(
+        waiting("p", "gpu-node-2", gpus=4),
+        {"node": "gpu-node-2", "gpus": 4, "bound_at": None, "nominated": True},
+        id="waiting-unbound-counts-on-the-nominated-node-with-no-time-bound",
+    ),
+    pytest.param(
+        waiting("p", "gpu-node-2", annotations={PREFIX + "expected-gpu-load": "0.5"}),
+        {"gpu_load_bp": 5000, "nominated": True}, id="hints-kept",
+    ),
+    pytest.param(waiting("p", "gpu-node-2", gpus=0), None, id="no-gpu-resource-dropped"),
+    pytest.param(
+        pod_object("p", node_name=None, scheduled=None), None, id="not-nominated-dropped",
+    ),
+    pytest.param(waiting("p", ""), None, id="nomination-cleared-dropped"),
+    pytest.param(
+        # The selector excludes it; an event that says otherwise is not believed.
+        pod_object("p", nominated="gpu-node-2"), None, id="bound-dropped",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("obj", "expected"), NOMINATED_DECODED)
+def test_what_the_nomination_watch_keeps_of_a_pod(
+    obj: dict[str, Any], expected: dict[str, Any] | None, cache: PodCache
+) -> None:
+    nominated_event(cache, "ADDED", obj)
+    kept = [p for pods in cache.by_node().values() for p in pods]
+    if expected is None:
+        assert (kept, cache.nominations()) == ([], 0)
+        return
+    (pod,) = kept
+    fields = msgspec.structs.asdict(pod)
+    assert {k: fields[k] for k in expected} == expected
+    assert (pod.ref, pod.provisional) == ("default/p", False)
+
+
+# Each step: which watch delivers the line ("bound" or "nominated"), the event, and then each
+# node's pods. The two watches are not ordered with each other.
+NOMINATION_STEPS: list[tuple[str, str, dict[str, Any], dict[str, list[str]]]] = [
+    ("nominated", "ADDED", waiting("a", "gpu-node-1"), {"gpu-node-1": ["a (nominated)"]}),
+    ("bound", "ADDED", pod_object("x", node_name="gpu-node-1"),
+     {"gpu-node-1": ["a (nominated)", "x"]}),
+    # Nominated elsewhere (preemption picked another node): it moves.
+    ("nominated", "MODIFIED", waiting("a", "gpu-node-3"),
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a (nominated)"]}),
+    # Bound where nominated, and the bound watch says so first: the bound record replaces it.
+    ("bound", "ADDED", pod_object("a", node_name="gpu-node-3"),
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
+    # ... then the nomination watch drops it (it left that selection by being bound).
+    ("nominated", "DELETED", pod_object("a", node_name="gpu-node-3"),
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
+    # A late nomination line for a pod already seen bound changes nothing.
+    ("nominated", "MODIFIED", waiting("a", "gpu-node-2"),
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
+    # The other order: the nomination watch drops it first, the bound one shows it after.
+    ("nominated", "ADDED", waiting("b", "gpu-node-2"),
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b (nominated)"], "gpu-node-3": ["a"]}),
+    ("nominated", "DELETED", pod_object("b", node_name="gpu-node-2"),
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
+    ("bound", "ADDED", pod_object("b", node_name="gpu-node-2"),
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+    # Nomination cleared (the gang timed out at Permit) or the pod deleted: gone at once.
+    ("nominated", "ADDED", waiting("c", "gpu-node-1"),
+     {"gpu-node-1": ["c (nominated)", "x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+    ("nominated", "DELETED", waiting("c", ""),
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+    # A bound pod deleted does not take a nomination of another pod with it.
+    ("nominated", "ADDED", waiting("d", "gpu-node-1"),
+     {"gpu-node-1": ["d (nominated)", "x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+    ("bound", "DELETED", pod_object("x", node_name="gpu-node-1"),
+     {"gpu-node-1": ["d (nominated)"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+]  # fmt: skip
+
+
+def test_nominated_pods_count_until_bound_cleared_or_gone(
+    cache: PodCache, store: NodeStore
+) -> None:
+    for watch, kind, obj, expected in NOMINATION_STEPS:
+        if watch == "nominated":
+            nominated_event(cache, kind, obj)
+        else:
+            cache._apply(event(kind, obj))
+        assert {n: names(p) for n, p in cache.by_node().items()} == expected, (watch, kind)
+        for name in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+            assert store.pods_of(name) == cache.pods_of(name)
+    assert (len(cache), cache.nominations()) == (2, 1)
+
+
+def test_a_nomination_replaces_the_scorers_proposals_and_stops_new_ones(
+    cache: PodCache, store: NodeStore
+) -> None:
+    cache.propose(_proposal("p", gpus=4), ["gpu-node-1", "gpu-node-2"], NOW)
+    nominated_event(cache, "ADDED", waiting("p", "gpu-node-2", gpus=4))
+    assert cache.proposals() == 0
+    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2")] == [
+        [],
+        ["p (nominated)"],
+    ]
+    # The scheduler asks the extender about it again (a preemptor's next attempt): the
+    # nomination stays the record, and no proposal is added on top of it.
+    cache.propose(_proposal("p", gpus=4), ["gpu-node-1"], NOW)
+    assert (cache.proposals(), names(store.pods_of("gpu-node-1"))) == (0, [])
+
+
+def test_a_nomination_list_replaces_the_nominations_and_keeps_the_bound_pods(
+    cache: PodCache, store: NodeStore
+) -> None:
+    cache._apply(event("ADDED", pod_object("x")))
+    nominated_event(cache, "ADDED", waiting("gone", "gpu-node-1"))
+    cache.propose(_proposal("p"), ["gpu-node-3"], NOW)
+    nominations_listed(
+        cache,
+        waiting("p", "gpu-node-2"),
+        waiting("x", "gpu-node-2"),  # a stale line for a pod the other watch shows bound
+        waiting("cpu", "gpu-node-2", gpus=0),
+    )
+    assert {n: names(p) for n, p in cache.by_node().items()} == {
+        "gpu-node-1": ["x"],
+        "gpu-node-2": ["p (nominated)"],
+    }
+    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
+        ["x"],
+        ["p (nominated)"],
+        [],
+    ]
+    assert (cache.nominations(), cache.proposals()) == (1, 0)
+
+
+def test_nominations_wait_while_accounting_is_off_and_count_from_the_next_list(
+    store: NodeStore,
+) -> None:
+    cache = PodCache(metrics=ScorerMetrics())
+    cache.add_sink(store)
+    nominations_listed(cache, waiting("early", "gpu-node-1"))  # before the pods' first LIST
+    nominated_event(cache, "ADDED", waiting("later", "gpu-node-2"))
+    assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
+    listed(cache, pod_object("later", node_name="gpu-node-2"))  # bound meanwhile
+    assert {n: names(p) for n, p in cache.by_node().items()} == {
+        "gpu-node-1": ["early (nominated)"],
+        "gpu-node-2": ["later"],
+    }
+    assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
+    # The bound pods' watch fails: nothing counts, and the nominations come back with the LIST.
+    cache._on_failure(_ApiError(500))
+    assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
+    listed(cache)
+    assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
+
+
+def test_a_failing_nomination_watch_drops_the_nominations_and_keeps_accounting_on(
+    cache: PodCache, store: NodeStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache._apply(event("ADDED", pod_object("x")))
+    nominated_event(cache, "ADDED", waiting("p", "gpu-node-1"))
+    with caplog.at_level(logging.INFO, logger="exporter_scheduler.podcache"):
+        cache._nominations._on_failure(_ApiError(403))
+        cache._nominations._on_failure(_ApiError(403))  # still down: said once
+    assert names(store.pods_of("gpu-node-1")) == ["x"]
+    assert (cache.active, cache.nominations(), cache._nominations._resource_version) == (
+        True,
+        0,
+        None,
+    )
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "nominated pods not counted: verdicts count the bound pods alone"
+    assert record.__dict__["fields"]["why"].startswith("the API server forbids listing pods")
+    nominations_listed(cache, waiting("p", "gpu-node-1"))  # back: counted again
+    assert names(store.pods_of("gpu-node-1")) == ["p (nominated)", "x"]
+
+
 # ----------------------------------------------------------------------------- failures
 
 
@@ -531,16 +732,30 @@ class _WatchResponse:
 class _Api:
     """What the loop calls of `CoreV1Api`. Each LIST takes the next of `lists` (an exception
     is raised), the second one only once the test sets `answer_list`; each watch delivers the
-    next of `watches` and stays open (past the last, an empty one)."""
+    next of `watches` and stays open (past the last, an empty one). The nominated pods' list +
+    watch (its own field selector) is answered by `nominated` (an `_Api` made with that
+    selector): by default no pod, ever."""
 
-    def __init__(self, lists: Sequence[bytes | Exception], watches: Sequence[Sequence[bytes]]):
+    def __init__(
+        self,
+        lists: Sequence[bytes | Exception],
+        watches: Sequence[Sequence[bytes]],
+        nominated: _Api | None = None,
+        selector: str = FIELD_SELECTOR,
+    ):
         self.lists = list(lists)
         self.watches = list(watches)
         self.calls: list[dict[str, Any]] = []
         self.answer_list = threading.Event()
         self.listed = 0
+        self.nominated = nominated
+        self.selector = selector
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+        if kwargs.get("field_selector") != self.selector:
+            if self.nominated is None:
+                self.nominated = _Api([pod_list()], [], selector=NOMINATED_FIELD_SELECTOR)
+            return self.nominated.list_pod_for_all_namespaces(**kwargs)
         self.calls.append(kwargs)
         if kwargs.get("watch"):
             return _WatchResponse(self.watches.pop(0) if self.watches else ())
@@ -589,6 +804,25 @@ def test_the_loop_turns_accounting_on_with_the_first_list_that_succeeds(
     assert messages.index(off) < messages.index("in-flight accounting on")
     on = next(r for r in caplog.records if r.getMessage() == "in-flight accounting on")
     assert on.__dict__["fields"] == {"why": "pod watch synced"}
+
+
+def test_the_loop_watches_the_nominated_pods_with_their_own_selector(store: NodeStore) -> None:
+    nominated = _Api(
+        [pod_list(waiting("gang-0", "gpu-node-2", gpus=2))],
+        [[event("ADDED", waiting("gang-1", "gpu-node-3", gpus=2, resource_version="302"))]],
+        selector=NOMINATED_FIELD_SELECTOR,
+    )
+    api = _Api([pod_list(pod_object("a"))], [], nominated=nominated)
+    with PodCache(api=api, metrics=ScorerMetrics(), tuning=FAST) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(lambda c: c.active and c.nominations() == 2, WAIT_S)
+        assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
+            ["a"],
+            ["gang-0 (nominated)"],
+            ["gang-1 (nominated)"],
+        ]
+    assert {call["field_selector"] for call in nominated.calls} == {NOMINATED_FIELD_SELECTOR}
+    assert [c.get("resource_version") for c in nominated.calls if c.get("watch")][:1] == ["290"]
 
 
 # ----------------------------------------------------------------------------- the app
@@ -735,7 +969,7 @@ class _ClosingApi(_Api):
     """A server (or a proxy in front of it) that ends every watch as soon as it opens."""
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
-        if kwargs.get("watch"):
+        if kwargs.get("watch") and kwargs.get("field_selector") == FIELD_SELECTOR:
             self.calls.append(kwargs)
             response = _WatchResponse(())
             response.closed.set()

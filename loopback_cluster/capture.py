@@ -1,0 +1,294 @@
+"""Record what a real kube-scheduler and kube-apiserver put on the wire, as test fixtures.
+
+The golden and contract tests read real bytes (`tests/fixtures/kube-*-v<minor>`), so a new
+Kubernetes minor needs them recorded again from that minor's control plane:
+
+- **kube-scheduler**: a recording extender on loopback answers a real kube-scheduler in both
+  modes (`nodeCacheCapable` false and true) for the README's layout (four 8-GPU Nodes whose
+  utilization annotation is 0.10, 0.60, 0.95 and 0.30, `updated-at` fixed at 13:59:50 on
+  2026-11-30, the golden tests' clock; one pod asking one GPU): the filter
+  refuses utilization above 0.90 and the prioritize scores `(1 - utilization) x 10`. Each
+  exchange is written as `NNNN-<verb>.request.json` (the body's bytes as sent),
+  `.response.json` and `.meta.json`, with the configurations under `config/`.
+- **kube-apiserver**: the requests of the earlier minor's Node exchanges that need no set-up of
+  their own (create, status, merge patches, a no-op patch, 404, 422, list) are sent again, in
+  the same order, to the new minor's server; the request and the whole response (status line,
+  headers as received, body) are written in the same format, under the same names.
+
+    LOOPBACK_KUBERNETES=v1.37 python -m loopback_cluster.capture \\
+        --from tests/fixtures/kube-apiserver-v1.36 \\
+        --scheduler-out tests/fixtures/kube-scheduler-v1.37 \\
+        --apiserver-out tests/fixtures/kube-apiserver-v1.37
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import http.client
+import http.server
+import json
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from loopback_cluster.control_plane import (
+    BuildSpec,
+    ControlPlane,
+    ExtenderConfig,
+    KubeApi,
+    SchedulerConfig,
+    free_port,
+    running_control_plane,
+)
+
+SCHEDULER_NAME: Final = "gpu-scheduler"
+UTILIZATION_KEY: Final = "gpu-scheduler.example.com/utilization"
+UPDATED_AT_KEY: Final = "gpu-scheduler.example.com/updated-at"
+# The set-up's sample time, fixed so that the golden tests judge the data fresh at their clock.
+UPDATED_AT: Final = "2026-11-30T13:59:50Z"
+LAYOUT: Final = {"node-cool": 0.10, "node-warm": 0.60, "node-hot": 0.95, "node-t4": 0.30}
+LIMIT: Final = 0.90
+# The earlier minor's exchanges replayed as they are: each needs only what the ones before made.
+REPLAYED: Final = (
+    "01-create-node.json",
+    "02-patch-node-status.json",
+    "10-merge-patch-annotations.json",
+    "11-merge-patch-change-and-remove.json",
+    "12-merge-patch-noop.json",
+    "30-err-404-node-not-found.json",
+    "31-err-422-invalid-annotation-key.json",
+    "50-list-nodes.json",
+)
+USER_AGENT: Final = "gpu-scheduler-fixture-capture/0.2 (python http.client)"
+
+
+# ----------------------------------------------------------------------------- the extender
+
+
+class _Recorder(http.server.ThreadingHTTPServer):
+    """The recording extender: the layout's rules, each exchange kept in arrival order."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.exchanges: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length)
+        args = json.loads(raw)
+        verb = self.path.strip("/")
+        names = args.get("NodeNames")
+        items = (args.get("Nodes") or {}).get("items") or []
+        sent = names if names is not None else [n["metadata"]["name"] for n in items]
+        reply: Any
+        passed: list[str] = [n for n in sent if LAYOUT.get(n, 0.0) <= LIMIT]
+        if verb == "filter":
+            failed = {n: f"gpu utilization above {LIMIT:.2f}" for n in sent if n not in passed}
+            if names is not None:
+                reply = {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
+            else:
+                kept = [n for n in items if n["metadata"]["name"] in passed]
+                reply = {"Nodes": {"items": kept}, "FailedNodes": failed, "Error": ""}
+        else:
+            reply = [{"Host": n, "Score": round((1 - LAYOUT.get(n, 0.0)) * 10)} for n in sent]
+        body = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        now = time.time()
+        pod = args.get("Pod") or {}
+        meta = {
+            "method": "POST",
+            "path": self.path,
+            "headers": dict(self.headers.items()),
+            "received_unix": now,
+            "status": 200,
+            "verb": verb,
+            "pod": f"{pod['metadata']['namespace']}/{pod['metadata']['name']}",
+            "sent_form": "NodeNames" if names is not None else "Nodes",
+            "nodes": sorted(sent),
+            "passed": sorted(passed) if verb == "filter" else None,
+        }
+        with self.server.lock:
+            self.server.exchanges.append({"request": raw, "response": body, "meta": meta})
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the exchanges are the record
+        pass
+
+
+def _register(api: KubeApi, name: str, utilization: float) -> None:
+    """A Ready 8-GPU Node with the agent's utilization annotation, the taint lifted."""
+    api.create(
+        "/api/v1/nodes?fieldManager=fixture-setup",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.count": "8"},
+                "annotations": {UTILIZATION_KEY: f"{utilization:.2f}", UPDATED_AT_KEY: UPDATED_AT},
+            },
+        },
+    )
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready"}
+    api.raw(
+        "PATCH",
+        f"/api/v1/nodes/{name}/status?fieldManager=fixture-kubelet",
+        {"status": {"capacity": resources, "allocatable": resources, "conditions": [ready]}},
+        content_type="application/merge-patch+json",
+    )
+    api.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+
+def _pod(name: str) -> dict[str, Any]:
+    gpu = {"nvidia.com/gpu": "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "gpu-test"}},
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "pause:3.10",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "64Mi", **gpu},
+                        "limits": {"memory": "64Mi", **gpu},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def capture_scheduler(plane: ControlPlane, out: Path, *, timeout_s: float = 60.0) -> None:
+    """One pod scheduled per mode, every extender exchange written under `out/<mode>/`."""
+    with plane.admin() as api:
+        for name, utilization in LAYOUT.items():
+            _register(api, name, utilization)
+        for names_only in (False, True):
+            mode = f"nodecache-{str(names_only).lower()}"
+            recorder = _Recorder(free_port())
+            serving = threading.Thread(target=recorder.serve_forever, daemon=True)
+            serving.start()
+            url = f"http://127.0.0.1:{recorder.server_address[1]}"
+            config = SchedulerConfig(SCHEDULER_NAME, ExtenderConfig(url, names_only, False))
+            plane.start_scheduler(config, name=f"capture-{mode}")
+            pod = f"gpu-pod-{'c' if names_only else 'f'}1"
+            try:
+                api.create("/api/v1/namespaces/default/pods", _pod(pod))
+                deadline = time.monotonic() + timeout_s
+                while not api.get(f"/api/v1/namespaces/default/pods/{pod}")["spec"].get("nodeName"):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{pod} was not bound in {timeout_s:g} s")
+                    time.sleep(0.1)
+            finally:
+                plane.stop_scheduler(f"capture-{mode}")
+                recorder.shutdown()
+            api.delete(f"/api/v1/namespaces/default/pods/{pod}?gracePeriodSeconds=0")
+            _write_exchanges(out / mode, recorder.exchanges)
+            document = config.document(Path("/etc/kubernetes/scheduler.kubeconfig"))
+            name = "sched-extender-nodecache.json" if names_only else "sched-extender.json"
+            (out / "config").mkdir(parents=True, exist_ok=True)
+            (out / "config" / name).write_text(json.dumps(document, indent=1) + "\n")
+        for name in LAYOUT:
+            api.delete(f"/api/v1/nodes/{name}")
+
+
+def _write_exchanges(folder: Path, exchanges: Sequence[dict[str, Any]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for seq, exchange in enumerate(exchanges, 1):
+        meta = exchange["meta"]
+        stem = folder / f"{seq:04d}-{meta['verb']}"
+        stem.with_name(stem.name + ".request.json").write_bytes(exchange["request"])
+        stem.with_name(stem.name + ".response.json").write_bytes(exchange["response"])
+        meta = {**meta, "seq": seq}
+        stem.with_name(stem.name + ".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+# ----------------------------------------------------------------------------- the API server
+
+
+def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
+    """Each of `REPLAYED`'s requests sent again; the exchange written under the same name."""
+    out.mkdir(parents=True, exist_ok=True)
+    context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
+    context.load_cert_chain(str(plane.pki.path("admin.crt")), str(plane.pki.path("admin.key")))
+    connection = http.client.HTTPSConnection("127.0.0.1", plane.ports.apiserver, context=context)
+    try:
+        for name in REPLAYED:
+            before = json.loads((earlier / name).read_text())
+            request = before["request"]
+            body = request.get("body")
+            payload = None if body is None else body.encode()
+            headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+            if payload is not None:
+                headers["Content-Type"] = request["headers"]["Content-Type"]
+            started = time.perf_counter()
+            connection.request(request["method"], request["path"], payload, headers)
+            response = connection.getresponse()
+            text = response.read().decode()
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            sent = {**headers, "Host": f"127.0.0.1:{plane.ports.apiserver}"}
+            if payload is not None:
+                sent["Content-Length"] = str(len(payload))
+            document = {
+                "description": before["description"],
+                "captured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "request": {
+                    "method": request["method"],
+                    "path": request["path"],
+                    "headers": sent,
+                    "tls_client_certificate": "CN=admin, O=system:masters",
+                    "body": body,
+                    "body_json": None if body is None else json.loads(body),
+                },
+                "response": {
+                    "http_version": f"HTTP/{response.version // 10}.{response.version % 10}",
+                    "status": response.status,
+                    "reason": response.reason,
+                    "headers": [[k, v] for k, v in response.getheaders()],
+                    "body": text,
+                    "elapsed_ms": round(elapsed_ms, 3),
+                    "body_json": json.loads(text) if text else None,
+                },
+            }
+            (out / name).write_text(json.dumps(document, indent=1) + "\n")
+    finally:
+        connection.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loopback_cluster.capture", description=__doc__)
+    parser.add_argument("--from", dest="earlier", type=Path, required=True)
+    parser.add_argument("--scheduler-out", type=Path, required=True)
+    parser.add_argument("--apiserver-out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    spec = BuildSpec.for_version()  # $LOOPBACK_KUBERNETES, else the newest pinned
+    with tempfile.TemporaryDirectory() as scratch:
+        with running_control_plane(Path(scratch) / "apiserver") as plane:
+            capture_apiserver(plane, args.earlier, args.apiserver_out)
+        with running_control_plane(Path(scratch) / "scheduler") as plane:
+            capture_scheduler(plane, args.scheduler_out)
+    print(f"captured from kube-apiserver and kube-scheduler {spec.kubernetes_version}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
