@@ -243,7 +243,7 @@ def test_an_error_at_resync_is_retried_sooner_and_then_works() -> None:
     agent.tick(reading(*B_BUSY), now_s=30.0)
     assert fake.rules == {}
     agent.tick(reading(*B_BUSY), now_s=60.0)
-    assert agent.state is DraState.ACTIVE
+    assert str(agent.state) == DraState.ACTIVE.value
     assert fake.keys() == {"gpu-1": "utilization"}
 
 
