@@ -332,8 +332,9 @@ class NodeAnnotator:
 
 
 DRA_GROUP: Final = "resource.k8s.io"
-# Newest first: DeviceTaintRule is v1 from Kubernetes 1.37, v1alpha3 (feature gate
-# DRADeviceTaints, runtime-config resource.k8s.io/v1alpha3) in 1.33-1.36.
+# Newest first: DeviceTaintRule is v1 from Kubernetes 1.37; in 1.36 it is v1beta2, off by default
+# (feature gates DRADeviceTaints and DRADeviceTaintRules, runtime-config resource.k8s.io/v1beta2),
+# and v1alpha3 before that.
 DRA_VERSIONS: Final = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 
@@ -415,8 +416,9 @@ class DraClient:
             raise DraApiMissing(f"the API server serves no {DRA_GROUP} ResourceSlices (no DRA)")
         if not served["devicetaintrules"]:
             raise DraApiMissing(
-                f"the API server serves no {DRA_GROUP} DeviceTaintRules (Kubernetes 1.37+, or "
-                "1.33-1.36 with the DRADeviceTaints feature gate and resource.k8s.io/v1alpha3)"
+                f"the API server serves no {DRA_GROUP} DeviceTaintRules (Kubernetes 1.37+, or 1.36 "
+                "with the DRADeviceTaints and DRADeviceTaintRules feature gates and "
+                "resource.k8s.io/v1beta2)"
             )
         return DraApi(served["resourceslices"][0], served["devicetaintrules"][0])
 

@@ -781,6 +781,10 @@ class ControlPlane:
     spec: BuildSpec = field(default_factory=BuildSpec.read)
     tie_to_parent: bool = False
     schedulers: dict[str, Scheduler] = field(default_factory=dict)
+    # Extra flags, e.g. feature gates and runtime-config for an API that is off by default in
+    # the version built (the DRA e2e on a release where DeviceTaintRule is still alpha).
+    apiserver_args: tuple[str, ...] = ()
+    scheduler_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.pki = Pki(self.state_dir / "pki")
@@ -887,6 +891,7 @@ class ControlPlane:
                 f"--cert-dir={self.state_dir / 'apiserver-certs'}",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
 
@@ -1019,6 +1024,7 @@ class ControlPlane:
                     else []
                 ),
                 "--v=1",
+                *self.scheduler_args,
             ],
         )
         process.start(tie_to_parent=self.tie_to_parent)
@@ -1104,10 +1110,23 @@ def jwt_claims(token: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def running_control_plane(
-    state_dir: Path, *, ports: Ports | None = None, tie_to_parent: bool = True
+    state_dir: Path,
+    *,
+    ports: Ports | None = None,
+    tie_to_parent: bool = True,
+    spec: BuildSpec | None = None,
+    apiserver_args: Sequence[str] = (),
+    scheduler_args: Sequence[str] = (),
 ) -> Iterator[ControlPlane]:
     """`up` on entry, `down` on exit (tests and benchmarks)."""
-    plane = ControlPlane(state_dir, ports or Ports.free(), tie_to_parent=tie_to_parent)
+    plane = ControlPlane(
+        state_dir,
+        ports or Ports.free(),
+        spec=spec or BuildSpec.read(),
+        tie_to_parent=tie_to_parent,
+        apiserver_args=tuple(apiserver_args),
+        scheduler_args=tuple(scheduler_args),
+    )
     plane.up()
     try:
         yield plane
