@@ -431,3 +431,65 @@ def test_agent_cannot_write_a_rule_for_another_nodes_pool(
     with pytest.raises(ForbiddenError, match="may only taint NoSchedule"):
         client.apply_rule(api, evicting)
     assert rules(control_plane, identity.other_node) == {}
+
+
+def pinned_claim_pod(
+    scope: Scope, short_name: str, device_uuid: str, *, tolerate: str | None
+) -> str:
+    """A pod with its own claim for the GPU of `device_uuid`, tolerating the key `tolerate`."""
+    request: dict[str, Any] = {
+        "deviceClassName": DRIVER,
+        "selectors": [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].uuid == "{device_uuid}"'}}
+        ],
+    }
+    if tolerate is not None:
+        request["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
+    name = scope.name(short_name)
+    scope.api.create(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+        {
+            "metadata": {"name": f"{name}-{CLAIM_NAME}"},
+            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}},
+        },
+    )
+    scope.pod(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [
+                    {"name": CLAIM_NAME, "resourceClaimName": f"{name}-{CLAIM_NAME}"}
+                ],
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                        "resources": {"claims": [{"name": CLAIM_NAME}]},
+                    }
+                ],
+            },
+        }
+    )
+    return name
+
+
+def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
+    dra_agent: DraAgent, identity: AgentIdentity, control_plane: ControlPlane, scope: Scope
+) -> None:
+    dra_agent.source.gpus[3] = (0.99, 60)
+    dra_agent.tick(after_s=5)
+    assert rules(control_plane, identity.own_node) == {"gpu-3": PREFIX + "utilization"}
+    scope.settle()
+    plain = pinned_claim_pod(scope, "plain", uuid_of(3), tolerate=None)
+    tolerant = pinned_claim_pod(scope, "tolerant", uuid_of(3), tolerate=PREFIX + "utilization")
+    pods = [plain, tolerant]
+    result = wait_for(
+        "the scheduler to try both pods",
+        lambda: outcome(scope.api, pods),
+        timeout_s=60,
+        interval_s=0.5,
+    )
+    release(scope.api, pods)
+    assert result == {plain: None, tolerant: "gpu-3"}
