@@ -29,6 +29,7 @@ from agent.dra import TaintPolicy
 from agent.kube import DraClient, ForbiddenError, api_client_for
 from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
+from agent.simulated import SimulatedSource
 from agent.tainter import DeviceTainter, DraState
 from loopback_cluster.control_plane import (
     TOOLS_K8S,
@@ -38,7 +39,7 @@ from loopback_cluster.control_plane import (
     SchedulerConfig,
     running_control_plane,
 )
-from loopback_cluster.workload import wait_for
+from loopback_cluster.workload import agent_process, running, wait_for
 from tests.e2e.support import AgentIdentity, Scope, installed_agent, require_control_plane
 
 DRIVER = "gpu.nvidia.com"
@@ -117,8 +118,9 @@ def uuid_of(minor: int) -> str:
     return f"GPU-5f3c1e2a-0000-4000-8000-{minor:012d}"
 
 
-def publish_slice(api: KubeApi, node: str) -> None:
+def publish_slice(api: KubeApi, node: str, uuids: list[str] | None = None) -> None:
     """The ResourceSlice NVIDIA's DRA driver publishes for `node` (resource.k8s.io/v1)."""
+    uuids = uuids or [uuid_of(minor) for minor in range(GPUS)]
     api.create(
         f"{RESOURCE}/v1/resourceslices",
         {
@@ -132,7 +134,7 @@ def publish_slice(api: KubeApi, node: str) -> None:
                         "name": f"gpu-{minor}",
                         "attributes": {
                             "type": {"string": "gpu"},
-                            "uuid": {"string": uuid_of(minor)},
+                            "uuid": {"string": uuids[minor]},
                             "productName": {"string": "NVIDIA H100 80GB HBM3"},
                         },
                         "capacity": {"memory": {"value": "80Gi"}},
@@ -370,8 +372,11 @@ def test_allocator_skips_tainted_gpus_while_a_cool_one_fits_and_takes_a_recovere
     source.gpus[2] = (0.30, 88)
     del source.gpus[4]
     dra_agent.tick(after_s=5)
-    tainted = {"gpu-0": PREFIX + "utilization", "gpu-2": PREFIX + "temperature",
-               "gpu-4": PREFIX + "health"}  # fmt: skip
+    tainted = {
+        "gpu-0": PREFIX + "utilization",
+        "gpu-2": PREFIX + "temperature",
+        "gpu-4": PREFIX + "health",
+    }
     assert rules(control_plane, node) == tainted
     scope.settle()  # the scheduler's DeviceTaintRule informer
 
@@ -497,3 +502,46 @@ def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
     )
     release(scope.api, pods)
     assert result == {plain: None, tolerant: "gpu-3"}
+
+
+def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
+    identity: AgentIdentity, control_plane: ControlPlane, scope: Scope, tmp_path: Path
+) -> None:
+    """`gpu-agent run` as the chart runs it, on the simulated source that loses one GPU."""
+    seed = 3
+    simulated = SimulatedSource(gpus=GPUS, seed=seed)
+    uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
+    simulated.close()
+    lost = f"gpu-{seed % GPUS}"  # the simulated source loses GPU seed % gpus
+    # The agent's token is bound to identity.own_node; run it as that node with the slice of
+    # the simulated GPUs instead of the test's own.
+    scope.api.delete(f"{RESOURCE}/v1/resourceslices/{identity.own_node}-{DRIVER}")
+    publish_slice(scope.api, identity.own_node, uuids)
+    kubeconfig = control_plane.token_kubeconfig(tmp_path / "agent.kubeconfig", identity.token)
+    agent = agent_process(
+        tmp_path,
+        node_name=identity.own_node,
+        kubeconfig=kubeconfig,
+        extra_args=[
+            f"--seed={seed}",
+            "--simulated-lose-gpu-after=3",
+            "--sample-interval=1",
+            "--min-write-interval=1",
+            # Seconds, not the default minute: a busy GPU's taint turns into the health one at once.
+            "--dra-min-write-interval=1",
+        ],
+    )
+    with running(agent):
+
+        def health_rule() -> dict[str, str] | None:
+            found = rules(control_plane, identity.own_node)
+            return found if found.get(lost) == PREFIX + "health" else None
+
+        held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
+    assert held[lost] == PREFIX + "health", agent.log()
+    assert all(key.startswith(PREFIX) for key in held.values())
+    assert "DRA device taints active" in agent.log()
+    assert rules(control_plane, identity.other_node) == {}
+    with control_plane.admin() as api:
+        for device in held:
+            api.delete(f"{RESOURCE}/v1/devicetaintrules/gpu-scheduler.{identity.own_node}.{device}")
