@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
+from agent.daemon import Agent
 from agent.dra import TaintKind, TaintPolicy
 from agent.kube import (
     ApiError,
@@ -30,6 +31,7 @@ from agent.kube import (
 from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.tainter import DeviceTainter, DraState
+from tests.agent.test_daemon import FakeSource
 from tests.agent.test_dra import DRIVER, NODE, PREFIX, device, resource_slice
 
 T0 = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
@@ -288,3 +290,22 @@ def test_dra_failures_are_classified_with_the_request_named(
     assert text in str(error)
     if isinstance(error, TooManyRequestsError):
         assert error.retry_after_s == 7.0
+
+
+class _Broken(FakeDra):
+    def list_slices(self, api: DraApi, *, driver: str) -> list[object]:
+        raise RuntimeError("a bug in the DRA side")
+
+
+def test_the_agent_tick_runs_the_taints_and_survives_their_bugs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeDra(slices=[resource_slice(devices=[device(0, "GPU-0")])])
+    working = Agent(
+        source=FakeSource(utilization=0.99), writer=None, start_s=0.0, tainter=tainter(fake)
+    )
+    working.tick(now_s=5.0, wall_now=T0)
+    assert fake.keys() == {"gpu-0": "utilization"}
+    broken = Agent(source=FakeSource(), writer=None, start_s=0.0, tainter=tainter(_Broken()))
+    assert broken.tick(now_s=5.0, wall_now=T0).state is not None
+    assert "DRA device taints raised" in caplog.text

@@ -507,7 +507,7 @@ def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
 def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     identity: AgentIdentity, control_plane: ControlPlane, scope: Scope, tmp_path: Path
 ) -> None:
-    """`gpu-agent run` as the chart runs it, on the simulated source that loses one GPU."""
+    """The `gpu-agent run` binary with the chart's identity, on a simulated source losing a GPU."""
     seed = 3
     simulated = SimulatedSource(gpus=GPUS, seed=seed)
     uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
