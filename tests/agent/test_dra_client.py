@@ -8,10 +8,12 @@ a real one).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
 from agent.dra import DraDevice, TaintKind, rule_body
 from agent.kube import (
@@ -48,7 +50,9 @@ def client(kubeconfig: Path) -> Iterator[DraClient]:
 
 
 def test_a_cluster_without_dra_is_api_missing(client: DraClient) -> None:
-    with pytest.raises(DraApiMissing, match=r"no resource\.k8s\.io ResourceSlices"):
+    with pytest.raises(
+        DraApiMissing, match=r"no resource\.k8s\.io \(no Dynamic Resource Allocation\)"
+    ):
         client.discover()
 
 
@@ -93,3 +97,77 @@ def test_apply_faults_are_classified(
     assert request.param("force") == "true"
     assert request.headers["Content-Type"] == "application/apply-patch+yaml"
     assert request.json() == BODY
+
+
+class _Discovery:
+    """An `ApiClient` stand-in that answers discovery documents only (by path)."""
+
+    def __init__(self, documents: dict[str, object]) -> None:
+        self.documents = documents
+        self.paths: list[str] = []
+
+    def call_api(self, path: str, method: str, **_: object) -> object:
+        self.paths.append(path)
+        if path not in self.documents:
+            raise ApiException(status=404, reason="Not Found")
+        body = json.dumps(self.documents[path]).encode()
+        return type("Response", (), {"data": body})()
+
+
+def _group(*versions: str) -> dict[str, object]:
+    return {"kind": "APIGroup", "versions": [{"version": v} for v in versions]}
+
+
+def _resources(*names: str) -> dict[str, object]:
+    return {"kind": "APIResourceList", "resources": [{"name": n} for n in names]}
+
+
+DISCOVERY_CASES = [
+    pytest.param(
+        {
+            "/apis/resource.k8s.io": _group("v1"),
+            "/apis/resource.k8s.io/v1": _resources("resourceslices", "devicetaintrules"),
+        },
+        DraApi("v1", "v1"),
+        ["/apis/resource.k8s.io", "/apis/resource.k8s.io/v1"],
+        id="1.37",
+    ),
+    pytest.param(
+        {
+            "/apis/resource.k8s.io": _group("v1", "v1beta2"),
+            "/apis/resource.k8s.io/v1": _resources("resourceslices", "resourceclaims"),
+            "/apis/resource.k8s.io/v1beta2": _resources("resourceslices", "devicetaintrules"),
+        },
+        DraApi("v1", "v1beta2"),
+        None,
+        id="1.36-with-gates",
+    ),
+    pytest.param(
+        {
+            "/apis/resource.k8s.io": _group("v1"),
+            "/apis/resource.k8s.io/v1": _resources("resourceslices", "resourceclaims"),
+        },
+        "DeviceTaintRules",
+        None,
+        id="1.36-without-gates",
+    ),
+    pytest.param({}, "no Dynamic Resource Allocation", ["/apis/resource.k8s.io"], id="no-dra"),
+    pytest.param(
+        {"/apis/resource.k8s.io": "not a document"}, "ResourceSlices", None, id="malformed"
+    ),
+]
+
+
+@pytest.mark.parametrize(("documents", "expected", "paths"), DISCOVERY_CASES)
+def test_discovery_finds_the_newest_served_versions(
+    documents: dict[str, object], expected: DraApi | str, paths: list[str] | None
+) -> None:
+    fake = _Discovery(documents)
+    client = DraClient(fake, node_name="gpu-node-1")
+    if isinstance(expected, DraApi):
+        assert client.discover() == expected
+    else:
+        with pytest.raises(DraApiMissing, match=expected):
+            client.discover()
+    if paths is not None:
+        assert fake.paths == paths
