@@ -189,10 +189,12 @@ class DeviceTainter:
             for problem in found.problems:
                 log.warning("DRA: %s", problem)
             self._logged_problems = found.problems
+        # A GPU keeps its write history across resyncs, even if its device was renamed.
         previous = self.gpus
-        self.gpus = {d.uuid: previous.get(d.uuid, _Gpu(d)) for d in found.devices}
-        for uuid, gpu in self.gpus.items():
-            gpu.device = next(d for d in found.devices if d.uuid == uuid)
+        self.gpus = {
+            d.uuid: _Gpu(d, previous[d.uuid].state if d.uuid in previous else TaintState())
+            for d in found.devices
+        }
         by_device = {gpu.device.name: gpu for gpu in self.gpus.values()}
         rules = own_rules(
             self.client.list_rules(api, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}"),
@@ -215,7 +217,7 @@ class DeviceTainter:
         for rule in rules:
             if rule.device not in by_device or rule.kind is None:
                 self.client.delete_rule(api, rule.name)
-                log.info("deleted DeviceTaintRule %s (device no longer published)", rule.name)
+                log.info("deleted DeviceTaintRule %s (its device or key is gone)", rule.name)
         self._publish_counts()
         matched = [g for g in self.gpus.values() if g.device.uuid in self.seen_uuids]
         return DraState.ACTIVE if matched or not self.seen_uuids else DraState.NO_DEVICES
