@@ -15,6 +15,7 @@ v1beta2 API (API server).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -353,6 +354,71 @@ def burst(scope: Scope, prefix: str) -> dict[str, str | None]:
     return result
 
 
+def pinned_claim_pod(
+    scope: Scope, short_name: str, device_uuid: str, *, tolerate: str | None
+) -> str:
+    """A pod with its own claim for the GPU of `device_uuid`, tolerating the key `tolerate`."""
+    request: dict[str, Any] = {
+        "deviceClassName": DRIVER,
+        "selectors": [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].uuid == "{device_uuid}"'}}
+        ],
+    }
+    if tolerate is not None:
+        request["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
+    name = scope.name(short_name)
+    scope.api.create(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+        {
+            "metadata": {"name": f"{name}-{CLAIM_NAME}"},
+            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}},
+        },
+    )
+    scope.pod(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [
+                    {"name": CLAIM_NAME, "resourceClaimName": f"{name}-{CLAIM_NAME}"}
+                ],
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                        "resources": {"claims": [{"name": CLAIM_NAME}]},
+                    }
+                ],
+            },
+        }
+    )
+    return name
+
+
+_probes = itertools.count()
+
+
+def scheduler_sees(scope: Scope, device_uuid: str, *, tainted: bool) -> None:
+    """Wait until kube-scheduler's view of the GPU's taint is `tainted`, read from its own
+    allocations: a probe claim for that GPU alone is refused while the scheduler has the rule and
+    allocated once it has the deletion. A probe that shows the old view is released and retried
+    (a fresh pod is tried at once; a refused one would wait in the unschedulable queue)."""
+
+    def probe() -> bool:
+        name = pinned_claim_pod(scope, f"probe-{next(_probes)}", device_uuid, tolerate=None)
+        found = wait_for(
+            "the scheduler to try the probe",
+            lambda: outcome(scope.api, [name]),
+            timeout_s=30,
+            interval_s=0.2,
+        )
+        release(scope.api, [name])
+        return (found[name] is None) == tainted
+
+    wait_for(f"the scheduler to see the taint {'on' if tainted else 'off'}", probe, timeout_s=60)
+
+
 # ----------------------------------------------------------------------------- tests
 
 
@@ -378,7 +444,8 @@ def test_allocator_skips_tainted_gpus_while_a_cool_one_fits_and_takes_a_recovere
         "gpu-4": PREFIX + "health",
     }
     assert rules(control_plane, node) == tainted
-    scope.settle()  # the scheduler's DeviceTaintRule informer
+    # The last rule written (gpu-4's): once the scheduler honours it, it has the others too.
+    scheduler_sees(scope, uuid_of(4), tainted=True)
 
     first = burst(scope, "a")
     allocated = [d for d in first.values() if d is not None]
@@ -395,7 +462,7 @@ def test_allocator_skips_tainted_gpus_while_a_cool_one_fits_and_takes_a_recovere
     assert "gpu-0" in rules(control_plane, node)
     dra_agent.tick(after_s=60)
     assert rules(control_plane, node) == {k: v for k, v in tainted.items() if k != "gpu-0"}
-    scope.settle()
+    scheduler_sees(scope, uuid_of(0), tainted=False)
 
     second = burst(scope, "b")
     allocated = [d for d in second.values() if d is not None]
@@ -442,55 +509,13 @@ def test_agent_cannot_write_a_rule_for_another_nodes_pool(
     assert rules(control_plane, identity.other_node) == {}
 
 
-def pinned_claim_pod(
-    scope: Scope, short_name: str, device_uuid: str, *, tolerate: str | None
-) -> str:
-    """A pod with its own claim for the GPU of `device_uuid`, tolerating the key `tolerate`."""
-    request: dict[str, Any] = {
-        "deviceClassName": DRIVER,
-        "selectors": [
-            {"cel": {"expression": f'device.attributes["{DRIVER}"].uuid == "{device_uuid}"'}}
-        ],
-    }
-    if tolerate is not None:
-        request["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
-    name = scope.name(short_name)
-    scope.api.create(
-        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
-        {
-            "metadata": {"name": f"{name}-{CLAIM_NAME}"},
-            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}},
-        },
-    )
-    scope.pod(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": SCHEDULER,
-                "terminationGracePeriodSeconds": 0,
-                "resourceClaims": [
-                    {"name": CLAIM_NAME, "resourceClaimName": f"{name}-{CLAIM_NAME}"}
-                ],
-                "containers": [
-                    {
-                        "name": "cuda",
-                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                        "resources": {"claims": [{"name": CLAIM_NAME}]},
-                    }
-                ],
-            },
-        }
-    )
-    return name
-
-
 def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
     dra_agent: DraAgent, identity: AgentIdentity, control_plane: ControlPlane, scope: Scope
 ) -> None:
     dra_agent.source.gpus[3] = (0.99, 60)
     dra_agent.tick(after_s=5)
     assert rules(control_plane, identity.own_node) == {"gpu-3": PREFIX + "utilization"}
-    scope.settle()
+    scheduler_sees(scope, uuid_of(3), tainted=True)
     plain = pinned_claim_pod(scope, "plain", uuid_of(3), tolerate=None)
     tolerant = pinned_claim_pod(scope, "tolerant", uuid_of(3), tolerate=PREFIX + "utilization")
     pods = [plain, tolerant]
