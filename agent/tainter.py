@@ -37,7 +37,7 @@ from agent.dra import (
     taint_failed,
     taint_written,
 )
-from agent.kube import ApiError, DraApi, DraApiMissing, ForbiddenError
+from agent.kube import ApiError, DraApi, DraApiMissing, ForbiddenError, NotFoundError
 from agent.metrics import AgentMetrics
 from agent.records import NodeReading
 
@@ -104,7 +104,8 @@ class DeviceTainter:
         self.seen_uuids |= {g.uuid for g in reading.gpus}
         if self.next_resync_s is None or now_s >= self.next_resync_s:
             self._resync(now_s)
-        if self.state is not DraState.ACTIVE or self.api is None:
+        api = self.api
+        if self.state is not DraState.ACTIVE or api is None:
             return
         read = [(g.uuid, g.utilization, g.temperature_c) for g in reading.gpus]
         if reading.fatal is not None:
@@ -117,7 +118,9 @@ class DeviceTainter:
                 if decision.reason is not TaintReason.IN_SYNC:
                     self.metrics.dra_suppressed.labels(reason=decision.reason.value).inc()
                 continue
-            self._write(self.api, gpu, decision.wanted, decision.reason, now_s=now_s)
+            self._write(api, gpu, decision.wanted, decision.reason, now_s=now_s)
+            if self.api is None:
+                break  # the API is gone: the next tick discovers it again
         self._publish_counts()
 
     def _write(
@@ -141,6 +144,11 @@ class DeviceTainter:
                 gpu.state, now_s=now_s, policy=self.policy, retry_after_s=error.retry_after_s
             )
             self.metrics.dra_api_errors.labels(code=error.code).inc()
+            if isinstance(error, NotFoundError):
+                # The resource itself is gone (a downgrade, the API turned off): discover again
+                # at the next tick rather than retry a path that no longer exists.
+                self.api = None
+                self.next_resync_s = now_s
             log.warning(
                 "device taint write for %s (%s) failed, next attempt in %.0f s: %s",
                 device.name,

@@ -309,3 +309,17 @@ def test_the_agent_tick_runs_the_taints_and_survives_their_bugs(
     broken = Agent(source=FakeSource(), writer=None, start_s=0.0, tainter=tainter(_Broken()))
     assert broken.tick(now_s=5.0, wall_now=T0).state is not None
     assert "DRA device taints raised" in caplog.text
+
+
+def test_a_404_on_a_rule_write_makes_the_next_tick_discover_again() -> None:
+    fake = FakeDra()
+    agent = tainter(fake)
+    agent.tick(reading(*COOL), now_s=0.0)
+    fake.fail["apply_rule"] = NotFoundError("gone", status=404)
+    agent.tick(reading(*B_BUSY), now_s=5.0)
+    assert fake.calls.count("discover") == 1
+    fake.missing = "the API server serves no resource.k8s.io DeviceTaintRules"
+    agent.tick(reading(*B_BUSY), now_s=10.0)
+    assert fake.calls.count("discover") == 2
+    assert agent.state is DraState.API_MISSING
+    assert fake.rules == {}
