@@ -386,3 +386,46 @@ def test_own_rules_reads_back_what_the_agent_wrote_and_nothing_else() -> None:
 def test_policy_rejects_bad_bounds(changes: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(changes))):
         TaintPolicy(**changes)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _mangled_slice(data: st.DataObject) -> object:
+    """A driver's slice with any one part replaced by arbitrary JSON."""
+    item = resource_slice()
+    path = data.draw(
+        st.sampled_from(
+            [
+                ("spec",),
+                ("spec", "pool"),
+                ("spec", "devices"),
+                ("spec", "pool", "generation"),
+                ("spec", "nodeName"),
+                ("spec", "devices", 0),
+                ("spec", "devices", 0, "attributes"),
+                ("spec", "devices", 0, "attributes", "uuid"),
+                ("spec", "devices", 0, "name"),
+            ]
+        )
+    )
+    target: Any = item
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = data.draw(JSON)
+    return item
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_node_devices_never_raises_on_malformed_slices(data: st.DataObject) -> None:
+    slices = [_mangled_slice(data), data.draw(JSON)]
+    found = node_devices(slices, driver=DRIVER, node_name=NODE)
+    assert all(d.pool == NODE and d.driver == DRIVER for d in found.devices)
+    assert len({d.uuid for d in found.devices}) == len(found.devices)
