@@ -365,23 +365,36 @@ def rule_name(device: DraDevice) -> str:
 
 
 def rule_body(
-    device: DraDevice, kind: TaintKind, *, prefix: str, api_version: str, value: str = ""
+    device: DraDevice,
+    kind: TaintKind,
+    *,
+    prefix: str,
+    api_version: str,
+    node_uid: str | None = None,
 ) -> dict[str, Any]:
     """The DeviceTaintRule that taints exactly `device` with NoSchedule under `prefix`.
 
     NoSchedule only: the allocator skips the device for new claims, and pods already running on
-    it are never evicted (NoExecute would).
+    it are never evicted (NoExecute would). Owned by the Node (when its UID is known), as the
+    driver's ResourceSlices are: the garbage collector removes the rules of a deleted Node, so
+    a scaled-down fleet leaves none behind. No `blockOwnerDeletion`: that would need delete
+    rights on Nodes.
     """
-    taint: dict[str, Any] = {"key": taint_key(prefix, kind), "effect": "NoSchedule"}
-    if value:
-        taint["value"] = value
+    metadata: dict[str, Any] = {
+        "name": rule_name(device),
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+    }
+    if node_uid:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": device.pool, "uid": node_uid}
+        ]
     return {
         "apiVersion": f"resource.k8s.io/{api_version}",
         "kind": "DeviceTaintRule",
-        "metadata": {"name": rule_name(device), "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+        "metadata": metadata,
         "spec": {
             "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
-            "taint": taint,
+            "taint": {"key": taint_key(prefix, kind), "effect": "NoSchedule"},
         },
     }
 

@@ -438,6 +438,15 @@ class DraClient:
             )
         return DraApi(found["resourceslices"], found["devicetaintrules"])
 
+    def node_uid(self) -> str | None:
+        """This Node's UID (the owner of the agent's rules); None when it cannot be read."""
+        node = self._call(
+            "GET", f"/api/v1/nodes/{self.node_name}", action=f"reading node {self.node_name!r}"
+        )
+        metadata = node.get("metadata") if isinstance(node, dict) else None
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
+        return uid if isinstance(uid, str) and uid else None
+
     def list_slices(self, api: DraApi, *, driver: str) -> list[object]:
         """The ResourceSlices of `driver` on this node (the server filters by field)."""
         listing = self._call(

@@ -58,6 +58,7 @@ class DraApiClient(Protocol):
     """What the tainter needs from `agent.kube.DraClient` (tests pass a fake)."""
 
     def discover(self) -> DraApi: ...
+    def node_uid(self) -> str | None: ...
     def list_slices(self, api: DraApi, *, driver: str) -> list[object]: ...
     def list_rules(self, api: DraApi, *, label_selector: str) -> list[object]: ...
     def apply_rule(self, api: DraApi, body: Mapping[str, Any]) -> None: ...
@@ -97,6 +98,8 @@ class DeviceTainter:
         # Every GPU UUID NVML has read since start: one of them missing now is a lost GPU.
         self.seen_uuids: frozenset[str] = frozenset()
         self.next_resync_s: float | None = None
+        # The Node's UID, the owner of the rules; read once, None while unknown.
+        self.node_uid: str | None = None
         self._logged_problems: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ tick
@@ -137,7 +140,13 @@ class DeviceTainter:
             if wanted is None:
                 self.client.delete_rule(api, rule_name(device))
             else:
-                body = rule_body(device, wanted, prefix=self.prefix, api_version=api.rules_version)
+                body = rule_body(
+                    device,
+                    wanted,
+                    prefix=self.prefix,
+                    api_version=api.rules_version,
+                    node_uid=self.node_uid,
+                )
                 self.client.apply_rule(api, body)
         except ApiError as error:
             gpu.state = taint_failed(
@@ -188,6 +197,12 @@ class DeviceTainter:
         if self.api is None or self.state is not DraState.ACTIVE:
             self.api = self.client.discover()
         api = self.api
+        if self.node_uid is None:
+            try:
+                self.node_uid = self.client.node_uid()
+            except ApiError as error:
+                # Rules without an owner still work; they are only not collected with the Node.
+                log.warning("cannot read node %r for the rules' owner: %s", self.node_name, error)
         found = node_devices(
             self.client.list_slices(api, driver=self.driver),
             driver=self.driver,

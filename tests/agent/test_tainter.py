@@ -64,6 +64,10 @@ class FakeDra:
             raise DraApiMissing(self.missing)
         return API
 
+    def node_uid(self) -> str | None:
+        self._maybe_fail("node_uid")
+        return "6f1f2c1e-0000-4000-8000-000000000001"
+
     def list_slices(self, api: DraApi, *, driver: str) -> list[object]:
         self._maybe_fail("list_slices")
         return self.slices
@@ -323,3 +327,23 @@ def test_a_404_on_a_rule_write_makes_the_next_tick_discover_again() -> None:
     assert fake.calls.count("discover") == 2
     assert agent.state is DraState.API_MISSING
     assert fake.rules == {}
+
+
+def test_rules_are_owned_by_the_node_unless_it_cannot_be_read() -> None:
+    fake = FakeDra()
+    agent = tainter(fake)
+    agent.tick(reading(*B_BUSY), now_s=0.0)
+    (rule,) = fake.rules.values()
+    assert rule["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": NODE,
+            "uid": "6f1f2c1e-0000-4000-8000-000000000001",
+        }
+    ]
+    unreadable = FakeDra(fail={"node_uid": ForbiddenError("403", status=403)})
+    agent = tainter(unreadable)
+    agent.tick(reading(*B_BUSY), now_s=0.0)
+    (rule,) = unreadable.rules.values()
+    assert "ownerReferences" not in rule["metadata"]

@@ -444,6 +444,13 @@ def test_allocator_skips_tainted_gpus_while_a_cool_one_fits_and_takes_a_recovere
         "gpu-4": PREFIX + "health",
     }
     assert rules(control_plane, node) == tainted
+    # Owned by the Node, as the driver's slices are: collected with it.
+    version = dra_agent.tainter.api.rules_version
+    held = scope.api.get(f"{RESOURCE}/{version}/devicetaintrules/gpu-scheduler.{node}.gpu-0")
+    node_uid = scope.api.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    assert held["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+    ]
     # The last rule written (gpu-4's): once the scheduler honours it, it has the others too.
     scheduler_sees(scope, uuid_of(4), tainted=True)
 
