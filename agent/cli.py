@@ -37,6 +37,7 @@ from agent.http import HealthServer
 from agent.kube import (
     ApiError,
     CredentialsMissingError,
+    DraClient,
     NodeAnnotator,
     Timeouts,
     api_client_for,
@@ -45,6 +46,7 @@ from agent.limiter import heartbeat_lead_s
 from agent.metrics import AgentMetrics
 from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
 from agent.sources import GpuSource, SourceUnavailable, open_source
+from agent.tainter import DeviceTainter
 from gpu_contract.schema import merge_patch
 
 log = logging.getLogger("agent")
@@ -252,6 +254,28 @@ def cmd_run(settings: AgentSettings) -> int:
         return _run(settings, settings.node_name, stop)
 
 
+def _tainter(
+    settings: AgentSettings,
+    api: Any,
+    *,
+    node_name: str,
+    metrics: AgentMetrics,
+    timeouts: Timeouts,
+) -> DeviceTainter | None:
+    if not settings.dra_taints:
+        log.info("DRA device taints off (--dra-taints false)")
+        return None
+    return DeviceTainter(
+        DraClient(api, node_name=node_name, timeouts=timeouts),
+        node_name=node_name,
+        driver=settings.dra_driver,
+        prefix=settings.annotation_prefix,
+        policy=settings.taint_policy(),
+        metrics=metrics,
+        resync_interval_s=settings.dra_resync_interval,
+    )
+
+
 def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
     try:
         api = api_client_for(settings.kubeconfig)
@@ -288,6 +312,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         heartbeat_lead_s=heartbeat_lead_s(policy=policy, fraction=random_fraction(seed=seed)),
         request_budget_s=timeouts.connect_s + timeouts.read_s + _allocation_budget_s(settings),
         allocations=allocations,
+        tainter=_tainter(settings, api, node_name=node_name, metrics=metrics, timeouts=timeouts),
     )
     server = None
     if settings.metrics_port:

@@ -47,6 +47,7 @@ from agent.limiter import (
 from agent.metrics import AgentMetrics
 from agent.records import DeviceAllocations, NodeReading
 from agent.sources import GpuSource
+from agent.tainter import DeviceTainter
 from gpu_contract.schema import DEFAULT_KEYS, Keys, NodeGpuState, encode
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,11 @@ class Agent:
         request_budget_s: float = 0.0,
         allocations: AllocationSource | None = None,
         allocation_policy: AllocationPolicy | None = None,
+        tainter: DeviceTainter | None = None,
     ) -> None:
         self.source = source
+        # None: no DRA device taints (turned off, or a dry run).
+        self.tainter = tainter
         # None: allocations are not asked for and per-gpu-allocated is never published.
         self.allocations = allocations
         self.allocation_policy = (
@@ -157,6 +161,12 @@ class Agent:
         started = time.perf_counter()
         try:
             result = self._tick(now_s=now_s, wall_now=wall_now)
+            if self.tainter is not None:
+                try:
+                    self.tainter.tick(result.reading, now_s=now_s)
+                except Exception:
+                    # The taint side must not stop the annotations; its faults are its own.
+                    log.exception("DRA device taints raised; the annotations are unaffected")
         finally:
             self.metrics.tick_duration.observe(time.perf_counter() - started)
         self.last_tick_s = now_s

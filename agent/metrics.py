@@ -14,6 +14,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.allocations import QUERY_FAILURE_REASONS, UNKNOWN_REASONS
+from agent.dra import TAINT_SUPPRESS_REASONS, TAINT_WRITE_REASONS, TaintKind, TaintReason
 from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
 from gpu_contract.schema import Health
 
@@ -107,6 +108,45 @@ class AgentMetrics:
             "1 when the last tick's state carried per-gpu-allocated, else 0.",
             registry=self.registry,
         )
+        # DRA device taints (agent/tainter.py).
+        self.dra_state = Gauge(
+            "gpu_agent_dra_state",
+            "What the DRA device-taint side does (1 for the current state, 0 for the others): "
+            "active, no-devices, api-missing, forbidden, error.",
+            ["state"],
+            registry=self.registry,
+        )
+        self.dra_writes = Counter(
+            "gpu_agent_dra_taint_writes",
+            "Successful DeviceTaintRule writes, by why: taint, untaint, change (of the key).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.dra_suppressed = Counter(
+            "gpu_agent_dra_taint_writes_suppressed",
+            "Due DeviceTaintRule writes held back, by why.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.dra_api_errors = Counter(
+            "gpu_agent_dra_api_errors",
+            "Failed DRA API requests (discovery, lists, rule writes), by HTTP status code.",
+            ["code"],
+            registry=self.registry,
+        )
+        self.dra_tainted = Gauge(
+            "gpu_agent_dra_tainted_gpus",
+            "GPUs of this node whose DeviceTaintRule the server holds, by taint key.",
+            ["key"],
+            registry=self.registry,
+        )
+        for taint_reason in TAINT_WRITE_REASONS:
+            self.dra_writes.labels(reason=taint_reason.value)
+        for taint_reason in TAINT_SUPPRESS_REASONS:
+            if taint_reason is not TaintReason.IN_SYNC:
+                self.dra_suppressed.labels(reason=taint_reason.value)
+        for kind in TaintKind:
+            self.dra_tainted.labels(key=kind.value)
         # Pre-create every label value so dashboards see zeros rather than absent series.
         for result in ("ok", *QUERY_FAILURE_REASONS):
             self.pod_resources_requests.labels(result=result)

@@ -19,6 +19,7 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.allocations import DEFAULT_POD_RESOURCES_SOCKET
+from agent.dra import DEFAULT_DRIVER, TaintPolicy
 from agent.limiter import WritePolicy
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError, normalize_prefix
 
@@ -130,6 +131,57 @@ class AgentSettings(BaseSettings):
     pod_resources_timeout: float = Field(
         default=1.0, gt=0, le=30, description="Seconds one pod-resources call may take."
     )
+    dra_taints: bool = Field(
+        default=True,
+        description=(
+            "Publish a DeviceTaintRule (NoSchedule) for each of the node's DRA GPUs that breaks "
+            "the device rules; without the API or its RBAC the agent says so once and goes on."
+        ),
+    )
+    dra_driver: str = Field(
+        default=DEFAULT_DRIVER,
+        min_length=1,
+        description="The DRA driver whose ResourceSlices publish this node's GPUs.",
+    )
+    dra_utilization_limit: float = Field(
+        default=0.90,
+        gt=0,
+        le=1,
+        description="Taint a GPU whose window-averaged utilization is above this (the scorer's).",
+    )
+    dra_utilization_margin: float = Field(
+        default=0.10,
+        ge=0,
+        lt=1,
+        description="Untaint only when utilization is below the limit minus this.",
+    )
+    dra_temperature_limit: int = Field(
+        default=85,
+        ge=1,
+        le=150,
+        description="Taint a GPU at or above this temperature, degrees C (the scorer's).",
+    )
+    dra_temperature_margin: int = Field(
+        default=5,
+        ge=0,
+        le=50,
+        description="Untaint only when the temperature is below the limit minus this.",
+    )
+    dra_min_write_interval: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Minimum seconds between two taint writes of one GPU.",
+    )
+    dra_max_writes_per_hour: int = Field(
+        default=12, ge=1, le=3600, description="Most taint writes of one GPU in any hour."
+    )
+    dra_resync_interval: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        description="Seconds between re-reads of the ResourceSlices and the agent's rules.",
+    )
     annotation_prefix: str = Field(
         default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
     )
@@ -179,6 +231,16 @@ class AgentSettings(BaseSettings):
                 f"heartbeat ({self.heartbeat:g}) must be >= min-write-interval "
                 f"({self.min_write_interval:g})"
             )
+        if self.dra_utilization_margin >= self.dra_utilization_limit:
+            raise ValueError(
+                f"dra-utilization-margin ({self.dra_utilization_margin:g}) must be < "
+                f"dra-utilization-limit ({self.dra_utilization_limit:g})"
+            )
+        if self.dra_temperature_margin >= self.dra_temperature_limit:
+            raise ValueError(
+                f"dra-temperature-margin ({self.dra_temperature_margin}) must be < "
+                f"dra-temperature-limit ({self.dra_temperature_limit})"
+            )
         if self.backoff_max < self.backoff_base:
             raise ValueError(
                 f"backoff-max ({self.backoff_max:g}) must be >= backoff-base "
@@ -202,6 +264,21 @@ class AgentSettings(BaseSettings):
             backoff_base_s=self.backoff_base,
             backoff_max_s=self.backoff_max,
         )
+
+    def taint_policy(self) -> TaintPolicy:
+        try:
+            return TaintPolicy(
+                utilization_limit=self.dra_utilization_limit,
+                utilization_margin=self.dra_utilization_margin,
+                temperature_limit_c=self.dra_temperature_limit,
+                temperature_margin_c=self.dra_temperature_margin,
+                min_write_interval_s=self.dra_min_write_interval,
+                max_writes_per_hour=self.dra_max_writes_per_hour,
+                backoff_base_s=max(self.backoff_base, self.dra_min_write_interval),
+                backoff_max_s=max(self.backoff_max, self.dra_min_write_interval),
+            )
+        except ValueError as exc:
+            raise SettingsError(f"invalid settings: {exc}") from None
 
     def keys(self) -> Keys:
         return Keys.for_prefix(self.annotation_prefix)

@@ -405,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-per-gpu", action="store_true", help="publish node-level keys only (for comparison)"
     )
     parser.add_argument(
+        "--taints",
+        action="store_true",
+        help="add the DRA device-taint writes (fleet_sim.taints) and the per-node total",
+    )
+    parser.add_argument(
         "--storm",
         metavar="START:END:RETRY_AFTER",
         help="a 429 window in seconds of simulated time, e.g. 600:900:30",
@@ -426,7 +431,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_gpu=not args.no_per_gpu,
     )
     result = simulate(config)
-    print(json.dumps(result.summary(args.pending_pods), indent=2, sort_keys=True))
+    summary = result.summary(args.pending_pods)
+    if args.taints:
+        from fleet_sim.taints import simulate_taints  # noqa: PLC0415  (only this option)
+
+        run = simulate_taints(
+            nodes=config.nodes,
+            duration_s=config.duration_s,
+            interval_s=config.interval_s,
+            seed=config.seed,
+            gpus_per_node=config.gpus_per_node,
+            warmup_s=config.warmup_s,
+        )
+        summary.update(run.summary())
+        annotation_per_node_per_min = result.writes_per_s * 60.0 / config.nodes
+        summary["annotation_writes_per_node_per_minute"] = round(annotation_per_node_per_min, 4)
+        summary["writes_per_node_per_minute"] = round(
+            annotation_per_node_per_min + run.writes_per_node_per_minute, 4
+        )
+    print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 
 

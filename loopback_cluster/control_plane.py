@@ -138,6 +138,11 @@ class BuildSpec:
         return ".".join(self.kubernetes_version.split(".")[:2])
 
     @property
+    def release(self) -> tuple[int, ...]:
+        """`(1, 37, 2)` of `v1.37.2`: for comparing versions."""
+        return _version_key(self.kubernetes_version)
+
+    @property
     def default(self) -> bool:
         return self.modfile == "go.mod"
 
@@ -1190,6 +1195,7 @@ def running_control_plane(
     *,
     ports: Ports | None = None,
     tie_to_parent: bool = True,
+    spec: BuildSpec | None = None,
     feature_gates: Mapping[str, bool] | None = None,
     runtime_config: Sequence[str] = (),
 ) -> Iterator[ControlPlane]:
@@ -1197,6 +1203,7 @@ def running_control_plane(
     plane = ControlPlane(
         state_dir,
         ports or Ports.free(),
+        spec=spec or BuildSpec.for_version(),
         tie_to_parent=tie_to_parent,
         feature_gates=dict(feature_gates or {}),
         runtime_config=tuple(runtime_config),

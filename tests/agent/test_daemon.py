@@ -162,6 +162,11 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "gpu_agent_pod_resources_requests",
         "gpu_agent_allocations_unknown",
         "gpu_agent_allocations_published",
+        "gpu_agent_dra_state",
+        "gpu_agent_dra_taint_writes",
+        "gpu_agent_dra_taint_writes_suppressed",
+        "gpu_agent_dra_api_errors",
+        "gpu_agent_dra_tainted_gpus",
     }
     for name, family in families.items():
         samples = {sample.name for sample in family.samples}

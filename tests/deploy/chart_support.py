@@ -206,6 +206,8 @@ VARIANTS: dict[str, Variant] = {
     ),
     "agent-only": Variant({"scorer": {"enabled": False}, "scheduler": {"enabled": False}}),
     "pod-resources-off": Variant({"agent": {"podResources": {"enabled": False}}}),
+    "dra-off": Variant({"agent": {"dra": {"enabled": False}}}),
+    "dra-other-driver": Variant({"agent": {"dra": {"driver": "gpu.example.org"}}}),
     "tenant-profiles": Variant({"scorer": {"policy": TENANT_POLICY}}),
     "tenant-profiles-by-name": Variant(
         {"scorer": {"policy": {"profiles": [TENANT_POLICY["profiles"][0]]}}}

@@ -282,9 +282,26 @@ def test_a_settings_change_changes_the_config_checksum() -> None:
     assert checksum(render("simulated-custom-prefix")) != default
 
 
-def test_agent_rbac_is_get_and_patch_on_nodes_only() -> None:
-    role = render("defaults").get("ClusterRole", AGENT)
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+NODE_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
+DRA_RULES = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["devicetaintrules"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("variant", "rules"),
+    [("defaults", [NODE_RULE, *DRA_RULES]), ("dra-off", [NODE_RULE])],
+)
+def test_agent_rbac_is_nodes_get_patch_and_dra_read_slices_write_rules(
+    variant: str, rules: list[Manifest]
+) -> None:
+    role = render(variant).get("ClusterRole", AGENT)
+    assert role["rules"] == rules
     binding = render("defaults").get("ClusterRoleBinding", AGENT)
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": AGENT, "namespace": NAMESPACE}
@@ -300,6 +317,7 @@ def _policy_names(variant: str) -> set[str]:
 
 
 AGENT_POLICY = f"{FULLNAME}-agent-own-node-annotations"
+DRA_POLICY = f"{FULLNAME}-agent-own-device-taints"
 GPU_DATA_POLICY = f"{FULLNAME}-gpu-data-writers"
 # The schedulerName guard (tests/deploy/test_scheduler_guard_policy.py).
 GUARD_POLICIES = {f"{FULLNAME}-require-scheduler", f"{FULLNAME}-restrict-scheduler"}
@@ -308,10 +326,11 @@ GUARD_POLICIES = {f"{FULLNAME}-require-scheduler", f"{FULLNAME}-restrict-schedul
 @pytest.mark.parametrize(
     ("variant", "expected"),
     [
-        ("defaults", {AGENT_POLICY, GPU_DATA_POLICY, *GUARD_POLICIES}),
+        ("defaults", {AGENT_POLICY, DRA_POLICY, GPU_DATA_POLICY, *GUARD_POLICIES}),
         ("admission-policy-off", {GPU_DATA_POLICY, *GUARD_POLICIES}),
-        ("gpu-data-policy-off", {AGENT_POLICY, *GUARD_POLICIES}),
-        ("scheduler-guard-off", {AGENT_POLICY, GPU_DATA_POLICY}),
+        ("gpu-data-policy-off", {AGENT_POLICY, DRA_POLICY, *GUARD_POLICIES}),
+        ("scheduler-guard-off", {AGENT_POLICY, DRA_POLICY, GPU_DATA_POLICY}),
+        ("dra-off", {AGENT_POLICY, GPU_DATA_POLICY, *GUARD_POLICIES}),
     ],
 )
 def test_admission_policy_toggles(variant: str, expected: set[str]) -> None:

@@ -192,6 +192,10 @@ GPU_AGENT_METRICS_PORT: {{ .Values.agent.metricsPort | toString | quote }}
 GPU_AGENT_LOG_LEVEL: {{ .Values.agent.logLevel | quote }}
 GPU_AGENT_LOG_FORMAT: {{ .Values.agent.logFormat | quote }}
 GPU_AGENT_POD_RESOURCES: {{ .Values.agent.podResources.enabled | toString | quote }}
+GPU_AGENT_DRA_TAINTS: {{ .Values.agent.dra.enabled | toString | quote }}
+{{- if .Values.agent.dra.enabled }}
+GPU_AGENT_DRA_DRIVER: {{ .Values.agent.dra.driver | quote }}
+{{- end }}
 {{- if .Values.agent.podResources.enabled }}
 GPU_AGENT_POD_RESOURCES_SOCKET: {{ printf "%s/kubelet.sock" (include "gls.agent.podResourcesDir" .) | quote }}
 {{- end }}

@@ -1,0 +1,563 @@
+"""Live GPU state steers kube-scheduler's DRA allocator, on a real control plane.
+
+The test plays NVIDIA's DRA driver (a ResourceSlice per node, pool named after the node, each GPU
+a device `gpu-<minor>` with a `uuid` attribute) and the resourceclaim controller (a claim per pod
+from a ResourceClaimTemplate, named in the pod's status), which do not run here. The agent's DRA
+side runs in this process with the real client, under the chart's RBAC and admission policy and
+a pod-bound token; its GPU readings are set by the test. The real kube-scheduler allocates, and
+its choices are read from each claim's `status.allocation`.
+
+The control plane is the newest built: Kubernetes 1.37 serves DeviceTaintRule as
+resource.k8s.io/v1; on 1.36 it is resource.k8s.io/v1beta2, off by default, and the test turns on
+the DRADeviceTaints and DRADeviceTaintRules feature gates (API server and scheduler) and the
+v1beta2 API (API server).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from agent.daemon import Agent
+from agent.dra import TaintPolicy
+from agent.kube import DraClient, ForbiddenError, api_client_for
+from agent.metrics import AgentMetrics
+from agent.records import GpuReading, NodeReading
+from agent.simulated import SimulatedSource
+from agent.tainter import DeviceTainter, DraState
+from loopback_cluster.control_plane import (
+    BuildSpec,
+    ControlPlane,
+    KubeApi,
+    SchedulerConfig,
+    running_control_plane,
+)
+from loopback_cluster.workload import agent_process, running, wait_for
+from tests.e2e.support import AgentIdentity, Scope, installed_agent, require_control_plane
+
+DRIVER = "gpu.nvidia.com"
+PREFIX = "gpu-scheduler.example.com/"
+SCHEDULER = "dra-e2e"
+GPUS = 8
+BURST = 20
+CLAIM_NAME = "gpu"
+TEMPLATE = "one-gpu"
+GATE = "e2e.example.com/claims-ready"
+RESOURCE = "/apis/resource.k8s.io"
+T0 = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
+# v1.36 serves DeviceTaintRule as v1beta2, behind these gates on the API server and the scheduler;
+# from v1.37 it is GA (resource.k8s.io/v1) and on by default.
+BETA_GATES: Final = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+BETA_API: Final = ("resource.k8s.io/v1beta2=true",)
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """This module's own control plane (overrides the suite's): the version the matrix chose,
+    with DeviceTaintRule's gates where that version still has them behind gates."""
+    require_control_plane()
+    beta = BuildSpec.for_version().release < (1, 37)
+    with running_control_plane(
+        tmp_path_factory.mktemp("dra-plane"),
+        feature_gates=BETA_GATES if beta else None,
+        runtime_config=BETA_API if beta else (),
+    ) as plane:
+        plane.start_scheduler(SchedulerConfig(SCHEDULER))
+        with plane.admin() as api:
+            api.create(
+                f"{RESOURCE}/v1/deviceclasses",
+                {
+                    "metadata": {"name": DRIVER},
+                    "spec": {
+                        "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+                    },
+                },
+            )
+            api.create(
+                f"{RESOURCE}/v1/namespaces/default/resourceclaimtemplates",
+                {
+                    "metadata": {"name": TEMPLATE},
+                    "spec": {
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {"name": CLAIM_NAME, "exactly": {"deviceClassName": DRIVER}}
+                                ]
+                            }
+                        }
+                    },
+                },
+            )
+        yield plane
+
+
+def uuid_of(minor: int) -> str:
+    return f"GPU-5f3c1e2a-0000-4000-8000-{minor:012d}"
+
+
+def publish_slice(api: KubeApi, node: str, uuids: list[str] | None = None) -> None:
+    """The ResourceSlice NVIDIA's DRA driver publishes for `node` (resource.k8s.io/v1)."""
+    uuids = uuids or [uuid_of(minor) for minor in range(GPUS)]
+    api.create(
+        f"{RESOURCE}/v1/resourceslices",
+        {
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {
+                        "name": f"gpu-{minor}",
+                        "attributes": {
+                            "type": {"string": "gpu"},
+                            "uuid": {"string": uuids[minor]},
+                            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                        },
+                        "capacity": {"memory": {"value": "80Gi"}},
+                    }
+                    for minor in range(GPUS)
+                ],
+            },
+        },
+    )
+
+
+@dataclass
+class SetSource:
+    """A GPU source whose readings the test sets: (utilization, temperature) per minor."""
+
+    gpus: dict[int, tuple[float, int]] = field(
+        default_factory=lambda: dict.fromkeys(range(GPUS), (0.10, 45))
+    )
+
+    def read(self, now: datetime) -> NodeReading:
+        return NodeReading(
+            sampled_at=now,
+            gpus=tuple(
+                GpuReading(uuid_of(m), m, "NVIDIA H100 80GB HBM3", u, 81559, 80000, t)
+                for m, (u, t) in sorted(self.gpus.items())
+            ),
+            device_count=GPUS,
+            lost=tuple(f"gpu {m}: lost" for m in range(GPUS) if m not in self.gpus),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class DraAgent:
+    agent: Agent
+    tainter: DeviceTainter
+    source: SetSource
+    now_s: float = 0.0
+
+    def tick(self, *, after_s: float) -> None:
+        self.now_s += after_s
+        self.agent.tick(now_s=self.now_s, wall_now=T0)
+
+
+@pytest.fixture
+def identity(scope: Scope) -> Iterator[AgentIdentity]:
+    with installed_agent(scope, policies=("agent-own-device-taints",)) as found:
+        publish_slice(scope.api, found.own_node)
+        try:
+            yield found
+        finally:
+            scope.api.delete(f"{RESOURCE}/v1/resourceslices/{found.own_node}-{DRIVER}")
+
+
+@pytest.fixture
+def dra_agent(
+    identity: AgentIdentity, control_plane: ControlPlane, tmp_path: Path
+) -> Iterator[DraAgent]:
+    kubeconfig = control_plane.token_kubeconfig(tmp_path / "agent.kubeconfig", identity.token)
+    api_client = api_client_for(str(kubeconfig))
+    metrics = AgentMetrics()
+    source = SetSource()
+    tainter = DeviceTainter(
+        DraClient(api_client, node_name=identity.own_node),
+        node_name=identity.own_node,
+        driver=DRIVER,
+        prefix=PREFIX,
+        policy=TaintPolicy(),
+        metrics=metrics,
+    )
+    agent = Agent(source=source, writer=None, metrics=metrics, start_s=0.0, tainter=tainter)
+    try:
+        yield DraAgent(agent, tainter, source)
+    finally:
+        version = tainter.api.rules_version if tainter.api is not None else "v1"
+        with control_plane.admin() as api:
+            for device in rules(control_plane, identity.own_node):
+                name = f"gpu-scheduler.{identity.own_node}.{device}"
+                api.delete(f"{RESOURCE}/{version}/devicetaintrules/{name}")
+        api_client.close()
+
+
+def rules(plane: ControlPlane, node: str) -> dict[str, str]:
+    """device -> taint key of the DeviceTaintRules naming `node`'s pool, as the server holds."""
+    with plane.admin() as api:
+        for version in ("v1", "v1beta2"):
+            status, _ = api.raw("GET", f"{RESOURCE}/{version}/devicetaintrules")
+            if status == 200:
+                items = api.get(f"{RESOURCE}/{version}/devicetaintrules")["items"]
+                return {
+                    r["spec"]["deviceSelector"]["device"]: r["spec"]["taint"]["key"]
+                    for r in items
+                    if r["spec"]["deviceSelector"].get("pool") == node
+                }
+    raise AssertionError("no DeviceTaintRule API served")
+
+
+# ----------------------------------------------------------------------------- claims and pods
+
+
+def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
+    """`count` pods, each with a claim from the template made as the resourceclaim controller
+    makes it; each pod is held by a scheduling gate until its claim is ready, then released."""
+    api = scope.api
+    template = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaimtemplates/{TEMPLATE}")
+    names = []
+    for index in range(count):
+        name = scope.name(f"{prefix}-{index}")
+        scope.pod(
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": SCHEDULER,
+                    "schedulingGates": [{"name": GATE}],
+                    "terminationGracePeriodSeconds": 0,
+                    "resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": TEMPLATE}],
+                    "containers": [
+                        {
+                            "name": "cuda",
+                            "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                            "resources": {"claims": [{"name": CLAIM_NAME}]},
+                        }
+                    ],
+                },
+            }
+        )
+        pod = api.get(f"/api/v1/namespaces/default/pods/{name}")
+        claim = f"{name}-{CLAIM_NAME}"
+        api.create(
+            f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+            {
+                "metadata": {
+                    "name": claim,
+                    "annotations": {"resource.kubernetes.io/pod-claim-name": CLAIM_NAME},
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": name,
+                            "uid": pod["metadata"]["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": template["spec"]["spec"],
+            },
+        )
+        api.merge_patch(
+            f"/api/v1/namespaces/default/pods/{name}/status",
+            {
+                "status": {
+                    "resourceClaimStatuses": [{"name": CLAIM_NAME, "resourceClaimName": claim}]
+                }
+            },
+        )
+        names.append(name)
+    for name in names:
+        api.merge_patch(
+            f"/api/v1/namespaces/default/pods/{name}", {"spec": {"schedulingGates": []}}
+        )
+    return names
+
+
+def outcome(api: KubeApi, pods: list[str]) -> dict[str, str | None] | None:
+    """pod -> allocated device (None: unschedulable), once the scheduler tried every pod."""
+    found: dict[str, str | None] = {}
+    for name in pods:
+        pod = api.get(f"/api/v1/namespaces/default/pods/{name}")
+        claim = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}-{CLAIM_NAME}")
+        allocation = claim.get("status", {}).get("allocation")
+        if pod["spec"].get("nodeName") and allocation:
+            (result,) = allocation["devices"]["results"]
+            found[name] = str(result["device"])
+            continue
+        conditions = pod.get("status", {}).get("conditions", [])
+        if any(
+            c["type"] == "PodScheduled"
+            and c["status"] == "False"
+            and c["reason"] == "Unschedulable"
+            for c in conditions
+        ):
+            found[name] = None
+            continue
+        return None
+    return found
+
+
+def release(api: KubeApi, pods: list[str]) -> None:
+    """Delete the pods and their claims (no controller removes the claims' finalizers here)."""
+    for name in pods:
+        api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}-{CLAIM_NAME}"
+        api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+
+    def gone() -> bool:
+        listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")
+        left = {c["metadata"]["name"] for c in listing["items"]}
+        return not left & {f"{name}-{CLAIM_NAME}" for name in pods}
+
+    wait_for("the burst's claims to be gone", gone, timeout_s=30)
+
+
+def burst(scope: Scope, prefix: str) -> dict[str, str | None]:
+    pods = claim_pods(scope, prefix, BURST)
+    result = wait_for(
+        f"the scheduler to try all {BURST} pods",
+        lambda: outcome(scope.api, pods),
+        timeout_s=90,
+        interval_s=0.5,
+    )
+    release(scope.api, pods)
+    return result
+
+
+def pinned_claim_pod(
+    scope: Scope, short_name: str, device_uuid: str, *, tolerate: str | None
+) -> str:
+    """A pod with its own claim for the GPU of `device_uuid`, tolerating the key `tolerate`."""
+    request: dict[str, Any] = {
+        "deviceClassName": DRIVER,
+        "selectors": [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].uuid == "{device_uuid}"'}}
+        ],
+    }
+    if tolerate is not None:
+        request["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
+    name = scope.name(short_name)
+    scope.api.create(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+        {
+            "metadata": {"name": f"{name}-{CLAIM_NAME}"},
+            "spec": {"devices": {"requests": [{"name": CLAIM_NAME, "exactly": request}]}},
+        },
+    )
+    scope.pod(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [
+                    {"name": CLAIM_NAME, "resourceClaimName": f"{name}-{CLAIM_NAME}"}
+                ],
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                        "resources": {"claims": [{"name": CLAIM_NAME}]},
+                    }
+                ],
+            },
+        }
+    )
+    return name
+
+
+_probes = itertools.count()
+
+
+def scheduler_sees(scope: Scope, device_uuid: str, *, tainted: bool) -> None:
+    """Wait until kube-scheduler's view of the GPU's taint is `tainted`, read from its own
+    allocations: a probe claim for that GPU alone is refused while the scheduler has the rule and
+    allocated once it has the deletion. A probe that shows the old view is released and retried
+    (a fresh pod is tried at once; a refused one would wait in the unschedulable queue)."""
+
+    def probe() -> bool:
+        name = pinned_claim_pod(scope, f"probe-{next(_probes)}", device_uuid, tolerate=None)
+        found = wait_for(
+            "the scheduler to try the probe",
+            lambda: outcome(scope.api, [name]),
+            timeout_s=30,
+            interval_s=0.2,
+        )
+        release(scope.api, [name])
+        return (found[name] is None) == tainted
+
+    wait_for(f"the scheduler to see the taint {'on' if tainted else 'off'}", probe, timeout_s=60)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_allocator_skips_tainted_gpus_while_a_cool_one_fits_and_takes_a_recovered_one(
+    dra_agent: DraAgent, identity: AgentIdentity, control_plane: ControlPlane, scope: Scope
+) -> None:
+    node = identity.own_node
+    source = dra_agent.source
+    dra_agent.tick(after_s=5)
+    assert str(dra_agent.tainter.state) == DraState.ACTIVE.value
+    assert dra_agent.tainter.api is not None
+    assert dra_agent.tainter.api.rules_version == (
+        "v1" if control_plane.spec.release >= (1, 37) else "v1beta2"
+    )
+    assert rules(control_plane, node) == {}
+
+    # gpu-0 busy, gpu-2 hot, gpu-4 lost: first fit would take gpu-0 first.
+    source.gpus[0] = (0.97, 60)
+    source.gpus[2] = (0.30, 88)
+    del source.gpus[4]
+    dra_agent.tick(after_s=5)
+    tainted = {
+        "gpu-0": PREFIX + "utilization",
+        "gpu-2": PREFIX + "temperature",
+        "gpu-4": PREFIX + "health",
+    }
+    assert rules(control_plane, node) == tainted
+    # Owned by the Node, as the driver's slices are: collected with it.
+    version = dra_agent.tainter.api.rules_version
+    held = scope.api.get(f"{RESOURCE}/{version}/devicetaintrules/gpu-scheduler.{node}.gpu-0")
+    node_uid = scope.api.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+    assert held["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+    ]
+    # The last rule written (gpu-4's): once the scheduler honours it, it has the others too.
+    scheduler_sees(scope, uuid_of(4), tainted=True)
+
+    first = burst(scope, "a")
+    allocated = [d for d in first.values() if d is not None]
+    cool = {f"gpu-{m}" for m in range(GPUS)} - set(tainted)
+    assert sorted(allocated) == sorted(cool), first  # every cool GPU, no tainted one
+    assert sum(d is None for d in first.values()) == BURST - len(cool)
+
+    # gpu-0 cools down inside the margin (held), then below it; the write waits its minute.
+    source.gpus[0] = (0.85, 60)
+    dra_agent.tick(after_s=5)
+    assert "gpu-0" in rules(control_plane, node)
+    source.gpus[0] = (0.10, 45)
+    dra_agent.tick(after_s=5)
+    assert "gpu-0" in rules(control_plane, node)
+    dra_agent.tick(after_s=60)
+    assert rules(control_plane, node) == {k: v for k, v in tainted.items() if k != "gpu-0"}
+    scheduler_sees(scope, uuid_of(0), tainted=False)
+
+    second = burst(scope, "b")
+    allocated = [d for d in second.values() if d is not None]
+    assert sorted(allocated) == sorted(cool | {"gpu-0"}), second
+
+
+def test_agent_cannot_write_a_rule_for_another_nodes_pool(
+    dra_agent: DraAgent, identity: AgentIdentity, control_plane: ControlPlane
+) -> None:
+    dra_agent.tick(after_s=5)
+    api = dra_agent.tainter.api
+    assert api is not None
+    client = dra_agent.tainter.client
+    foreign_name = f"gpu-scheduler.{identity.other_node}.gpu-0"
+    foreign: dict[str, Any] = {
+        "apiVersion": f"resource.k8s.io/{api.rules_version}",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": foreign_name},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": identity.other_node, "device": "gpu-0"},
+            "taint": {"key": PREFIX + "utilization", "effect": "NoSchedule"},
+        },
+    }
+
+    def refused() -> ForbiddenError | None:
+        try:
+            client.apply_rule(api, foreign)
+        except ForbiddenError as error:
+            return error
+        # Allowed before the policy informer had the binding: undo and ask again.
+        with control_plane.admin() as admin:
+            admin.delete(f"{RESOURCE}/{api.rules_version}/devicetaintrules/{foreign_name}")
+        return None
+
+    error = wait_for("the admission policy to refuse", refused, timeout_s=15, interval_s=0.2)
+    assert "may taint only devices of its own node's pool" in str(error)
+    evicting = {**foreign, "metadata": {"name": f"gpu-scheduler.{identity.own_node}.gpu-1"}}
+    evicting["spec"] = {
+        "deviceSelector": {"driver": DRIVER, "pool": identity.own_node, "device": "gpu-1"},
+        "taint": {"key": PREFIX + "utilization", "effect": "NoExecute"},
+    }
+    with pytest.raises(ForbiddenError, match="may only taint NoSchedule"):
+        client.apply_rule(api, evicting)
+    assert rules(control_plane, identity.other_node) == {}
+
+
+def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
+    dra_agent: DraAgent, identity: AgentIdentity, control_plane: ControlPlane, scope: Scope
+) -> None:
+    dra_agent.source.gpus[3] = (0.99, 60)
+    dra_agent.tick(after_s=5)
+    assert rules(control_plane, identity.own_node) == {"gpu-3": PREFIX + "utilization"}
+    scheduler_sees(scope, uuid_of(3), tainted=True)
+    plain = pinned_claim_pod(scope, "plain", uuid_of(3), tolerate=None)
+    tolerant = pinned_claim_pod(scope, "tolerant", uuid_of(3), tolerate=PREFIX + "utilization")
+    pods = [plain, tolerant]
+    result = wait_for(
+        "the scheduler to try both pods",
+        lambda: outcome(scope.api, pods),
+        timeout_s=60,
+        interval_s=0.5,
+    )
+    release(scope.api, pods)
+    assert result == {plain: None, tolerant: "gpu-3"}
+
+
+def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
+    identity: AgentIdentity, control_plane: ControlPlane, scope: Scope, tmp_path: Path
+) -> None:
+    """The `gpu-agent run` binary with the chart's identity, on a simulated source losing a GPU."""
+    seed = 3
+    simulated = SimulatedSource(gpus=GPUS, seed=seed)
+    uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
+    simulated.close()
+    lost = f"gpu-{seed % GPUS}"  # the simulated source loses GPU seed % gpus
+    # The agent's token is bound to identity.own_node; run it as that node with the slice of
+    # the simulated GPUs instead of the test's own.
+    scope.api.delete(f"{RESOURCE}/v1/resourceslices/{identity.own_node}-{DRIVER}")
+    publish_slice(scope.api, identity.own_node, uuids)
+    kubeconfig = control_plane.token_kubeconfig(tmp_path / "agent.kubeconfig", identity.token)
+    agent = agent_process(
+        tmp_path,
+        node_name=identity.own_node,
+        kubeconfig=kubeconfig,
+        extra_args=[
+            f"--seed={seed}",
+            "--simulated-lose-gpu-after=3",
+            "--sample-interval=1",
+            "--min-write-interval=1",
+            # Seconds, not the default minute: a busy GPU's taint turns into the health one at once.
+            "--dra-min-write-interval=1",
+        ],
+    )
+    with running(agent):
+
+        def health_rule() -> dict[str, str] | None:
+            found = rules(control_plane, identity.own_node)
+            return found if found.get(lost) == PREFIX + "health" else None
+
+        held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
+    assert held[lost] == PREFIX + "health", agent.log()
+    assert all(key.startswith(PREFIX) for key in held.values())
+    assert "DRA device taints active" in agent.log()
+    assert rules(control_plane, identity.other_node) == {}
+    with control_plane.admin() as api:
+        for device in held:
+            api.delete(f"{RESOURCE}/v1/devicetaintrules/gpu-scheduler.{identity.own_node}.{device}")
