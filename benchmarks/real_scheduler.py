@@ -513,6 +513,9 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
 
 # ----------------------------------------------------------------------------- the document
 
+# The section's first line in docs/performance.md (`benchmarks.figures` finds it by this).
+HEADING: Final = "## The real kube-scheduler's throughput"
+
 MODE_LABELS: Final = {
     "none": "no extender",
     "names": "names only (`nodeCacheCapable: true`)",
@@ -601,7 +604,7 @@ def markdown_section(
         if any(m in VARIANT_MODES for r in document["sizes"] for m in r["modes"])
         else ""
     )
-    return f"""## The real kube-scheduler's throughput
+    return f"""{HEADING}
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
 kube-scheduler v1.36 on the loopback control plane ([control-plane.md](control-plane.md))
