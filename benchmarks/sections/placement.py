@@ -528,7 +528,8 @@ def run(ctx: RunContext) -> str:
     placement: dict[str, PlacementResult] = ctx.timed(
         f"{STEP}{placement_cfg.nodes} nodes x {placement_cfg.duration_s:g} s, "
         f"{len(POLICIES)} policies",
-        # Keyed by `str`, not `PolicyName`: the figures take any policy names.
+        # A `dict[str, ...]`, as the figures and `render` take it (any policy name, not only a
+        # `PolicyName`).
         lambda: dict(compare(placement_cfg, workers=workers).items()),
     )
     fig_placement(placement, ctx.img / "placement.png")
