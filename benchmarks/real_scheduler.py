@@ -514,6 +514,9 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
 
 # ----------------------------------------------------------------------------- the document
 
+# The section's first line in docs/performance.md (`benchmarks.figures` finds it by this).
+HEADING: Final = "## The real kube-scheduler's throughput"
+
 MODE_LABELS: Final = {
     "none": "no extender",
     "names": "names only (`nodeCacheCapable: true`)",
@@ -604,7 +607,7 @@ def markdown_section(
     )
     # Runs from before the version was recorded were all made on v1.36.3.
     kubernetes = document.get("kubernetes", "v1.36.3")
-    return f"""## The real kube-scheduler's throughput
+    return f"""{HEADING}
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
 kube-scheduler {kubernetes} on the loopback control plane ([control-plane.md](control-plane.md))

@@ -214,6 +214,10 @@ def run(
         return profiles
 
 
+# The section's first line in docs/performance.md (`benchmarks.figures` finds it by this).
+HEADING: Final = "## Where kube-scheduler's time goes"
+
+
 def markdown_table(profiles: Sequence[Profile]) -> str:
     header = ["", *(f"`{p.mode}`" for p in profiles)]
 
@@ -276,7 +280,7 @@ def markdown_section(document: dict[str, Any], *, command: str) -> str:
         )
     when = f"machine: {document['machine']}, {document['measured_at']}"
     patches = f"{document['nodes'] * FLEET_WRITES_PER_NODE_S:.0f}"
-    return f"""## Where kube-scheduler's time goes
+    return f"""{HEADING}
 
 Command: `{command}` ({when}, {document["nodes"]:,} nodes). A Go CPU profile
 of the real kube-scheduler over {profiles[0].window_s:.0f} s of a burst per mode, read with

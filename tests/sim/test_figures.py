@@ -1,13 +1,36 @@
-"""The figures command: a quick end-to-end run into a temporary folder, and its failure paths."""
+"""The figures command: a quick end-to-end run into a temporary folder, its failure paths, and
+that every section is listed, found by its heading and rendered from its data as committed."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import pkgutil
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks import figures, real_scheduler
+import benchmarks.sections
+from benchmarks import figures, pod_watch, real_scheduler, scheduler_profile
+from benchmarks.sections import (
+    agent,
+    inflight,
+    placement,
+    profile,
+    scheduler,
+    scorer,
+    seeds,
+    storm,
+)
+from benchmarks.sections.section import FULL, command_line, run_benchmark
+from fleet_sim.placement import PlacementConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENT = ROOT / "docs" / "performance.md"
+SUMMARY = ROOT / "docs" / "img" / "figures.json"
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +51,11 @@ def test_quick_run_draws_every_figure(quick_run: Path, name: str) -> None:
 
 def test_quick_run_writes_the_document(quick_run: Path) -> None:
     text = (quick_run / "performance.md").read_text()
-    for heading in (
-        "## Write budget at fleet scale",
-        "## A 429 storm",
-        "## Scheduling quality",
-        "## Scheduling quality across seeds",
-        "## Agent tick and memory",
-        "## Scorer latency",
-        "## The real kube-scheduler's throughput",
-        "## Where kube-scheduler's time goes",
-        "## In-flight accounting: what the Pod watch costs",
-    ):
-        assert heading in text
+    # Each section once, under its heading, in the listed order: a partial run finds them so.
+    assert list(figures._kept_sections(text)) == list(figures.NAMES)
+    lines = text.splitlines()
+    for section in figures.SECTIONS:
+        assert lines.count(section.heading) == 1, section.name
     assert "python3 dev.py figures" in text
     assert "Quick smoke run" in text
     # Skipped benchmarks are said to be skipped, not silently left out.
@@ -49,10 +65,10 @@ def test_quick_run_writes_the_document(quick_run: Path) -> None:
 
 
 def test_missing_benchmark_is_reported_not_raised() -> None:
-    outcome = figures.run_benchmark("benchmarks.no_such_benchmark", [], timeout_s=60)
+    outcome = run_benchmark("benchmarks.no_such_benchmark", [], timeout_s=60)
     assert "error" in outcome
     assert "no_such_benchmark" in outcome["command"]
-    section = figures._agent_section(outcome)
+    section = agent.render(outcome)
     assert "Not measured in this run" in section
 
 
@@ -75,7 +91,7 @@ def test_agent_section_renders_the_benchmark_json() -> None:
         "rss_optimized": {"seconds": 6.0, "peak_rss_mb": 61.5},
         "rss_no_pod_resources": {"seconds": 6.0, "peak_rss_mb": 70.0},
     }
-    section = figures._agent_section({"data": data, "command": "python -m x --json"})
+    section = agent.render({"data": data, "command": "python -m x --json"})
     assert "| 8 | 0.050 | 0.070 | 0.050 | 0.080 | 0.090 | 0.200 | 0.200 | 9/100 |" in section
     assert "(grpc loaded): peak RSS **81.5 MB** after 6.0 s (**missed**" in section
     assert (
@@ -111,12 +127,12 @@ def test_scorer_latency_figure_and_section_from_rows(tmp_path: Path) -> None:
                 row["churn_nodes"] = 100
             rows.append(row)
     path = tmp_path / "latency.png"
-    assert figures.fig_scorer_latency(rows, path)
+    assert scorer.fig_scorer_latency(rows, path)
     assert path.stat().st_size > 0
-    assert not figures.fig_scorer_latency([{"mode": "full"}], tmp_path / "none.png")
+    assert not scorer.fig_scorer_latency([{"mode": "full"}], tmp_path / "none.png")
     targets = [{"target": "names-only filter server time <= 0.3 ms", "value": 0.5, "met": False}]
     data = {"rows": rows, "targets": targets, "trees": ["after", "before"], "before": "abc123"}
-    section = figures._scorer_section({"data": data, "command": "c"}, plotted=True)
+    section = scorer.render({"data": data, "command": "c"}, plotted=True)
     assert "scorer_latency.png" in section
     assert "**missed**: names-only filter server time <= 0.3 ms" in section
     assert "| names | 500 | filter | 1.50 | 0.50 | 0.45 | 3.0 x |" in section
@@ -142,7 +158,7 @@ def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
     dated = before.split("These numbers: ", 1)[1].split(" UTC on", 1)[0]
     assert f"These numbers: {dated} UTC on" in after
     # The kept sections' steps stay in the timing table beside the storm's new one.
-    assert "placement: " in after.split("## Regeneration time", 1)[1]
+    assert placement.STEP in after.split(figures.TIMING_HEADING, 1)[1]
 
 
 def _variant(pushed: int, pending: int, **causes: int) -> dict[str, object]:
@@ -178,8 +194,8 @@ def test_the_seeds_section_sums_each_variant_and_judges_the_target() -> None:
             },
         },
     }
-    section = figures._seeds_section(data)
-    assert section.startswith(figures.SEEDS_HEADING + "\n")
+    section = seeds.render(data)
+    assert section.startswith(seeds.HEADING + "\n")
     assert "--seeds 11,12" in section
     # Columns: both, in-flight only, blind-plugin only, neither.
     assert "| 11 | 3 / 4 | 14 / 5 | 15 / 6 | 20 / 5 |" in section
@@ -199,7 +215,7 @@ def test_a_study_written_under_a_section_survives_partial_runs(
     shutil.copytree(quick_run, out)
     document = (out / "performance.md").read_text()
     study = "## Where the storm's time goes\n\nA study written by hand.\n"
-    at = document.index("## Scheduling quality\n")
+    at = document.index(placement.HEADING + "\n")
     (out / "performance.md").write_text(document[:at] + study + "\n" + document[at:])
     # Another section redone: the study stays with the storm section, whole.
     assert figures.main(["--quick", "--out-dir", str(out), "--sections", "agent"]) == 0
@@ -209,7 +225,7 @@ def test_a_study_written_under_a_section_survives_partial_runs(
     assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
     again = (out / "performance.md").read_text()
     assert again.count(study) == 1
-    assert again.index("## A 429 storm") < again.index(study) < again.index("## Scheduling quality")
+    assert again.index(storm.HEADING) < again.index(study) < again.index(placement.HEADING)
 
 
 def test_a_partial_run_leaves_out_a_section_the_earlier_document_never_had(
@@ -218,9 +234,9 @@ def test_a_partial_run_leaves_out_a_section_the_earlier_document_never_had(
     out = tmp_path / "perf"
     shutil.copytree(quick_run, out)
     document = (out / "performance.md").read_text()
-    heading = "## The real kube-scheduler's throughput"
+    heading = scheduler.HEADING
     start = document.index(heading)
-    end = document.index("## What these models leave out")
+    end = document.index(figures.LIMITS_HEADING)
     (out / "performance.md").write_text(document[:start] + document[end:])
     assert figures.main(["--quick", "--out-dir", str(out), "--sections", "storm"]) == 0
     after = (out / "performance.md").read_text()
@@ -273,3 +289,116 @@ def test_the_scheduler_section_shows_before_and_now(tmp_path: Path) -> None:
     assert "the earlier scorer (2026-12-01 20:00 UTC)" in section
     assert real_scheduler.plot(now, tmp_path / "plot.png", before=before)
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _section_modules() -> list[Any]:
+    """Every module of `benchmarks.sections` that defines a section."""
+    names = [info.name for info in pkgutil.iter_modules(benchmarks.sections.__path__)]
+    modules = [importlib.import_module(f"benchmarks.sections.{name}") for name in names]
+    return [module for module in modules if hasattr(module, "SECTION")]
+
+
+def test_every_section_module_is_listed_once() -> None:
+    """A section module left out of `SECTIONS` would never run, and its kept text would be
+    taken for a study written under the section before it."""
+    defined = {module.SECTION.name: module.SECTION for module in _section_modules()}
+    assert len(set(figures.NAMES)) == len(figures.NAMES)
+    assert set(defined) == set(figures.NAMES)
+    for section in figures.SECTIONS:
+        assert defined[section.name] is section
+
+
+def test_headings_and_steps_are_distinct() -> None:
+    headings = [section.heading for section in figures.SECTIONS]
+    assert len(set(headings)) == len(headings)
+    for heading in headings:
+        assert heading.startswith("## ")
+        assert heading == heading.strip()
+        assert "\n" not in heading
+        assert not heading.startswith((figures.LIMITS_HEADING, figures.TIMING_HEADING))
+    steps = [step for section in figures.SECTIONS for step in section.steps]
+    assert all(steps)
+    assert len(set(steps)) == len(steps)
+
+
+def _timing_rows(document: str) -> list[str]:
+    table = document.split(figures.TIMING_HEADING, 1)[1]
+    return [
+        line
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith(("| step ", "| --- "))
+    ]
+
+
+def test_the_committed_document_has_every_section_under_its_heading() -> None:
+    """A heading spelt differently from the document's would drop that section from every
+    partial run."""
+    document = DOCUMENT.read_text()
+    kept = figures._kept_sections(document)
+    assert list(kept) == list(figures.NAMES)
+    for section in figures.SECTIONS:
+        assert kept[section.name].startswith(section.heading + "\n"), section.name
+    # Every step of the timing table belongs to a section, so a partial run keeps it.
+    assert len(figures._kept_timings(document, [])) == len(_timing_rows(document))
+
+
+def test_each_simulated_section_owns_its_timing_rows(quick_run: Path) -> None:
+    text = (quick_run / "performance.md").read_text()
+    assert len(figures._kept_timings(text, [])) == len(_timing_rows(text))
+    for name in ("fleet", "storm", "placement", "seeds"):
+        others = [other for other in figures.NAMES if other != name]
+        assert figures._kept_timings(text, others), name
+
+
+def _placement(summary: Mapping[str, Any]) -> str:
+    config = PlacementConfig(
+        nodes=FULL.placement_nodes,
+        duration_s=FULL.placement_duration_s,
+        seed=figures.PLACEMENT_SEED,
+    )
+    return placement.render(summary["placement"], config, summary["placement_lag"])
+
+
+def _scheduler(summary: Mapping[str, Any]) -> str:
+    return real_scheduler.markdown_section(
+        summary["real_scheduler"],
+        command=command_line(scheduler.MODULE, scheduler.arguments(quick=False)),
+        before=summary["real_scheduler_before"],
+        plotted=True,
+    )
+
+
+def _profile(summary: Mapping[str, Any]) -> str:
+    command = command_line(profile.MODULE, profile.arguments(quick=False))
+    return scheduler_profile.markdown_section(summary["scheduler_profile"], command=command)
+
+
+def _inflight(summary: Mapping[str, Any]) -> str:
+    command = command_line(inflight.MODULE, inflight.arguments(quick=False))
+    return pod_watch.markdown_section(summary["pod_watch"], command=command)
+
+
+# The sections whose whole data figures.json keeps, each rendered as its `run` renders it. (The
+# fleet and storm sections also read the simulations' time series, the agent and scorer
+# sections their benchmarks' output: neither is kept there.)
+FROM_SUMMARY: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "placement": _placement,
+    "seeds": lambda summary: seeds.render(summary["placement_seeds"]),
+    "scheduler": _scheduler,
+    "profile": _profile,
+    "inflight": _inflight,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FROM_SUMMARY))
+def test_the_committed_section_is_what_the_committed_data_renders(name: str) -> None:
+    """docs/performance.md says to edit the code, not the document: the code must still
+    render the document's text from the same data, byte for byte."""
+    kept = figures._kept_sections(DOCUMENT.read_text())[name]
+    by_hand = figures._studies(kept)
+    written = kept[: len(kept) - len(by_hand)]
+    rendered = FROM_SUMMARY[name](json.loads(SUMMARY.read_text()))
+    assert rendered.rstrip() == written.rstrip(), (
+        f"the {name} section of docs/performance.md is not what its code renders from "
+        "docs/img/figures.json: regenerate it, or render it from that data"
+    )
