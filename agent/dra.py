@@ -175,7 +175,7 @@ class GpuCondition:
 class TaintPolicy:
     """The taint rules' numbers; docs/agent.md explains each default."""
 
-    # The scorer's defaults (exporter_scheduler/policy.py): a GPU the scorer would filter out
+    # The scorer's defaults (exporter_scheduler/core/policy.py): a GPU the scorer would filter out
     # is one the allocator should skip.
     utilization_limit: float = 0.90
     temperature_limit_c: int = 85

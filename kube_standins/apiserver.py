@@ -1,12 +1,16 @@
 """A local stand-in for kube-apiserver v1.36's Node API, answering as the real server does.
 
-The agent's tests drive the real `kubernetes` client against it over HTTP, the scorer's node cache
-tests LIST and WATCH it, and the demo runs it as its cluster. Every answer follows the wire
-captures of a real v1.36.2 server: status codes, `Status` bodies byte for byte, headers (`Audit-Id`,
-the API Priority and Fairness `X-Kubernetes-Pf-*` pair except on 401), `Content-Length` for bodies
-up to 2 KiB and chunked transfer above (Go net/http's buffer), managedFields times from an
-injectable clock, no-op patches that change nothing, watch streams with one chunk per event,
-BOOKMARKs, and the `ERROR` 410 event inside an HTTP 200 for a too-old resourceVersion.
+The agent's tests drive the real `kubernetes` client against it over HTTP, the scorer's caches
+(Nodes, Pods, Namespaces) LIST and WATCH it, and the demo runs it as its cluster. Pods and
+Namespaces are read-only over HTTP (LIST, WATCH, GET): the scorer only reads them, and tests
+write them through `put_pod`/`put_namespace`, so a fault or a 410 can be had at any moment.
+Every answer follows the wire captures of a real v1.36.2 server (of Nodes; Pods and Namespaces
+share their list, watch and error shapes): status codes, `Status` bodies byte for byte,
+headers (`Audit-Id`, the API Priority and Fairness `X-Kubernetes-Pf-*` pair except on 401),
+`Content-Length` for bodies up to 2 KiB and chunked transfer above (Go net/http's buffer),
+managedFields times from an injectable clock, no-op patches that change nothing, watch streams
+with one chunk per event, BOOKMARKs, and the `ERROR` 410 event inside an HTTP 200 for a
+too-old resourceVersion.
 
 Faults (`Fault`) let a test make the next matching requests fail with the real server's answer for
 that status, hang, or drop the connection. Object semantics live in `kube_standins.objects`; this
@@ -153,6 +157,8 @@ class RecordedRequest:
     headers: Headers
     body: bytes
     status: int
+    # time.monotonic() when the answer was chosen: tests measure a client's back-off with it.
+    recorded_s: float = field(default_factory=time.monotonic)
 
     def param(self, name: str) -> str | None:
         """The first value of query parameter `name`, or None."""
@@ -172,6 +178,8 @@ class Fault:
     422, 429, 500, 503, 504; others get a generic Status). A 429 carries `Retry-After` only when
     `retry_after_s` is given. `reset`: close the connection without answering. `delay_s`: hold
     the answer that long first (with neither status nor reset, the request is then served).
+    `end_stream`: answer HTTP 200 with an empty chunked body (a watch that ends as soon as it
+    opens, as a proxy in front of the server may end it).
     `method` None matches any method; `path_contains` matches against the path with its query.
     """
 
@@ -183,6 +191,7 @@ class Fault:
     retry_after_s: int | None = None
     reset: bool = False
     delay_s: float = 0.0
+    end_stream: bool = False
 
     def matches(self, method: str, raw_path: str) -> bool:
         if self.method is not None and self.method.upper() != method.upper():
@@ -196,6 +205,8 @@ class _Event:
     type: Literal["ADDED", "MODIFIED", "DELETED"]
     old: JsonObj | None
     new: JsonObj
+    resource: str = "nodes"
+    key: str = ""  # the store key: the name, `namespace/name` for namespaced objects
 
 
 @dataclass(slots=True)
@@ -207,6 +218,7 @@ class _Watch:
     expired: str | None = None  # the ERROR message to send before closing
     stopping: bool = False
     last_rv: int = 0
+    resource: str = "nodes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,22 +286,87 @@ class _Selector:
         return True
 
 
+def _node_fields(node: Mapping[str, Any]) -> dict[str, str]:
+    return {"metadata.name": str((node.get("metadata") or {}).get("name", ""))}
+
+
+def _pod_fields(pod: Mapping[str, Any]) -> dict[str, str]:
+    # The field labels kube-apiserver v1.36 supports for pods (pkg/registry/core/pod
+    # `ToSelectableFields`); an unset field reads as "", so `spec.nodeName!=` means bound.
+    meta, spec, status = (pod.get(k) or {} for k in ("metadata", "spec", "status"))
+    return {
+        "metadata.name": str(meta.get("name", "")),
+        "metadata.namespace": str(meta.get("namespace", "")),
+        "spec.nodeName": str(spec.get("nodeName", "")),
+        "spec.restartPolicy": str(spec.get("restartPolicy", "")),
+        "spec.schedulerName": str(spec.get("schedulerName", "")),
+        "spec.serviceAccountName": str(spec.get("serviceAccountName", "")),
+        "spec.hostNetwork": "true" if spec.get("hostNetwork") else "false",
+        "status.phase": str(status.get("phase", "")),
+        "status.podIP": str(status.get("podIP", "")),
+        "status.nominatedNodeName": str(status.get("nominatedNodeName", "")),
+    }
+
+
+def _namespace_fields(namespace: Mapping[str, Any]) -> dict[str, str]:
+    meta, status = (namespace.get(k) or {} for k in ("metadata", "status"))
+    return {
+        "metadata.name": str(meta.get("name", "")),
+        "status.phase": str(status.get("phase", "")),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Resource:
+    """What differs between the resources the stand-in serves: names, scope, the field labels
+    a fieldSelector may use, and the Go zero value a BOOKMARK carries."""
+
+    plural: str
+    kind: str
+    namespaced: bool
+    fields: Callable[[Mapping[str, Any]], dict[str, str]]
+    # The zero-value object's spec and status as Go encodes them (fields without omitempty).
+    skeleton_spec: JsonObj
+    skeleton_status: JsonObj
+    # Nodes ignore field labels they do not know (kept as it was); the others answer 400.
+    strict_fields: bool = True
+
+
+_NODES: Final = _Resource(
+    "nodes", "Node", False, _node_fields, {}, _BOOKMARK_SKELETON_STATUS, False
+)
+# PodSpec.containers has no omitempty: the zero Pod encodes it as null.
+_PODS: Final = _Resource("pods", "Pod", True, _pod_fields, {"containers": None}, {})
+_NAMESPACES: Final = _Resource("namespaces", "Namespace", False, _namespace_fields, {}, {})
+_RESOURCES: Final = {r.plural: r for r in (_NODES, _PODS, _NAMESPACES)}
+
+
 @dataclass(frozen=True, slots=True)
 class _Filter:
     labels: _Selector
     fields: _Selector
+    resource: _Resource = _NODES
 
     @classmethod
-    def from_query(cls, query: Mapping[str, list[str]]) -> _Filter:
-        return cls(
-            _Selector.parse(_param(query, "labelSelector")),
-            _Selector.parse(_param(query, "fieldSelector")),
-        )
+    def from_query(cls, query: Mapping[str, list[str]], resource: _Resource = _NODES) -> _Filter:
+        fields = _Selector.parse(_param(query, "fieldSelector"))
+        if resource.strict_fields:
+            known = resource.fields({})
+            for key, _, _ in fields.requirements:
+                if key not in known:
+                    raise ko.failure(
+                        400,
+                        "BadRequest",
+                        f"field label not supported: {key}",
+                        with_details=False,
+                    )
+        return cls(_Selector.parse(_param(query, "labelSelector")), fields, resource)
 
-    def matches(self, node: Mapping[str, Any]) -> bool:
-        meta = node.get("metadata") or {}
-        field_values = {"metadata.name": str(meta.get("name", ""))}
-        return self.labels.matches(meta.get("labels") or {}) and self.fields.matches(field_values)
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        return self.labels.matches(meta.get("labels") or {}) and self.fields.matches(
+            self.resource.fields(obj)
+        )
 
 
 def _default_clock() -> datetime:
@@ -345,10 +422,12 @@ class ApiServerStandIn:
         self.bookmark_interval_s = bookmark_interval_s
         self._history_limit = history_limit
         self._lock = threading.RLock()
-        self._nodes: dict[str, JsonObj] = {}
+        # resource -> store key -> object; one resourceVersion sequence for all, as in etcd.
+        self._objects: dict[str, dict[str, JsonObj]] = {plural: {} for plural in _RESOURCES}
+        self._nodes = self._objects["nodes"]
         self._rv = initial_resource_version
         self._floor_rv = initial_resource_version
-        self._floor_snapshot: dict[str, JsonObj] = {}
+        self._floor_snapshots: dict[str, dict[str, JsonObj]] = {plural: {} for plural in _RESOURCES}
         self._history: deque[_Event] = deque()
         self._writes: dict[str, int] = {}
         self._watches: list[_Watch] = []
@@ -499,6 +578,61 @@ class ApiServerStandIn:
                 raise KeyError(name)
             self._delete(name)
 
+    def put_pod(self, pod: Mapping[str, Any]) -> JsonObj:
+        """Create or replace a Pod directly in the store (no admission, no defaulting beyond
+        what the server sets: uid, creationTimestamp, resourceVersion, `namespace: default`
+        and `status.phase: Pending` when missing). Identical content is a no-op. Returns a copy."""
+        obj = ko.canonical_pod(pod)
+        meta = obj["metadata"]
+        return self._put("pods", f"{meta['namespace']}/{meta['name']}", obj)
+
+    def pod(self, namespace: str, name: str) -> JsonObj:
+        """A deep copy of the stored Pod; KeyError if there is none."""
+        with self._lock:
+            return ko.clone(self._objects["pods"][f"{namespace}/{name}"])
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a Pod (watchers get DELETED); KeyError if there is none."""
+        with self._lock:
+            if f"{namespace}/{name}" not in self._objects["pods"]:
+                raise KeyError(f"{namespace}/{name}")
+            self._delete(f"{namespace}/{name}", "pods")
+
+    def put_namespace(self, namespace: Mapping[str, Any]) -> JsonObj:
+        """Create or replace a Namespace directly in the store. As the real server does on
+        every write, it gets the `kubernetes.io/metadata.name` label, `spec.finalizers:
+        [kubernetes]` and `status.phase: Active` (when missing). Returns a copy."""
+        obj = ko.canonical_namespace(namespace)
+        return self._put("namespaces", obj["metadata"]["name"], obj)
+
+    def namespace(self, name: str) -> JsonObj:
+        """A deep copy of the stored Namespace; KeyError if there is none."""
+        with self._lock:
+            return ko.clone(self._objects["namespaces"][name])
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a Namespace at once (no Terminating phase: no controller runs here)."""
+        with self._lock:
+            if name not in self._objects["namespaces"]:
+                raise KeyError(name)
+            self._delete(name, "namespaces")
+
+    def _put(self, resource: str, key: str, obj: JsonObj) -> JsonObj:
+        with self._lock:
+            old = self._objects[resource].get(key)
+            meta = obj["metadata"]
+            if old is not None:
+                meta.setdefault("uid", old["metadata"]["uid"])
+                meta.setdefault("creationTimestamp", old["metadata"]["creationTimestamp"])
+            else:
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", ko.format_time(self._clock()))
+            obj["metadata"] = ko.ordered_meta(meta)
+            if old is not None and _same_content(old, obj):
+                return ko.clone(old)
+            kind: Literal["ADDED", "MODIFIED"] = "MODIFIED" if old is not None else "ADDED"
+            return ko.clone(self._commit(key, obj, kind, resource))
+
     @property
     def requests(self) -> list[RecordedRequest]:
         with self._lock:
@@ -523,7 +657,7 @@ class ApiServerStandIn:
             if restart:
                 self._rv += 1
             self._floor_rv = self._rv
-            self._floor_snapshot = dict(self._nodes)
+            self._floor_snapshots = {plural: dict(objs) for plural, objs in self._objects.items()}
             self._history.clear()
             watches = list(self._watches)
             floor = self._floor_rv
@@ -555,39 +689,48 @@ class ApiServerStandIn:
     # ----------------------------------------------------------------------------- store
 
     def _commit(
-        self, name: str, obj: JsonObj, kind: Literal["ADDED", "MODIFIED", "DELETED"]
+        self,
+        name: str,
+        obj: JsonObj,
+        kind: Literal["ADDED", "MODIFIED", "DELETED"],
+        resource: str = "nodes",
     ) -> JsonObj:
-        """Store a new version under the lock, assign the next RV and fan it out."""
+        """Store a new version under the lock, assign the next RV and fan it out to the
+        watches of its resource. `name` is the store key (`namespace/name` for pods)."""
         self._rv += 1
         ko.with_resource_version(obj, self._rv)
-        old = self._nodes.get(name)
+        store = self._objects[resource]
+        old = store.get(name)
         if kind == "DELETED":
-            self._nodes.pop(name, None)
+            store.pop(name, None)
         else:
-            self._nodes[name] = obj
-        event = _Event(self._rv, kind, old, obj)
+            store[name] = obj
+        event = _Event(self._rv, kind, old, obj, resource, name)
         self._history.append(event)
         while len(self._history) > self._history_limit:
             dropped = self._history.popleft()
-            _apply_event(self._floor_snapshot, dropped)
+            _apply_event(self._floor_snapshots[dropped.resource], dropped)
             self._floor_rv = dropped.rv
         for watch in self._watches:
+            if watch.resource != resource:
+                continue
             with watch.cond:
                 watch.pending.append(event)
                 watch.cond.notify_all()
         return obj
 
-    def _delete(self, name: str) -> JsonObj:
-        obj = ko.clone(self._nodes[name])
-        return self._commit(name, obj, "DELETED")
+    def _delete(self, name: str, resource: str = "nodes") -> JsonObj:
+        obj = ko.clone(self._objects[resource][name])
+        return self._commit(name, obj, "DELETED", resource)
 
-    def _snapshot(self, rv: int) -> dict[str, JsonObj]:
-        """The store as it was at `rv` (floor <= rv <= current)."""
-        state = dict(self._floor_snapshot)
+    def _snapshot(self, rv: int, resource: str = "nodes") -> dict[str, JsonObj]:
+        """The store of `resource` as it was at `rv` (floor <= rv <= current)."""
+        state = dict(self._floor_snapshots[resource])
         for event in self._history:
             if event.rv > rv:
                 break
-            _apply_event(state, event)
+            if event.resource == resource:
+                _apply_event(state, event)
         return state
 
     def _now(self) -> datetime:
@@ -622,12 +765,28 @@ class ApiServerStandIn:
                 raise ko.not_found(name)
             return node
 
-    def api_list(self, query: Mapping[str, list[str]]) -> JsonObj:
+    def api_get_object(self, resource: str, key: str) -> JsonObj:
+        """GET of a Pod (`namespace/name`) or Namespace: the object, or the real 404."""
+        with self._lock:
+            obj = self._objects[resource].get(key)
+        if obj is None:
+            name = key.rsplit("/", 1)[-1]
+            raise ko.failure(
+                404,
+                "NotFound",
+                f'{resource} "{name}" not found',
+                {"name": name, "kind": resource},
+            )
+        return obj
+
+    def api_list(self, query: Mapping[str, list[str]], resource: str = "nodes") -> JsonObj:
+        kind = _RESOURCES[resource]
         rv_param = _param(query, "resourceVersion")
         match = _param(query, "resourceVersionMatch")
         limit = _int_param(query, "limit")
         token = _param(query, "continue")
-        filt = _Filter.from_query(query)
+        filt = _Filter.from_query(query, kind)
+        live = self._objects[resource]
         with self._lock:
             start_after = ""
             if token:
@@ -637,7 +796,7 @@ class ApiServerStandIn:
                         "The provided continue parameter is too old to display a consistent "
                         "list result. You can start a new list without the continue parameter."
                     )
-                state = self._snapshot(list_rv)
+                state = self._snapshot(list_rv, resource)
             elif rv_param and rv_param != "0":
                 list_rv = _rv_value(rv_param)
                 if list_rv > self._rv:
@@ -645,11 +804,11 @@ class ApiServerStandIn:
                 if match == "Exact":
                     if list_rv < self._floor_rv:
                         raise _expired("The resourceVersion for the provided list is too old.")
-                    state = self._snapshot(list_rv)
+                    state = self._snapshot(list_rv, resource)
                 else:
-                    list_rv, state = self._rv, dict(self._nodes)
+                    list_rv, state = self._rv, dict(live)
             else:
-                list_rv, state = self._rv, dict(self._nodes)
+                list_rv, state = self._rv, dict(live)
         names = sorted(n for n in state if n > start_after and filt.matches(state[n]))
         meta: JsonObj = {"resourceVersion": str(list_rv)}
         page = names
@@ -659,7 +818,7 @@ class ApiServerStandIn:
             if not filt.labels.requirements and not filt.fields.requirements:
                 meta["remainingItemCount"] = len(names) - limit
         items = [_list_item(state[n]) for n in page]
-        return {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items}
+        return {"kind": f"{kind.kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
 
     def _decode_continue(self, token: str) -> tuple[int, str]:
         try:
@@ -848,31 +1007,33 @@ class ApiServerStandIn:
     # ----------------------------------------------------------------------------- watch
 
     def _open_watch(
-        self, query: Mapping[str, list[str]]
+        self, query: Mapping[str, list[str]], resource: str = "nodes"
     ) -> tuple[_Watch | None, list[JsonObj], str | None, int]:
         """Register a watch; returns (watch, initial event lines, too-old error, start RV)."""
+        kind = _RESOURCES[resource]
         rv_param = _param(query, "resourceVersion")
         bookmarks = _bool_param(query, "allowWatchBookmarks")
         initial_events = _bool_param(query, "sendInitialEvents")
-        filt = _Filter.from_query(query)
+        filt = _Filter.from_query(query, kind)
+        live = self._objects[resource]
         with self._lock:
             lines: list[JsonObj] = []
             if rv_param and rv_param != "0" and not initial_events:
                 start = _rv_value(rv_param)
                 if start < self._floor_rv:
                     return None, [], f"too old resource version: {start} ({self._floor_rv})", start
-                backlog = [e for e in self._history if e.rv > start]
+                backlog = [e for e in self._history if e.rv > start and e.resource == resource]
             else:
                 # No RV (or "0", or a streaming list): synthetic ADDED for the current state,
                 # then the initial-events-end BOOKMARK, as the captures show.
                 start = self._rv
                 backlog = []
-                for n in sorted(self._nodes):
-                    if filt.matches(self._nodes[n]):
-                        lines.append({"type": "ADDED", "object": self._nodes[n]})
+                for key in sorted(live):
+                    if filt.matches(live[key]):
+                        lines.append({"type": "ADDED", "object": live[key]})
                 if bookmarks or initial_events:
-                    lines.append(_bookmark(self._rv, initial_events_end=True))
-            watch = _Watch(last_rv=start)
+                    lines.append(_bookmark(self._rv, initial_events_end=True, resource=kind))
+            watch = _Watch(last_rv=start, resource=resource)
             watch.pending.extend(backlog)
             self._watches.append(watch)
         return watch, lines, None, start
@@ -884,11 +1045,10 @@ class ApiServerStandIn:
 
 
 def _apply_event(state: dict[str, JsonObj], event: _Event) -> None:
-    name = event.new["metadata"]["name"]
     if event.type == "DELETED":
-        state.pop(name, None)
+        state.pop(event.key, None)
     else:
-        state[name] = event.new
+        state[event.key] = event.new
 
 
 def _strip_volatile(obj: Mapping[str, Any]) -> JsonObj:
@@ -1044,18 +1204,20 @@ def _list_item(node: JsonObj) -> JsonObj:
     return {k: v for k, v in node.items() if k not in ("kind", "apiVersion")}
 
 
-def _bookmark(rv: int, *, initial_events_end: bool = False) -> JsonObj:
+def _bookmark(
+    rv: int, *, initial_events_end: bool = False, resource: _Resource = _NODES
+) -> JsonObj:
     meta: JsonObj = {"resourceVersion": str(rv)}
     if initial_events_end:
         meta["annotations"] = {"k8s.io/initial-events-end": "true"}
     return {
         "type": "BOOKMARK",
         "object": {
-            "kind": "Node",
+            "kind": resource.kind,
             "apiVersion": "v1",
             "metadata": meta,
-            "spec": {},
-            "status": ko.clone(_BOOKMARK_SKELETON_STATUS),
+            "spec": ko.clone(resource.skeleton_spec),
+            "status": ko.clone(resource.skeleton_status),
         },
     }
 
@@ -1331,6 +1493,11 @@ class _Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            if fault.end_stream:
+                record(200)
+                self.wfile.write(self._head(200) + b"0\r\n\r\n")
+                self.wfile.flush()
+                return
             if fault.status is not None:
                 code, payload, extra = _fault_answer(fault, path, _verb(method, path, query))
                 record(code)
@@ -1393,8 +1560,9 @@ class _Handler(BaseHTTPRequestHandler):
                     extra=[("X-Content-Type-Options", "nosniff")],
                 )
                 return
-        if method == "GET" and path.rstrip("/") == "/api/v1/nodes" and _bool_param(query, "watch"):
-            self._serve_watch(query, record)
+        collection = path.rstrip("/").removeprefix("/api/v1/")
+        if method == "GET" and collection in _RESOURCES and _bool_param(query, "watch"):
+            self._serve_watch(query, record, collection)
             return
         try:
             code, obj = self._route(method, path, query, body)
@@ -1417,6 +1585,8 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 raise _method_not_allowed()
             return 200, dict(_VERSION)
+        if parts[:3] in (["api", "v1", "pods"], ["api", "v1", "namespaces"]):
+            return self._route_read_only(method, parts, query)
         subresource = parts[4] if len(parts) == 5 else ""
         if (
             parts[:3] != ["api", "v1", "nodes"]
@@ -1444,11 +1614,29 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, srv.api_delete(name)
         raise _method_not_allowed()
 
-    def _serve_watch(self, query: dict[str, list[str]], record: Callable[[int], None]) -> None:
+    def _route_read_only(
+        self, method: str, parts: list[str], query: dict[str, list[str]]
+    ) -> tuple[int, JsonObj]:
+        """Pods and Namespaces: LIST (all namespaces for pods), GET of one, nothing else."""
         srv = self.server_ref
+        if method != "GET":
+            raise _method_not_allowed()
+        if len(parts) == 3:
+            return 200, srv.api_list(query, parts[2])
+        if parts[2] == "namespaces" and len(parts) == 4:
+            return 200, srv.api_get_object("namespaces", parts[3])
+        if parts[2] == "namespaces" and len(parts) == 6 and parts[4] == "pods":
+            return 200, srv.api_get_object("pods", f"{parts[3]}/{parts[5]}")
+        raise ko.failure(404, "NotFound", "the server could not find the requested resource", {})
+
+    def _serve_watch(
+        self, query: dict[str, list[str]], record: Callable[[int], None], resource: str = "nodes"
+    ) -> None:
+        srv = self.server_ref
+        kind = _RESOURCES[resource]
         try:
             requested = _int_param(query, "timeoutSeconds")
-            watch, initial, too_old, _ = srv._open_watch(query)
+            watch, initial, too_old, _ = srv._open_watch(query, resource)
         except ApiError as err:
             record(err.code)
             self._send(err.code, _json_body(err.body))
@@ -1458,7 +1646,7 @@ class _Handler(BaseHTTPRequestHandler):
         if requested is not None and requested > 0:
             timeout_s = float(requested)
         bookmarks = _bool_param(query, "allowWatchBookmarks")
-        filt = _Filter.from_query(query)
+        filt = _Filter.from_query(query, kind)
         try:
             self.wfile.write(self._head(200))
             self.wfile.flush()
@@ -1537,7 +1725,7 @@ class _Handler(BaseHTTPRequestHandler):
                     pre_deadline = None
                 if now >= next_bookmark:
                     next_bookmark = now + interval
-                self._chunk(_bookmark(srv.resource_version))
+                self._chunk(_bookmark(srv.resource_version, resource=filt.resource))
 
 
 def _event_line(event: _Event, filt: _Filter) -> JsonObj | None:

@@ -495,6 +495,61 @@ def canonical_node(node: Mapping[str, Any]) -> JsonObj:
     return ordered
 
 
+_META_SCHEMA: Final = _NODE_SCHEMA[2]["metadata"]
+_TOP_ORDER: Final = ("kind", "apiVersion", "metadata", "spec", "status")
+
+
+def ordered_meta(meta: Mapping[str, Any]) -> JsonObj:
+    """`metadata` in the order ObjectMeta encodes (every kind shares it)."""
+    ordered: JsonObj = _ordered(dict(meta), _META_SCHEMA)
+    return ordered
+
+
+def _canonical(obj: Mapping[str, Any], kind: str) -> JsonObj:
+    out: JsonObj = clone(dict(obj))
+    out["kind"] = kind
+    out["apiVersion"] = "v1"
+    meta = out.get("metadata")
+    meta = clone(meta) if isinstance(meta, dict) else {}
+    if not meta.get("name"):
+        raise ValueError(f"a {kind} needs metadata.name")
+    for key in ("labels", "annotations", "managedFields"):
+        if key in meta and not meta[key]:
+            del meta[key]
+    out["metadata"] = meta
+    for key in ("spec", "status"):
+        if not isinstance(out.get(key), dict):
+            out[key] = {}
+    ordered: JsonObj = _ordered(out, (_STRUCT, _TOP_ORDER, {"metadata": _META_SCHEMA}))
+    return ordered
+
+
+def canonical_pod(pod: Mapping[str, Any]) -> JsonObj:
+    """A deep copy of `pod` as the server stores it: kind/apiVersion, `namespace: default` when
+    none is given, `status.phase: Pending` when unset (the pod strategy's create default), the
+    top level and metadata in Go's field order. spec and status keep the order given."""
+    out = _canonical(pod, "Pod")
+    out["metadata"].setdefault("namespace", "default")
+    out["metadata"] = ordered_meta(out["metadata"])
+    out["status"].setdefault("phase", "Pending")
+    return out
+
+
+def canonical_namespace(namespace: Mapping[str, Any]) -> JsonObj:
+    """A deep copy of `namespace` as the server stores it: the `kubernetes.io/metadata.name`
+    label (set on every write since v1.21), `spec.finalizers: [kubernetes]` and `status.phase:
+    Active` when unset."""
+    out = _canonical(namespace, "Namespace")
+    meta = out["metadata"]
+    meta["labels"] = dict(
+        sorted({**meta.get("labels", {}), "kubernetes.io/metadata.name": meta["name"]}.items())
+    )
+    out["metadata"] = ordered_meta(meta)
+    out["spec"].setdefault("finalizers", ["kubernetes"])
+    out["status"].setdefault("phase", "Active")
+    return out
+
+
 def with_resource_version(obj: JsonObj, rv: int) -> JsonObj:
     """Set metadata.resourceVersion in place, keeping metadata's encoded field order."""
     meta = dict(obj.get("metadata") or {})

@@ -10,7 +10,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -19,23 +20,33 @@ from loopback_cluster.control_plane import (
     SERVICE_ACCOUNT_ISSUER,
     BuildSpec,
     ControlPlane,
+    ExtenderConfig,
     KubeApi,
+    SchedulerConfig,
     missing_binaries_reason,
     running_control_plane,
 )
 from loopback_cluster.workload import (
+    ScorerProcess,
     apply,
     delete_nodes,
     delete_pods,
     pod_bound_token,
+    pod_events,
     pod_node,
     register_node,
+    scorer_process,
     wait_for,
 )
 from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
 
 # Watch events reach every watcher on loopback within milliseconds; this leaves a wide margin.
 SETTLE_S = 0.5
+# The scorer's Pod and Namespace watches list within milliseconds on loopback; the deadline.
+WATCH_SYNC_S = 15.0
+# kube-scheduler writes a FailedScheduling event within a second of the failed attempt; a
+# pod rejected first for another reason is retried after its back-off (1 s doubling to 10 s).
+FAILED_SCHEDULING_S = 20.0
 
 
 @contextlib.contextmanager
@@ -280,3 +291,160 @@ def inflight_refs(node: Mapping[str, Any]) -> list[str]:
     """`namespace/name` of the in-flight pods an explained node's verdict counted."""
     inflight = node["inflight"]
     return [] if inflight is None else [p["pod"] for p in inflight["pods"]]
+
+
+def create_namespace(api: KubeApi, name: str, labels: Mapping[str, str] | None = None) -> None:
+    """Create the Namespace `name` (kept if it exists) and its `default` ServiceAccount, which
+    pods need and which no controller-manager creates here."""
+    status, body = api.raw(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": dict(labels or {})}}
+    )
+    assert status in (201, 409), body
+    status, body = api.raw(
+        "POST",
+        f"/api/v1/namespaces/{name}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+    )
+    assert status in (201, 409), body
+
+
+def failed_scheduling_messages(api: KubeApi, pod: str, namespace: str = "default") -> list[str]:
+    """The messages of the pod's FailedScheduling events, oldest first (read once)."""
+    return [
+        text for reason, text in pod_events(api, pod, namespace) if reason == "FailedScheduling"
+    ]
+
+
+def wait_failed_scheduling(
+    api: KubeApi,
+    pod: str,
+    namespace: str = "default",
+    *,
+    starting_with: str,
+    timeout_s: float = FAILED_SCHEDULING_S,
+) -> str:
+    """The first FailedScheduling message of `pod` that starts with `starting_with`, once
+    kube-scheduler has written one; an AssertionError names the messages seen by the deadline.
+
+    A pod can be rejected for another reason first (a slot held by a proposal the scorer's
+    watch has not confirmed yet, a node its informer has not seen), and events are written
+    after the attempt, so a reader waits for the message it expects rather than taking the
+    first or the latest one there is.
+    """
+    seen: list[str] = []
+
+    def matching() -> str | None:
+        seen[:] = failed_scheduling_messages(api, pod, namespace)
+        return next((text for text in seen if text.startswith(starting_with)), None)
+
+    try:
+        return wait_for(
+            f"a FailedScheduling event for {namespace}/{pod}", matching, timeout_s=timeout_s
+        )
+    except TimeoutError as error:
+        raise AssertionError(
+            f"{error}: no message starts with {starting_with!r}; seen: {seen}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- scorer stacks
+
+Mode = Literal["names", "full"]
+# names: `nodeCacheCapable: true`, the scorer list+watches Nodes; full: Node objects in requests.
+MODES: tuple[Mode, ...] = ("names", "full")
+INFLIGHT_ACCOUNTING = "gpu_scorer_inflight_accounting"
+NAMESPACE_CACHE_READY = "gpu_scorer_namespace_cache_ready"
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """What a test module's scorer + kube-scheduler pair runs with (one pair per mode)."""
+
+    # Names the scheduler (`{purpose}-{mode}`) and the scorer process; unique per module, so
+    # each module's pods reach only its own scheduler.
+    purpose: str
+    # The scorer's Pod watch (in-flight accounting, spread groups): credentials in both modes.
+    # Off, the full-node scorer runs without credentials, as a deployment without RBAC can;
+    # the names-only one has them for its node cache and so watches pods too.
+    in_flight: bool = True
+    # The scorer's `--policy-file` content, or None for the built-in policy.
+    policy_yaml: str | None = None
+    # The policy chooses a profile by namespace labels: wait for the Namespace watch too.
+    namespace_watch: bool = False
+    # Namespaces (name -> labels) created before the scorer starts, so its first list has them.
+    namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class ScorerStack:
+    """A running `gpu-scorer` and the kube-scheduler whose only profile calls it."""
+
+    mode: Mode
+    scheduler_name: str
+    scorer: ScorerProcess
+
+    @property
+    def names_only(self) -> bool:
+        return self.mode == "names"
+
+
+@contextlib.contextmanager
+def started_stack(
+    control_plane: ControlPlane, log_dir: Path, spec: StackSpec, mode: Mode
+) -> Iterator[ScorerStack]:
+    """Start the scorer (ready, its watches synced), then a kube-scheduler calling it with
+    `ignorable: false`, so that a scorer fault fails the pod instead of hiding behind the
+    default plugins; both are stopped afterwards."""
+    names_only = mode == "names"
+    with control_plane.admin() as api:
+        for namespace, labels in spec.namespaces.items():
+            create_namespace(api, namespace, labels)
+    extra_args = []
+    if spec.policy_yaml is not None:
+        policy = log_dir / "policy.yaml"
+        policy.write_text(spec.policy_yaml)
+        extra_args.append(f"--policy-file={policy}")
+    scheduler_name = f"{spec.purpose}-{mode}"
+    scorer = scorer_process(
+        log_dir,
+        kubeconfig=control_plane.admin_kubeconfig if names_only or spec.in_flight else None,
+        node_cache=names_only,
+        name=f"gpu-scorer-{scheduler_name}",
+        extra_args=extra_args,
+    )
+    scorer.start()
+    try:
+        scorer.wait_ready()
+        watches = [INFLIGHT_ACCOUNTING] if spec.in_flight else []
+        watches += [NAMESPACE_CACHE_READY] if spec.namespace_watch else []
+        wait_for(
+            f"the scorer's watches to sync ({', '.join(watches)})",
+            lambda: all(scorer.metric(metric) == 1 for metric in watches),
+            timeout_s=WATCH_SYNC_S,
+        )
+        extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
+        control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
+        try:
+            yield ScorerStack(mode, scheduler_name, scorer)
+        finally:
+            control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
+    finally:
+        scorer.kill()
+
+
+def stack_fixture(spec: StackSpec) -> Any:
+    """A module-scoped `stack` fixture, one stack per mode: `stack = stack_fixture(...)` in a
+    test module runs each of its tests that take `stack` in both modes."""
+
+    @pytest.fixture(scope="module", params=MODES)
+    def stack(
+        request: pytest.FixtureRequest,
+        control_plane: ControlPlane,
+        tmp_path_factory: pytest.TempPathFactory,
+    ) -> Iterator[ScorerStack]:
+        mode: Mode = request.param
+        log_dir = tmp_path_factory.mktemp(f"{spec.purpose}-{mode}")
+        with started_stack(control_plane, log_dir, spec, mode) as running_stack:
+            yield running_stack
+
+    return stack

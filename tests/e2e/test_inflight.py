@@ -33,7 +33,6 @@ from loopback_cluster.control_plane import (
     SchedulerConfig,
 )
 from loopback_cluster.workload import (
-    ScorerProcess,
     apply,
     delete_pods,
     gpu_pod,
@@ -46,62 +45,30 @@ from loopback_cluster.workload import (
     service_account_token,
     wait_for,
 )
-from tests.e2e.support import Scope, bound_nodes, explain_nodes, inflight_refs
+from tests.e2e.support import (
+    INFLIGHT_ACCOUNTING,
+    WATCH_SYNC_S,
+    Scope,
+    ScorerStack,
+    StackSpec,
+    bound_nodes,
+    explain_nodes,
+    inflight_refs,
+    stack_fixture,
+)
 
 pytestmark = pytest.mark.e2e
 
-MODES = ("names", "full")
 GPUS = 8
 IDLE, SATURATED, EVEN = 0.0, 1.0, 0.55
 # The scorer's pod watch sees a pod within milliseconds on loopback; this is the deadline.
-WATCH_S = 15.0
-ACCOUNTING = "gpu_scorer_inflight_accounting"
+WATCH_S = WATCH_SYNC_S
 # `/explain`'s nodes by name.
 Explanation = dict[str, dict[str, Any]]
 
 
-@dataclass
-class Stack:
-    mode: str
-    scheduler_name: str
-    scorer: ScorerProcess
-
-    @property
-    def names_only(self) -> bool:
-        return self.mode == "names"
-
-
-@pytest.fixture(scope="module", params=MODES)
-def stack(
-    request: pytest.FixtureRequest,
-    control_plane: ControlPlane,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    mode: str = request.param
-    names_only = mode == "names"
-    logs = tmp_path_factory.mktemp(f"inflight-{mode}")
-    # Both modes with credentials: the full-node scorer needs them for its pod watch alone.
-    scorer = scorer_process(
-        logs,
-        kubeconfig=control_plane.admin_kubeconfig,
-        node_cache=names_only,
-        name=f"gpu-scorer-inflight-{mode}",
-    )
-    scorer.start()
-    scorer.wait_ready()
-    wait_for(
-        "the scorer's pod watch to sync",
-        lambda: scorer.metric(ACCOUNTING) == 1,
-        timeout_s=WATCH_S,
-    )
-    scheduler_name = f"inflight-{mode}"
-    extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
-    control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
-    try:
-        yield Stack(mode, scheduler_name, scorer)
-    finally:
-        control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
-        scorer.kill()
+# Both modes with credentials: the full-node scorer needs them for its pod watch alone.
+stack = stack_fixture(StackSpec("inflight"))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -122,12 +89,12 @@ def lay_out(scope: Scope, *, saturated_allocated: bool, at: datetime) -> tuple[s
     return mixed, even
 
 
-def probe(scope: Scope, stack: Stack) -> dict[str, Any]:
+def probe(scope: Scope, stack: ScorerStack) -> dict[str, Any]:
     """A one-GPU pod like the tests' own, never created: what `/explain` is asked about."""
     return gpu_pod(scope.name("probe"), scheduler_name=stack.scheduler_name)
 
 
-def explained(stack: Stack, scope: Scope, nodes: list[str]) -> Explanation:
+def explained(stack: ScorerStack, scope: Scope, nodes: list[str]) -> Explanation:
     return explain_nodes(
         stack.scorer.url, scope.api, probe(scope, stack), nodes, names_only=stack.names_only
     )
@@ -135,7 +102,7 @@ def explained(stack: Stack, scope: Scope, nodes: list[str]) -> Explanation:
 
 def wait_explained(
     what: str,
-    stack: Stack,
+    stack: ScorerStack,
     scope: Scope,
     nodes: list[str],
     holds: Callable[[Explanation], bool],
@@ -162,7 +129,7 @@ def data_seen(updated_at: datetime) -> Callable[[Explanation], bool]:
     return holds
 
 
-def ready_layout(stack: Stack, scope: Scope, *, saturated_allocated: bool) -> tuple[str, str]:
+def ready_layout(stack: ScorerStack, scope: Scope, *, saturated_allocated: bool) -> tuple[str, str]:
     """`lay_out`, then wait until the scorer judges both nodes on that data (names only: its
     node cache has it) and let the scheduler's informer catch up (full nodes: it sends its
     copy of the Nodes)."""
@@ -173,7 +140,7 @@ def ready_layout(stack: Stack, scope: Scope, *, saturated_allocated: bool) -> tu
     return mixed, even
 
 
-def bind_directly(stack: Stack, scope: Scope, node: str, count: int) -> list[str]:
+def bind_directly(stack: ScorerStack, scope: Scope, node: str, count: int) -> list[str]:
     """`count` one-GPU pods created with `spec.nodeName` (no scheduler involved), once the
     scorer counts them on `node`."""
     pods = [
@@ -202,7 +169,7 @@ def assert_holding_idle_gpus(node: dict[str, Any]) -> None:
     assert node["verdict"] == "fail", node
 
 
-def burst(stack: Stack, scope: Scope, count: int, prefix: str = "burst") -> list[str]:
+def burst(stack: ScorerStack, scope: Scope, count: int, prefix: str = "burst") -> list[str]:
     """`count` one-GPU pods for the stack's scheduler, created back to back."""
     return [
         scope.pod(gpu_pod(scope.name(f"{prefix}-{i}"), scheduler_name=stack.scheduler_name))
@@ -231,7 +198,7 @@ BURSTS = [
 
 @pytest.mark.parametrize("case", BURSTS, ids=lambda c: c.name)
 def test_a_burst_puts_no_more_pods_on_a_node_than_it_has_suitable_gpus(
-    stack: Stack, scope: Scope, case: BurstCase
+    stack: ScorerStack, scope: Scope, case: BurstCase
 ) -> None:
     mixed, even = ready_layout(stack, scope, saturated_allocated=case.saturated_allocated)
     placed = Counter(bound_nodes(scope.api, burst(stack, scope, GPUS)).values())
@@ -245,7 +212,9 @@ def test_a_burst_puts_no_more_pods_on_a_node_than_it_has_suitable_gpus(
 # ----------------------------------------------------------------------------- bound by others
 
 
-def test_pods_bound_by_others_hold_their_gpus_until_deleted(stack: Stack, scope: Scope) -> None:
+def test_pods_bound_by_others_hold_their_gpus_until_deleted(
+    stack: ScorerStack, scope: Scope
+) -> None:
     api = scope.api
     mixed, even = ready_layout(stack, scope, saturated_allocated=True)
     direct = bind_directly(stack, scope, mixed, GPUS // 2)
@@ -277,7 +246,7 @@ ADMITTED_GPU_LOADS = [
 
 @pytest.mark.parametrize("admitted_gpu_load", ADMITTED_GPU_LOADS)
 def test_in_flight_pods_stop_holding_gpus_once_the_node_data_shows_them(
-    stack: Stack, scope: Scope, admitted_gpu_load: float
+    stack: ScorerStack, scope: Scope, admitted_gpu_load: float
 ) -> None:
     api = scope.api
     mixed, even = ready_layout(stack, scope, saturated_allocated=True)
@@ -335,7 +304,7 @@ POD_LOAD = 0.95
 
 
 def test_running_pods_stop_holding_gpus_once_data_sampled_after_their_load_window(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     """Where the kubelet's allocations are not published, an admitted pod counts until the node
     shows its load: data sampled `inflight_load_delay_s` after its containers run. The pods
@@ -471,13 +440,13 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
         )
         assert "(403)" in off["why"], off
         assert "list and watch on pods" in off["why"], off
-        assert scorer.metric(ACCOUNTING) == 0
+        assert scorer.metric(INFLIGHT_ACCOUNTING) == 0
 
         control_plane.start_scheduler(
             SchedulerConfig(scheduler_name, ExtenderConfig(scorer.url, node_cache_capable=True))
         )
         try:
-            stack = Stack("names", scheduler_name, scorer)
+            stack = ScorerStack("names", scheduler_name, scorer)
             mixed, even = ready_layout(stack, scope, saturated_allocated=True)
             direct = [
                 scope.pod(placed_gpu_pod(scope.name(f"direct-{i}"), node_name=mixed))
@@ -494,7 +463,7 @@ def test_without_pod_rbac_the_scorer_schedules_by_the_annotations_until_granted(
             # The watch retries with back-off (at most 30 s between tries).
             wait_for(
                 "in-flight accounting to turn on",
-                lambda: scorer.metric(ACCOUNTING) == 1,
+                lambda: scorer.metric(INFLIGHT_ACCOUNTING) == 1,
                 timeout_s=60,
                 interval_s=0.25,
             )

@@ -11,79 +11,40 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
 
 from gpu_contract.schema import DEFAULT_PREFIX, GpuState, NodeGpuState
-from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
 from loopback_cluster.workload import (
-    ScorerProcess,
     gpu_pod,
     gpu_state,
-    pod_events,
     pod_node,
     publish,
     running_pod,
-    scorer_process,
     wait_for,
 )
-from tests.e2e.support import Scope, bound_nodes
+from tests.e2e.support import (
+    Scope,
+    ScorerStack,
+    StackSpec,
+    bound_nodes,
+    stack_fixture,
+    wait_failed_scheduling,
+)
 
 pytestmark = pytest.mark.e2e
 
-MODES = ("names", "full")
-
-
-@dataclass
-class Stack:
-    mode: str
-    scheduler_name: str
-    scorer: ScorerProcess
-
-
-@pytest.fixture(scope="module", params=MODES)
-def stack(
-    request: pytest.FixtureRequest,
-    control_plane: ControlPlane,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    mode: str = request.param
-    names_only = mode == "names"
-    logs = tmp_path_factory.mktemp(f"stack-{mode}")
-    scorer = scorer_process(
-        logs,
-        kubeconfig=control_plane.admin_kubeconfig if names_only else None,
-        name=f"gpu-scorer-{mode}",
-    )
-    scorer.start().wait_ready()
-    scheduler_name = f"gpu-{mode}"
-    extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
-    control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
-    try:
-        yield Stack(mode, scheduler_name, scorer)
-    finally:
-        control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
-        scorer.kill()
-
-
-def failed_scheduling(api: KubeApi, pod: str, *, timeout_s: float = 20.0) -> str:
-    def message() -> str | None:
-        for reason, text in pod_events(api, pod):
-            if reason == "FailedScheduling":
-                return text
-        return None
-
-    return wait_for(f"a FailedScheduling event for {pod}", message, timeout_s=timeout_s)
+# Full-node mode without credentials, as a deployment without RBAC runs it: no Pod watch.
+stack = stack_fixture(StackSpec("gpu", in_flight=False))
 
 
 def hint(name: str) -> str:
     return DEFAULT_PREFIX + name
 
 
-def test_pods_land_where_the_rules_allow(stack: Stack, scope: Scope) -> None:
+def test_pods_land_where_the_rules_allow(stack: ScorerStack, scope: Scope) -> None:
     api = scope.api
     now = datetime.now(UTC)
     layout = {
@@ -105,7 +66,7 @@ def test_pods_land_where_the_rules_allow(stack: Stack, scope: Scope) -> None:
     assert set(placed.values()) == {scope.name("cool")}, placed
 
 
-def test_memory_hint_skips_nodes_without_a_big_enough_gpu(stack: Stack, scope: Scope) -> None:
+def test_memory_hint_skips_nodes_without_a_big_enough_gpu(stack: ScorerStack, scope: Scope) -> None:
     api = scope.api
     publish(
         api, scope.node("fragmented"), gpu_state(utilization=0.05, memory_largest_free_mib=20_000)
@@ -171,7 +132,7 @@ FOUR_GPU_CASES = [
 
 @pytest.mark.parametrize("case", FOUR_GPU_CASES, ids=lambda c: c.name)
 def test_a_four_gpu_pod_goes_where_four_gpus_are_idle(
-    stack: Stack, scope: Scope, case: FourGpuCase
+    stack: ScorerStack, scope: Scope, case: FourGpuCase
 ) -> None:
     _split_and_even(scope, busy_allocated=case.busy_allocated)
     pod = scope.pod(gpu_pod(scope.name("four"), scheduler_name=stack.scheduler_name, gpus=4))
@@ -179,7 +140,7 @@ def test_a_four_gpu_pod_goes_where_four_gpus_are_idle(
 
 
 def test_a_five_gpu_pod_is_kept_off_a_node_with_four_usable_gpus(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     _, even = _split_and_even(scope)
     pod = scope.pod(gpu_pod(scope.name("five"), scheduler_name=stack.scheduler_name, gpus=5))
@@ -187,7 +148,7 @@ def test_a_five_gpu_pod_is_kept_off_a_node_with_four_usable_gpus(
 
 
 def test_model_chain_falls_back_when_every_preferred_node_is_busy(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     api = scope.api
     a100 = scope.node("a100", product="NVIDIA-A100-SXM4-80GB")
@@ -211,7 +172,7 @@ def test_model_chain_falls_back_when_every_preferred_node_is_busy(
 
 
 def test_rejections_aggregate_into_one_reason_and_the_pod_binds_once_a_node_cools(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     api = scope.api
     nodes = [scope.node(f"busy-{i}") for i in range(3)]
@@ -220,9 +181,10 @@ def test_rejections_aggregate_into_one_reason_and_the_pod_binds_once_a_node_cool
     scope.settle()
     pod = scope.pod(gpu_pod(scope.name("waiting"), scheduler_name=stack.scheduler_name))
 
-    message = failed_scheduling(api, pod)
     # One uniform text per rule and limit: kube-scheduler counts the three nodes under it.
-    assert message.startswith("0/3 nodes are available: 3 gpu utilization above 0.90."), message
+    wait_failed_scheduling(
+        api, pod, starting_with="0/3 nodes are available: 3 gpu utilization above 0.90."
+    )
     assert pod_node(api, pod) is None
 
     cooled = time.monotonic()
@@ -246,7 +208,7 @@ def test_rejections_aggregate_into_one_reason_and_the_pod_binds_once_a_node_cool
 
 
 def test_full_node_mode_hides_running_pods_from_the_default_scores(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     """kube-scheduler (v1.36, v1.37) rebuilds each feasible node's NodeInfo from the Node object a
     full-node extender returns (`HTTPExtender.Filter`: `NewNodeInfo()` + `SetNode`), without the
@@ -275,7 +237,7 @@ def test_full_node_mode_hides_running_pods_from_the_default_scores(
         for i in range(12)
     ]
     placed = Counter(bound_nodes(api, pods).values())
-    if stack.mode == "names":
+    if stack.names_only:
         assert placed == {empty: 12}
     else:
         # Both nodes look empty to the default score plugins; ties go either way (each pod

@@ -12,31 +12,34 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from gpu_contract.schema import DEFAULT_PREFIX
-from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
+from loopback_cluster.control_plane import KubeApi
 from loopback_cluster.workload import (
     ScorerProcess,
     delete_pods,
     gpu_pod,
     gpu_state,
-    pod_events,
     pod_node,
     publish,
-    scorer_process,
     wait_for,
 )
-from tests.e2e.support import Scope
+from tests.e2e.support import (
+    Scope,
+    ScorerStack,
+    StackSpec,
+    create_namespace,
+    failed_scheduling_messages,
+    stack_fixture,
+    wait_failed_scheduling,
+)
 
 pytestmark = pytest.mark.e2e
 
-MODES = ("names", "full")
-WATCH_S = 15.0
 # Pods of a group rejected while a slot was held by a proposal the watch had not confirmed
 # yet are retried by kube-scheduler on the next cluster event, after its back-off (1 s
 # doubling to 10 s); a burst settles well within this.
@@ -45,6 +48,10 @@ GROUP_LABEL = DEFAULT_PREFIX + "spread-group"
 MAX_PER_DOMAIN = DEFAULT_PREFIX + "spread-max-per-domain"
 TOPOLOGY_KEY = DEFAULT_PREFIX + "spread-topology-key"
 ZONE = "topology.kubernetes.io/zone"
+# The FailedScheduling text once each of three nodes holds a group's two pods.
+HOST_CAP_OF_2_ON_3_NODES = (
+    "0/3 nodes are available: 3 spread group at most 2 per kubernetes.io/hostname."
+)
 
 POLICY_FILE = """\
 # The top-level policy (the `default` profile): the built-in limits.
@@ -62,73 +69,19 @@ profiles:
 """
 
 
-@dataclass
-class Stack:
-    mode: str
-    scheduler_name: str
-    scorer: ScorerProcess
-    # Namespaces of this stack: one a profile chooses by name, one by label.
-    prod: str
-    research: str
+# Namespaces of the stacks' pods: one a profile chooses by name, one by label.
+PROD, RESEARCH = "prod-tenancy", "lab-tenancy"
 
-    @property
-    def names_only(self) -> bool:
-        return self.mode == "names"
-
-
-def _create_namespace(api: KubeApi, name: str, labels: Mapping[str, str]) -> None:
-    status, body = api.raw(
-        "POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": dict(labels)}}
+# Both modes with credentials: the Pod watch counts the groups; the Namespace watch holds the
+# labels profiles read.
+stack = stack_fixture(
+    StackSpec(
+        "tenancy",
+        policy_yaml=POLICY_FILE,
+        namespace_watch=True,
+        namespaces={PROD: {}, RESEARCH: {"team": "research"}},
     )
-    assert status in (201, 409), body
-    # No controller-manager runs here: pods need their namespace's ServiceAccount.
-    status, body = api.raw(
-        "POST",
-        f"/api/v1/namespaces/{name}/serviceaccounts",
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
-    )
-    assert status in (201, 409), body
-
-
-@pytest.fixture(scope="module", params=MODES)
-def stack(
-    request: pytest.FixtureRequest,
-    control_plane: ControlPlane,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    mode: str = request.param
-    names_only = mode == "names"
-    logs = tmp_path_factory.mktemp(f"tenancy-{mode}")
-    policy = logs / "policy.yaml"
-    policy.write_text(POLICY_FILE)
-    prod, research = f"prod-{mode}", f"lab-{mode}"
-    with control_plane.admin() as api:
-        _create_namespace(api, prod, {})
-        _create_namespace(api, research, {"team": "research"})
-    scorer = scorer_process(
-        logs,
-        kubeconfig=control_plane.admin_kubeconfig,
-        node_cache=names_only,
-        name=f"gpu-scorer-tenancy-{mode}",
-        extra_args=[f"--policy-file={policy}"],
-    )
-    scorer.start()
-    scorer.wait_ready()
-    # The Pod watch counts the groups; the Namespace watch holds the labels profiles read.
-    watches = ("gpu_scorer_inflight_accounting", "gpu_scorer_namespace_cache_ready")
-    wait_for(
-        "the scorer's pod and namespace watches to sync",
-        lambda: all(scorer.metric(m) == 1 for m in watches),
-        timeout_s=WATCH_S,
-    )
-    scheduler_name = f"tenancy-{mode}"
-    extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
-    control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
-    try:
-        yield Stack(mode, scheduler_name, scorer, prod, research)
-    finally:
-        control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
-        scorer.kill()
+)
 
 
 @pytest.fixture
@@ -143,20 +96,6 @@ def namespaced(scope: Scope) -> Iterator[list[tuple[str, str]]]:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def failed_scheduling(
-    api: KubeApi, pod: str, namespace: str = "default", *, timeout_s: float = 20.0
-) -> str:
-    """The message of the pod's latest FailedScheduling event."""
-
-    def message() -> str | None:
-        texts = [
-            text for reason, text in pod_events(api, pod, namespace) if reason == "FailedScheduling"
-        ]
-        return texts[-1] if texts else None
-
-    return wait_for(f"a FailedScheduling event for {pod}", message, timeout_s=timeout_s)
 
 
 def bound_until(
@@ -193,7 +132,7 @@ def placement(
 
 
 def group_member(
-    stack: Stack,
+    stack: ScorerStack,
     scope: Scope,
     name: str,
     *,
@@ -227,7 +166,7 @@ def settled_placement(
             return None
         waiting = [pod for pod, node in placed.items() if node is None]
         for pod in waiting:
-            if not any(reason == "FailedScheduling" for reason, _ in pod_events(api, pod)):
+            if not failed_scheduling_messages(api, pod):
                 return None
         return placed
 
@@ -246,7 +185,7 @@ def _profile_requests(scorer: ScorerProcess, profile: str) -> float:
 
 
 def test_namespaces_with_different_profiles_are_placed_differently(
-    stack: Stack, scope: Scope, namespaced: list[tuple[str, str]]
+    stack: ScorerStack, scope: Scope, namespaced: list[tuple[str, str]]
 ) -> None:
     api = scope.api
     warm, hot = scope.node("warm"), scope.node("hot")
@@ -256,8 +195,8 @@ def test_namespaces_with_different_profiles_are_placed_differently(
 
     pods: dict[str, tuple[str, str]] = {}
     for role, namespace in (
-        ("research", stack.research),
-        ("prod", stack.prod),
+        ("research", RESEARCH),
+        ("prod", PROD),
         ("plain", "default"),
     ):
         doc = gpu_pod(
@@ -274,19 +213,21 @@ def test_namespaces_with_different_profiles_are_placed_differently(
         pods[role] = (namespace, name)
 
     # research (a namespace label chose it) packs to 0.97: the warm node is the better of two.
-    assert (
-        bound_until(scope, pods["research"][1], stack.research, poke=warm, utilization=0.80) == warm
-    )
+    assert bound_until(scope, pods["research"][1], RESEARCH, poke=warm, utilization=0.80) == warm
     # The top-level policy (0.90) takes the warm node, not the hot one.
     assert bound_until(scope, pods["plain"][1], poke=warm, utilization=0.80) == warm
     # prod (chosen by the namespace's name) only below 0.70: neither node.
-    message = failed_scheduling(api, pods["prod"][1], stack.prod)
-    assert message.startswith("0/2 nodes are available: 2 gpu utilization above 0.70."), message
-    assert pod_node(api, pods["prod"][1], stack.prod) is None
+    wait_failed_scheduling(
+        api,
+        pods["prod"][1],
+        PROD,
+        starting_with="0/2 nodes are available: 2 gpu utilization above 0.70.",
+    )
+    assert pod_node(api, pods["prod"][1], PROD) is None
 
     assert _profile_requests(stack.scorer, "research") >= 1
     assert _profile_requests(stack.scorer, "prod") >= 1
-    prod_pod = f"{stack.prod}/{pods['prod'][1]}"
+    prod_pod = f"{PROD}/{pods['prod'][1]}"
     rejected = stack.scorer.wait_log_documents(
         "the scorer's log line for the rejected prod pod",
         lambda line: line.get("msg") == "nodes rejected" and line.get("pod") == prod_pod,
@@ -296,24 +237,25 @@ def test_namespaces_with_different_profiles_are_placed_differently(
     # A node below 0.70 joins: the prod pod binds there.
     cool = scope.node("cool")
     publish(api, cool, gpu_state(utilization=0.50))
-    assert bound_until(scope, pods["prod"][1], stack.prod, poke=cool, utilization=0.50) == cool
+    assert bound_until(scope, pods["prod"][1], PROD, poke=cool, utilization=0.50) == cool
 
 
 def test_a_namespace_label_change_switches_the_profile(
-    stack: Stack, scope: Scope, namespaced: list[tuple[str, str]]
+    stack: ScorerStack, scope: Scope, namespaced: list[tuple[str, str]]
 ) -> None:
     api = scope.api
     warm = scope.node("warm")
     publish(api, warm, gpu_state(utilization=0.93))
     scope.settle()
-    namespace = f"{stack.research}-{scope.label}"
+    namespace = f"{RESEARCH}-{scope.label}"
     # No namespace controller runs here (a deleted one would stay Terminating): it is kept.
-    _create_namespace(api, namespace, {})
+    create_namespace(api, namespace)
     doc = gpu_pod(scope.name("late"), scheduler_name=stack.scheduler_name, namespace=namespace)
     name = scope.pod(doc)
     namespaced.append((namespace, name))
-    message = failed_scheduling(api, name, namespace)
-    assert message.startswith("0/1 nodes are available: 1 gpu utilization above 0.90."), message
+    wait_failed_scheduling(
+        api, name, namespace, starting_with="0/1 nodes are available: 1 gpu utilization above 0.90."
+    )
     # Labelled research: the scorer's Namespace watch sees it, and the next try passes.
     labelled = {"metadata": {"labels": {"team": "research"}}}
     api.merge_patch(f"/api/v1/namespaces/{namespace}", labelled)
@@ -324,7 +266,7 @@ def test_a_namespace_label_change_switches_the_profile(
 
 
 def test_a_group_keeps_its_cap_per_node_and_the_last_pod_waits_for_a_slot(
-    stack: Stack, scope: Scope
+    stack: ScorerStack, scope: Scope
 ) -> None:
     api = scope.api
     nodes = [scope.node(f"gpu-{i}") for i in range(3)]
@@ -341,10 +283,11 @@ def test_a_group_keeps_its_cap_per_node_and_the_last_pod_waits_for_a_slot(
     assert per_node == dict.fromkeys(nodes, 2), per_node
 
     last = scope.pod(group_member(stack, scope, "train-6", group=group, max_per_domain=2))
-    message = failed_scheduling(api, last)
-    assert message.startswith(
-        "0/3 nodes are available: 3 spread group at most 2 per kubernetes.io/hostname."
-    ), message
+    wait_failed_scheduling(
+        api,
+        last,
+        starting_with=HOST_CAP_OF_2_ON_3_NODES,
+    )
     assert pod_node(api, last) is None
 
     freed = pod_node(api, members[4])
@@ -355,7 +298,7 @@ def test_a_group_keeps_its_cap_per_node_and_the_last_pod_waits_for_a_slot(
     assert Counter(placement(api, survivors).values()) == dict.fromkeys(nodes, 2)
 
 
-def test_a_burst_of_a_whole_group_never_exceeds_its_cap(stack: Stack, scope: Scope) -> None:
+def test_a_burst_of_a_whole_group_never_exceeds_its_cap(stack: ScorerStack, scope: Scope) -> None:
     api = scope.api
     nodes = [scope.node(f"gpu-{i}") for i in range(3)]
     for node in nodes:
@@ -370,12 +313,14 @@ def test_a_burst_of_a_whole_group_never_exceeds_its_cap(stack: Stack, scope: Sco
     per_node = Counter(node for node in placed.values() if node is not None)
     assert per_node == dict.fromkeys(nodes, 2), per_node
     (waiting,) = [pod for pod, node in placed.items() if node is None]
-    assert failed_scheduling(api, waiting).startswith(
-        "0/3 nodes are available: 3 spread group at most 2 per kubernetes.io/hostname."
+    wait_failed_scheduling(
+        api,
+        waiting,
+        starting_with=HOST_CAP_OF_2_ON_3_NODES,
     )
 
 
-def test_a_zone_cap_counts_pods_per_zone(stack: Stack, scope: Scope) -> None:
+def test_a_zone_cap_counts_pods_per_zone(stack: ScorerStack, scope: Scope) -> None:
     api = scope.api
     zones = {"a-0": "zone-a", "a-1": "zone-a", "b-0": "zone-b", "bare": None}
     nodes = {}
@@ -399,8 +344,9 @@ def test_a_zone_cap_counts_pods_per_zone(stack: Stack, scope: Scope) -> None:
     bound_zones = Counter(zone_of[node] for node in placed.values() if node is not None)
     assert bound_zones == {"zone-a": 1, "zone-b": 1}, placed
     (waiting,) = [pod for pod, node in placed.items() if node is None]
-    message = failed_scheduling(api, waiting)
-    assert message.startswith(
-        "0/4 nodes are available: 1 node has no topology.kubernetes.io/zone label, "
-        "3 spread group at most 1 per topology.kubernetes.io/zone."
-    ), message
+    wait_failed_scheduling(
+        api,
+        waiting,
+        starting_with="0/4 nodes are available: 1 node has no topology.kubernetes.io/zone label, "
+        "3 spread group at most 1 per topology.kubernetes.io/zone.",
+    )

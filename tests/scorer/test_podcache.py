@@ -1,21 +1,23 @@
 """The Pod watch: bound GPU pods by node, the scorer's own proposals, and accounting on or off.
 
-The watch lines here are written by hand in the shape a kube-apiserver v1.36 sends (the Pod of
-`tests/fixtures/kube-scheduler-v1.36`, the events of `tests/fixtures/kube-apiserver-v1.36`'s
-Node watches: one JSON object per line, `type` and `object`, a BOOKMARK's skeleton object
-without a name, an ERROR's `Status`); they are not captured from a server. The cache is fed
-them through its loop's own entry point (`_apply`), its LIST through `_replace`, and the loop
-itself runs against an API object that stands in for the client's `CoreV1Api`.
+The cache runs as the scorer runs it: its own list + watch loop, the real `kubernetes` client,
+real HTTP to the API server stand-in (`kube_standins.apiserver`), which serves Pods as a
+kube-apiserver v1.36 does (the field selector applied to lists and to watch events, BOOKMARKs,
+the `ERROR` 410 event, faults on demand). Pods are written into the stand-in; the tests wait,
+with a deadline, for the cache to show what they expect. Where a change must leave the cache
+as it was, a sentinel pod written after it is the barrier: the watch delivers in order, so once
+the sentinel is seen, every earlier change has been applied.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,21 +25,23 @@ import pytest
 
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.edges.listwatch import CacheTuning, WatchExpiredError
-from exporter_scheduler.edges.podcache import FIELD_SELECTOR, NOMINATED_FIELD_SELECTOR, PodCache
+from exporter_scheduler.edges.listwatch import CacheTuning
+from exporter_scheduler.edges.podcache import FIELD_SELECTOR, PodCache
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodestore import NodeStore
-from tests.fixture_paths import APISERVER_FIXTURES
+from kube_standins.apiserver import ApiServerStandIn, Fault, RecordedRequest
 from tests.scorer.scoring_builders import NOW, PREFIX, node
 
 WAIT_S = 10.0
 FAST = CacheTuning(watch_timeout_s=30, backoff_initial_s=0.01, backoff_max_s=0.05)
 CREATED = "2026-11-30T13:59:40Z"
 SCHEDULED = "2026-11-30T13:59:41Z"
+PODS_PATH = "/api/v1/pods"
+SENTINEL_NODE = "sentinel-node"
 
 
-# ----------------------------------------------------------------------------- watch lines
+# ----------------------------------------------------------------------------- pods
 
 
 def pod_object(
@@ -52,12 +56,9 @@ def pod_object(
     running: Sequence[str | None] = (),
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
-    resource_version: str = "300",
-    nominated: str | None = None,
 ) -> dict[str, Any]:
     """A Pod as the v1.36 API server serializes it (hand-written): `running` gives, per
-    container, its `state.running.startedAt` (None: waiting); `nominated`, its
-    `status.nominatedNodeName`."""
+    container, its `state.running.startedAt` (None: waiting)."""
     requests: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
     if gpus:
         requests["nvidia.com/gpu"] = str(gpus)
@@ -103,8 +104,6 @@ def pod_object(
             }
         )
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "qosClass": "Burstable"}
-    if nominated is not None:
-        status["nominatedNodeName"] = nominated
     if started is not None:
         status["hostIP"] = "10.0.0.11"
         status["startTime"] = started
@@ -131,7 +130,6 @@ def pod_object(
             "name": name,
             "namespace": "default",
             "uid": f"uid-{name}",
-            "resourceVersion": resource_version,
             "generation": 1,
             "creationTimestamp": CREATED,
             "labels": {"app": "gpu-test", **(labels or {})},
@@ -145,70 +143,8 @@ def pod_object(
     }
 
 
-def event(kind: str, obj: dict[str, Any]) -> bytes:
-    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode()
-
-
-def bookmark(resource_version: str) -> bytes:
-    """A watch BOOKMARK: a skeleton Pod with no name, only its resourceVersion."""
-    skeleton = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {"resourceVersion": resource_version},
-    }
-    return event("BOOKMARK", skeleton | {"spec": {"containers": None}, "status": {}})
-
-
-EXPIRED = event(
-    "ERROR",
-    {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "too old resource version: 1 (237)",
-        "reason": "Expired",
-        "code": 410,
-    },
-)
-
-
-def pod_list(*pods: dict[str, Any], resource_version: str = "290") -> bytes:
-    document = {
-        "kind": "PodList",
-        "apiVersion": "v1",
-        "metadata": {"resourceVersion": resource_version},
-        "items": [{k: v for k, v in p.items() if k not in ("kind", "apiVersion")} for p in pods],
-    }
-    return json.dumps(document).encode()
-
-
-def listed(cache: PodCache, *pods: dict[str, Any]) -> None:
-    """The loop's LIST: decoded as a page, then handed over whole."""
-    cache._replace(list(cache._page.decode(pod_list(*pods)).items or ()))
-
-
 def names(pods: Sequence[BoundPod]) -> list[str]:
-    return [
-        p.name + (" (proposed)" if p.provisional else " (nominated)" if p.nominated else "")
-        for p in pods
-    ]
-
-
-def waiting(name: str, node: str, **fields: Any) -> dict[str, Any]:
-    """A pod kube-scheduler nominated to `node` and has not bound (waiting at Permit or in
-    PreBind): no `spec.nodeName`, no `PodScheduled: True`."""
-    return pod_object(name, node_name=None, scheduled=None, nominated=node, **fields)
-
-
-def nominations_listed(cache: PodCache, *pods: dict[str, Any]) -> None:
-    """The nomination watch's LIST."""
-    cache._nominations._replace(list(cache._page.decode(pod_list(*pods)).items or ()))
-
-
-def nominated_event(cache: PodCache, kind: str, obj: dict[str, Any]) -> None:
-    """One line of the nomination watch, through its loop's entry point."""
-    cache._nominations._apply(event(kind, obj))
+    return [p.name + (" (proposed)" if p.provisional else "") for p in pods]
 
 
 def gauge(metrics: ScorerMetrics, name: str, labels: str = "") -> float:
@@ -216,6 +152,48 @@ def gauge(metrics: ScorerMetrics, name: str, labels: str = "") -> float:
         if line.startswith(f"{name}{labels} "):
             return float(line.split()[-1])
     raise AssertionError(f"{name}{labels} not exported")
+
+
+def by_node(cache: PodCache) -> dict[str, list[str]]:
+    return {n: names(p) for n, p in cache.by_node().items()}
+
+
+def caught_up(standin: ApiServerStandIn, cache: PodCache) -> None:
+    """Return once every change written to `standin` so far has reached `cache`."""
+    standin.put_pod(pod_object("sentinel", node_name=SENTINEL_NODE))
+    assert cache.wait_until(lambda c: bool(c.pods_of(SENTINEL_NODE)), WAIT_S)
+    standin.delete_pod("default", "sentinel")
+    assert cache.wait_until(lambda c: not c.pods_of(SENTINEL_NODE), WAIT_S)
+
+
+def recorded(
+    standin: ApiServerStandIn, count: int, match: Callable[[RecordedRequest], bool]
+) -> list[RecordedRequest]:
+    """The requests `match` accepts, once there are at least `count` (a watch is recorded
+    when it opens, which the cache does not signal)."""
+    deadline = time.monotonic() + WAIT_S
+    while len(found := [r for r in standin.requests if match(r)]) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(found)} matching requests, not {count}: {found}")
+        time.sleep(0.01)
+    return found
+
+
+def wait_pods(cache: PodCache, expected: dict[str, list[str]]) -> None:
+    """Until the cache holds exactly `expected` (node -> pod names); fail with what it holds."""
+    if not cache.wait_until(lambda c: by_node(c) == expected, WAIT_S):
+        raise AssertionError(f"the cache holds {by_node(cache)}, not {expected}")
+
+
+@pytest.fixture
+def standin() -> Iterator[ApiServerStandIn]:
+    with ApiServerStandIn(bookmark_interval_s=0.05) as server:
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(standin: ApiServerStandIn, tmp_path: Path) -> str:
+    return str(standin.write_kubeconfig(tmp_path / "kubeconfig"))
 
 
 @pytest.fixture
@@ -226,12 +204,12 @@ def store() -> NodeStore:
 
 
 @pytest.fixture
-def cache(store: NodeStore) -> PodCache:
-    """A pod cache after its first (empty) LIST, feeding `store`."""
-    pods = PodCache(metrics=ScorerMetrics())
-    pods.add_sink(store)
-    listed(pods)
-    return pods
+def cache(kubeconfig: str, store: NodeStore) -> Iterator[PodCache]:
+    """A running pod cache after its first (empty) LIST, feeding `store`."""
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as pods:
+        pods.add_sink(store)
+        assert pods.wait_until(lambda c: c.active, WAIT_S)
+        yield pods
 
 
 # ----------------------------------------------------------------------------- what is kept
@@ -241,7 +219,10 @@ DECODED = [
         pod_object("p", gpus=0), None, id="no-gpu-resource-dropped",
     ),
     pytest.param(
-        pod_object("p", node_name=None), None, id="not-bound-dropped",
+        pod_object("p", node_name=None), None, id="not-bound-left-out-by-the-field-selector",
+    ),
+    pytest.param(
+        pod_object("p", phase="Succeeded"), None, id="finished-left-out-by-the-field-selector",
     ),
     pytest.param(
         pod_object("p", gpus=2),
@@ -283,20 +264,18 @@ DECODED = [
         pod_object("p", annotations={PREFIX + "expected-gpu-load": "lots"}),
         {"gpu_load_bp": None}, id="bad-load-hint-on-a-bound-pod-the-policy-default",
     ),
-    pytest.param(
-        pod_object("p", nominated="gpu-node-2"), {"node": "gpu-node-1", "nominated": False},
-        id="bound-and-still-nominated-elsewhere-bound-wins",
-    ),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("obj", "expected"), DECODED)
 def test_what_the_watch_keeps_of_a_pod(
-    obj: dict[str, Any], expected: dict[str, Any] | None
+    obj: dict[str, Any],
+    expected: dict[str, Any] | None,
+    standin: ApiServerStandIn,
+    cache: PodCache,
 ) -> None:
-    cache = PodCache(metrics=ScorerMetrics())
-    listed(cache)
-    cache._apply(event("ADDED", obj))
+    standin.put_pod(obj)
+    caught_up(standin, cache)
     kept = [p for pods in cache.by_node().values() for p in pods]
     if expected is None:
         assert kept == []
@@ -311,91 +290,123 @@ def test_what_the_watch_keeps_of_a_pod(
     assert (pod.ref, pod.uid, pod.provisional) == ("default/p", "uid-p", False)
 
 
+def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore
+) -> None:
+    for i in range(5):
+        standin.put_pod(pod_object(f"bound-{i}", node_name=f"gpu-node-{i % 3 + 1}"))
+    standin.put_pod(pod_object("pending", node_name=None))
+    standin.put_pod(pod_object("done", phase="Failed"))
+    standin.put_pod(pod_object("cpu", gpus=0))
+    paged = CacheTuning(watch_timeout_s=30, list_page_size=2, backoff_initial_s=0.01)
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=paged) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(lambda c: c.active, WAIT_S)
+        assert by_node(cache) == {
+            "gpu-node-1": ["bound-0", "bound-3"],
+            "gpu-node-2": ["bound-1", "bound-4"],
+            "gpu-node-3": ["bound-2"],
+        }
+        assert names(store.pods_of("gpu-node-1")) == ["bound-0", "bound-3"]
+    lists = [r for r in standin.requests if r.path == PODS_PATH and r.param("watch") is None]
+    # Five bound GPU pods and the CPU-only one pass the selector: three pages of two.
+    assert [r.param("continue") is not None for r in lists] == [False, True, True]
+    # Every call narrows to bound, unfinished pods on the server.
+    assert {r.param("fieldSelector") for r in standin.requests if r.path == PODS_PATH} == {
+        FIELD_SELECTOR
+    }
+
+
 # ----------------------------------------------------------------------------- events
 
 
-def test_events_keep_each_nodes_pods_in_the_sink(cache: PodCache, store: NodeStore) -> None:
-    steps: list[tuple[bytes, bool, dict[str, list[str]]]] = [
-        (event("ADDED", pod_object("a")), True, {"gpu-node-1": ["a"]}),
-        (event("ADDED", pod_object("cpu-only", gpus=0)), False, {"gpu-node-1": ["a"]}),
-        (event("ADDED", pod_object("b", node_name="gpu-node-2")), True,
+def test_events_keep_each_nodes_pods_in_the_sink(
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
+) -> None:
+    started = "2026-11-30T13:59:45Z"
+    steps: list[tuple[str, dict[str, Any] | str, bool, dict[str, list[str]]]] = [
+        ("put", pod_object("a"), True, {"gpu-node-1": ["a"]}),
+        ("put", pod_object("cpu-only", gpus=0), False, {"gpu-node-1": ["a"]}),
+        ("put", pod_object("b", node_name="gpu-node-2"), True,
          {"gpu-node-1": ["a"], "gpu-node-2": ["b"]}),
         # The kubelet's status update: admitted. A verdict reads startTime.
-        (event("MODIFIED", pod_object("a", started="2026-11-30T13:59:45Z")), True,
+        ("put", pod_object("a", started=started), True,
          {"gpu-node-1": ["a"], "gpu-node-2": ["b"]}),
-        # A new resourceVersion, a label: nothing a verdict reads.
-        (event("MODIFIED", pod_object("a", started="2026-11-30T13:59:45Z", resource_version="301",
-                                      labels={"team": "ml"})), False,
+        # A label: nothing a verdict reads.
+        ("put", pod_object("a", started=started, labels={"team": "ml"}), False,
          {"gpu-node-1": ["a"], "gpu-node-2": ["b"]}),
-        (bookmark("305"), False, {"gpu-node-1": ["a"], "gpu-node-2": ["b"]}),
         # The same uid seen on another node (its record is the truth): it moves.
-        (event("MODIFIED", pod_object("b", node_name="gpu-node-3")), True,
+        ("put", pod_object("b", node_name="gpu-node-3"), True,
          {"gpu-node-1": ["a"], "gpu-node-3": ["b"]}),
-        # Finished (the field selector sends it as DELETED) or deleted: gone at once.
-        (event("DELETED", pod_object("a", phase="Succeeded")), True, {"gpu-node-3": ["b"]}),
-        (event("DELETED", pod_object("never-seen")), False, {"gpu-node-3": ["b"]}),
+        # Finished: it leaves the field selector, and the server sends it as DELETED.
+        ("put", pod_object("a", phase="Succeeded"), True, {"gpu-node-3": ["b"]}),
+        # Deleted, never kept (no GPU): nothing changes.
+        ("delete", "cpu-only", False, {"gpu-node-3": ["b"]}),
+        ("delete", "b", True, {}),
     ]  # fmt: skip
-    for line, changes, expected in steps:
-        before = cache.by_node()
-        cache._apply(line)
-        assert (cache.by_node() != before) is changes
-        assert {n: names(p) for n, p in cache.by_node().items()} == expected
+    for action, target, changes, expected in steps:
+        before = {n: p for n, p in cache.by_node().items() if n != SENTINEL_NODE}
+        if action == "put":
+            assert isinstance(target, dict)
+            standin.put_pod(target)
+        else:
+            standin.delete_pod("default", str(target))
+        caught_up(standin, cache)
+        assert (cache.by_node() != before) is changes, (action, target)
+        assert by_node(cache) == expected
         # The node store holds the same pods, and judges its nodes with them.
         for name in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
             assert names(store.pods_of(name)) == expected.get(name, [])
             assert store.lookup([name])[0].pods == cache.pods_of(name)
-    assert cache._resource_version == "300"  # the last event's (the bookmark's was 305)
-    assert len(cache) == 1
-    assert gauge(cache.metrics, "gpu_scorer_pod_cache_pods") == 1
+    assert len(cache) == 0
+    assert gauge(cache.metrics, "gpu_scorer_pod_cache_pods") == 0
 
 
-def test_a_modified_event_that_changes_nothing_read_returns_false(cache: PodCache) -> None:
+def test_a_change_that_no_verdict_reads_is_not_applied(
+    standin: ApiServerStandIn, cache: PodCache
+) -> None:
     obj = pod_object("a", started="2026-11-30T13:59:45Z", running=["2026-11-30T13:59:50Z"])
-    decoded = cache._event.decode(event("MODIFIED", obj)).object
-    assert cache._on_event("ADDED", decoded) is True
-    obj["metadata"]["resourceVersion"] = "350"
+    standin.put_pod(obj)
+    caught_up(standin, cache)
+    kept = cache.pods_of("gpu-node-1")
+    applied = "gpu_scorer_pod_cache_event_seconds_count"
+    before = gauge(cache.metrics, applied)
     obj["status"]["containerStatuses"][0]["ready"] = False  # a failing readiness probe
     obj["metadata"]["labels"]["rollout"] = "2"
-    assert cache._on_event("MODIFIED", cache._event.decode(event("MODIFIED", obj)).object) is False
+    standin.put_pod(obj)
+    caught_up(standin, cache)
+    # Only the sentinel's two events were applied; the pod's record is the same object.
+    assert gauge(cache.metrics, applied) == before + 2
+    assert cache.pods_of("gpu-node-1") is kept
 
 
-def test_a_bookmark_advances_the_version_and_an_error_410_means_relist(cache: PodCache) -> None:
-    cache._apply(event("ADDED", pod_object("a")))
-    cache._apply(bookmark("420"))
-    assert cache._resource_version == "420"
-    assert names(cache.pods_of("gpu-node-1")) == ["a"]
-    with pytest.raises(WatchExpiredError, match="too old resource version"):
-        cache._apply(EXPIRED)
-
-
-@pytest.mark.parametrize(
-    "capture",
-    [
-        pytest.param("62-watch-rv1-too-old.ndjson", id="too-old"),
-        pytest.param("67b-watch-rv-from-before-apiserver-restart.ndjson", id="after-restart"),
-    ],
-)
-def test_a_real_error_410_line_means_relist(capture: str, cache: PodCache) -> None:
-    """The server's own bytes (a Node watch's, the same Status for every kind): its
-    `"status": "Failure"` must not make the event undecodable."""
-    (line,) = (APISERVER_FIXTURES / capture).read_bytes().splitlines()
-    with pytest.raises(WatchExpiredError, match="too old resource version"):
-        cache._apply(line)
-
-
-def test_a_relist_replaces_every_node_and_drops_the_proposals(
-    cache: PodCache, store: NodeStore
+def test_an_error_410_relists_replacing_every_node_and_dropping_the_proposals(
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
 ) -> None:
-    cache._apply(event("ADDED", pod_object("a")))
+    """A watch from a version the server no longer holds (an API server restart): the LIST
+    after it replaces the pods, and the scorer's proposals, which no watch can confirm now."""
+    standin.put_pod(pod_object("a"))
+    wait_pods(cache, {"gpu-node-1": ["a"]})
     cache.propose(_proposal("p"), ["gpu-node-2"], NOW)
-    listed(cache, pod_object("b", node_name="gpu-node-3"), pod_object("cpu", gpus=0))
-    assert {n: names(p) for n, p in cache.by_node().items()} == {"gpu-node-3": ["b"]}
+    standin.expire_watches()
+    standin.put_pod(pod_object("b", node_name="gpu-node-3"))
+    standin.delete_pod("default", "a")
+    relists = "gpu_scorer_pod_cache_relists_total"
+    assert cache.wait_until(lambda c: gauge(c.metrics, relists) == 2, WAIT_S)
+    wait_pods(cache, {"gpu-node-3": ["b"]})
+    assert cache.proposals() == 0
     assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
         [],
         [],
         ["b"],
     ]
-    assert cache.proposals() == 0
+    restarts = "gpu_scorer_pod_cache_watch_restarts_total"
+    assert gauge(cache.metrics, restarts, '{cause="expired"}') == 1
+    assert cache.active
+    # Each watch resumes at the version of the list before it, with bookmarks.
+    watches = recorded(standin, 2, lambda r: r.path == PODS_PATH and bool(r.param("watch")))
+    assert {r.param("allowWatchBookmarks") for r in watches} == {"True"}  # the client's spelling
+    assert len({r.param("resourceVersion") for r in watches}) == 2
 
 
 # ----------------------------------------------------------------------------- proposals
@@ -406,7 +417,7 @@ def _proposal(name: str, *, gpus: int = 1) -> BoundPod:
 
 
 def test_a_proposal_counts_on_each_proposed_node_until_the_pod_shows_up_bound(
-    cache: PodCache, store: NodeStore
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
 ) -> None:
     cache.propose(_proposal("p"), ["gpu-node-1", "gpu-node-2"], NOW)
     assert cache.proposals() == 2
@@ -415,7 +426,8 @@ def test_a_proposal_counts_on_each_proposed_node_until_the_pod_shows_up_bound(
         assert (proposed.name, proposed.node, proposed.provisional) == ("p", name, True)
         assert proposed.bound_at == NOW  # counted for PROVISIONAL_MAX_S from the proposal
     # Bound on a node it was not proposed on: the watch's record replaces every proposal.
-    cache._apply(event("ADDED", pod_object("p", node_name="gpu-node-3")))
+    standin.put_pod(pod_object("p", node_name="gpu-node-3"))
+    wait_pods(cache, {"gpu-node-3": ["p"]})
     assert cache.proposals() == 0
     assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
         [],
@@ -425,12 +437,14 @@ def test_a_proposal_counts_on_each_proposed_node_until_the_pod_shows_up_bound(
 
 
 def test_a_proposal_confirmed_on_its_node_becomes_the_watchs_record(
-    cache: PodCache, store: NodeStore
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
 ) -> None:
-    cache._apply(event("ADDED", pod_object("other")))
+    standin.put_pod(pod_object("other"))
+    wait_pods(cache, {"gpu-node-1": ["other"]})
     cache.propose(_proposal("p", gpus=2), ["gpu-node-1"], NOW)
     assert names(store.pods_of("gpu-node-1")) == ["other", "p (proposed)"]
-    cache._apply(event("ADDED", pod_object("p", gpus=2)))
+    standin.put_pod(pod_object("p", gpus=2))
+    wait_pods(cache, {"gpu-node-1": ["other", "p"]})
     assert names(store.pods_of("gpu-node-1")) == ["other", "p"]
     assert store.pods_of("gpu-node-1")[1].bound_at != NOW  # the server's PodScheduled time
     cache.propose(_proposal("p", gpus=2), ["gpu-node-2"], NOW)  # bound: nothing to propose
@@ -463,366 +477,101 @@ def test_proposals_expire_after_the_provisional_bound(cache: PodCache, store: No
     ]
 
 
-def test_proposals_are_ignored_while_accounting_is_off(store: NodeStore) -> None:
-    cache = PodCache(metrics=ScorerMetrics())
+def test_proposals_are_ignored_while_accounting_is_off(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore
+) -> None:
+    cache = PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST)
     cache.add_sink(store)
     cache.propose(_proposal("p"), ["gpu-node-1"], NOW)  # before the first LIST
     assert (cache.proposals(), store.pods_of("gpu-node-1")) == (0, ())
-    listed(cache)
-    cache._on_failure(_ApiError(403))
-    cache.propose(_proposal("p"), ["gpu-node-1"], NOW)  # after the watch failed
-    assert (cache.proposals(), store.pods_of("gpu-node-1")) == (0, ())
-
-
-# ----------------------------------------------------------------------------- nominations
-
-NOMINATED_DECODED = [
-    pytest.param(
-        waiting("p", "gpu-node-2", gpus=4),
-        {"node": "gpu-node-2", "gpus": 4, "bound_at": None, "nominated": True},
-        id="waiting-unbound-counts-on-the-nominated-node-with-no-time-bound",
-    ),
-    pytest.param(
-        waiting("p", "gpu-node-2", annotations={PREFIX + "expected-gpu-load": "0.5"}),
-        {"gpu_load_bp": 5000, "nominated": True}, id="hints-kept",
-    ),
-    pytest.param(waiting("p", "gpu-node-2", gpus=0), None, id="no-gpu-resource-dropped"),
-    pytest.param(
-        pod_object("p", node_name=None, scheduled=None), None, id="not-nominated-dropped",
-    ),
-    pytest.param(waiting("p", ""), None, id="nomination-cleared-dropped"),
-    pytest.param(
-        # The selector excludes it; an event that says otherwise is not believed.
-        pod_object("p", nominated="gpu-node-2"), None, id="bound-dropped",
-    ),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("obj", "expected"), NOMINATED_DECODED)
-def test_what_the_nomination_watch_keeps_of_a_pod(
-    obj: dict[str, Any], expected: dict[str, Any] | None, cache: PodCache
-) -> None:
-    nominated_event(cache, "ADDED", obj)
-    kept = [p for pods in cache.by_node().values() for p in pods]
-    if expected is None:
-        assert (kept, cache.nominations()) == ([], 0)
-        return
-    (pod,) = kept
-    fields = msgspec.structs.asdict(pod)
-    assert {k: fields[k] for k in expected} == expected
-    assert (pod.ref, pod.provisional) == ("default/p", False)
-
-
-# Each step: which watch delivers the line ("bound" or "nominated"), the event, and then each
-# node's pods. The two watches are not ordered with each other.
-NOMINATION_STEPS: list[tuple[str, str, dict[str, Any], dict[str, list[str]]]] = [
-    ("nominated", "ADDED", waiting("a", "gpu-node-1"), {"gpu-node-1": ["a (nominated)"]}),
-    ("bound", "ADDED", pod_object("x", node_name="gpu-node-1"),
-     {"gpu-node-1": ["a (nominated)", "x"]}),
-    # Nominated elsewhere (preemption picked another node): it moves.
-    ("nominated", "MODIFIED", waiting("a", "gpu-node-3"),
-     {"gpu-node-1": ["x"], "gpu-node-3": ["a (nominated)"]}),
-    # Bound where nominated, and the bound watch says so first: the bound record replaces it.
-    ("bound", "ADDED", pod_object("a", node_name="gpu-node-3"),
-     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
-    # ... then the nomination watch drops it (it left that selection by being bound).
-    ("nominated", "DELETED", pod_object("a", node_name="gpu-node-3"),
-     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
-    # A late nomination line for a pod already seen bound changes nothing.
-    ("nominated", "MODIFIED", waiting("a", "gpu-node-2"),
-     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
-    # The other order: the nomination watch drops it first, the bound one shows it after.
-    ("nominated", "ADDED", waiting("b", "gpu-node-2"),
-     {"gpu-node-1": ["x"], "gpu-node-2": ["b (nominated)"], "gpu-node-3": ["a"]}),
-    ("nominated", "DELETED", pod_object("b", node_name="gpu-node-2"),
-     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
-    ("bound", "ADDED", pod_object("b", node_name="gpu-node-2"),
-     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
-    # Nomination cleared (the gang timed out at Permit) or the pod deleted: gone at once.
-    ("nominated", "ADDED", waiting("c", "gpu-node-1"),
-     {"gpu-node-1": ["c (nominated)", "x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
-    ("nominated", "DELETED", waiting("c", ""),
-     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
-    # A bound pod deleted does not take a nomination of another pod with it.
-    ("nominated", "ADDED", waiting("d", "gpu-node-1"),
-     {"gpu-node-1": ["d (nominated)", "x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
-    ("bound", "DELETED", pod_object("x", node_name="gpu-node-1"),
-     {"gpu-node-1": ["d (nominated)"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
-]  # fmt: skip
-
-
-def test_nominated_pods_count_until_bound_cleared_or_gone(
-    cache: PodCache, store: NodeStore
-) -> None:
-    for watch, kind, obj, expected in NOMINATION_STEPS:
-        if watch == "nominated":
-            nominated_event(cache, kind, obj)
-        else:
-            cache._apply(event(kind, obj))
-        assert {n: names(p) for n, p in cache.by_node().items()} == expected, (watch, kind)
-        for name in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
-            assert store.pods_of(name) == cache.pods_of(name)
-    assert (len(cache), cache.nominations()) == (2, 1)
-
-
-def test_a_nomination_replaces_the_scorers_proposals_and_stops_new_ones(
-    cache: PodCache, store: NodeStore
-) -> None:
-    cache.propose(_proposal("p", gpus=4), ["gpu-node-1", "gpu-node-2"], NOW)
-    nominated_event(cache, "ADDED", waiting("p", "gpu-node-2", gpus=4))
-    assert cache.proposals() == 0
-    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2")] == [
-        [],
-        ["p (nominated)"],
-    ]
-    # The scheduler asks the extender about it again (a preemptor's next attempt): the
-    # nomination stays the record, and no proposal is added on top of it.
-    cache.propose(_proposal("p", gpus=4), ["gpu-node-1"], NOW)
-    assert (cache.proposals(), names(store.pods_of("gpu-node-1"))) == (0, [])
-
-
-def test_a_nomination_list_replaces_the_nominations_and_keeps_the_bound_pods(
-    cache: PodCache, store: NodeStore
-) -> None:
-    cache._apply(event("ADDED", pod_object("x")))
-    nominated_event(cache, "ADDED", waiting("gone", "gpu-node-1"))
-    cache.propose(_proposal("p"), ["gpu-node-3"], NOW)
-    nominations_listed(
-        cache,
-        waiting("p", "gpu-node-2"),
-        waiting("x", "gpu-node-2"),  # a stale line for a pod the other watch shows bound
-        waiting("cpu", "gpu-node-2", gpus=0),
-    )
-    assert {n: names(p) for n, p in cache.by_node().items()} == {
-        "gpu-node-1": ["x"],
-        "gpu-node-2": ["p (nominated)"],
-    }
-    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
-        ["x"],
-        ["p (nominated)"],
-        [],
-    ]
-    assert (cache.nominations(), cache.proposals()) == (1, 0)
-
-
-def test_nominations_wait_while_accounting_is_off_and_count_from_the_next_list(
-    store: NodeStore,
-) -> None:
-    cache = PodCache(metrics=ScorerMetrics())
-    cache.add_sink(store)
-    nominations_listed(cache, waiting("early", "gpu-node-1"))  # before the pods' first LIST
-    nominated_event(cache, "ADDED", waiting("later", "gpu-node-2"))
-    assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
-    listed(cache, pod_object("later", node_name="gpu-node-2"))  # bound meanwhile
-    assert {n: names(p) for n, p in cache.by_node().items()} == {
-        "gpu-node-1": ["early (nominated)"],
-        "gpu-node-2": ["later"],
-    }
-    assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
-    # The bound pods' watch fails: nothing counts, and the nominations come back with the LIST.
-    cache._on_failure(_ApiError(500))
-    assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
-    listed(cache)
-    assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
-
-
-def test_a_failing_nomination_watch_drops_the_nominations_and_keeps_accounting_on(
-    cache: PodCache, store: NodeStore, caplog: pytest.LogCaptureFixture
-) -> None:
-    cache._apply(event("ADDED", pod_object("x")))
-    nominated_event(cache, "ADDED", waiting("p", "gpu-node-1"))
-    with caplog.at_level(logging.INFO, logger="exporter_scheduler.podcache"):
-        cache._nominations._on_failure(_ApiError(403))
-        cache._nominations._on_failure(_ApiError(403))  # still down: said once
-    assert names(store.pods_of("gpu-node-1")) == ["x"]
-    assert (cache.active, cache.nominations(), cache._nominations._resource_version) == (
-        True,
-        0,
-        None,
-    )
-    (record,) = caplog.records
-    assert record.levelno == logging.WARNING
-    assert record.getMessage() == "nominated pods not counted: verdicts count the bound pods alone"
-    assert record.__dict__["fields"]["why"].startswith("the API server forbids listing pods")
-    nominations_listed(cache, waiting("p", "gpu-node-1"))  # back: counted again
-    assert names(store.pods_of("gpu-node-1")) == ["p (nominated)", "x"]
+    standin.inject(Fault(403, method="GET", path_contains=PODS_PATH, times=1_000))
+    restarts = "gpu_scorer_pod_cache_watch_restarts_total"
+    with cache:
+        assert cache.wait_until(
+            lambda c: gauge(c.metrics, restarts, '{cause="error"}') >= 1, WAIT_S
+        )
+        cache.propose(_proposal("p"), ["gpu-node-1"], NOW)  # the list is forbidden
+        assert (cache.proposals(), store.pods_of("gpu-node-1")) == (0, ())
 
 
 # ----------------------------------------------------------------------------- failures
 
 
-class _ApiError(Exception):
-    """Shaped like the client's `ApiException`: an HTTP status on the exception."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"({status}) Reason: Forbidden")
-        self.status = status
-
-
 @pytest.mark.parametrize(
-    ("exc", "why"),
+    ("status", "why"),
     [
         pytest.param(
-            _ApiError(403),
+            403,
             "the API server forbids listing pods (403): grant the scorer's service account "
             "list and watch on pods",
             id="403-names-the-missing-rbac",
         ),
-        pytest.param(
-            _ApiError(401), "the API server rejected the scorer's credentials (401)", id="401"
-        ),
-        pytest.param(
-            ConnectionRefusedError("connection refused"),
-            "the pod list/watch failed: ConnectionRefusedError: connection refused",
-            id="connection",
-        ),
+        pytest.param(401, "the API server rejected the scorer's credentials (401)", id="401"),
+        pytest.param(503, "the pod list/watch failed: ServiceException: (503)", id="503"),
     ],
 )
-def test_a_failure_clears_every_nodes_pods_and_turns_accounting_off(
-    exc: Exception, why: str, cache: PodCache, store: NodeStore, caplog: pytest.LogCaptureFixture
+def test_a_failure_clears_every_nodes_pods_until_a_list_succeeds_again(
+    status: int,
+    why: str,
+    *,
+    standin: ApiServerStandIn,
+    cache: PodCache,
+    store: NodeStore,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cache._apply(event("ADDED", pod_object("a")))
-    cache._apply(event("ADDED", pod_object("b", node_name="gpu-node-2")))
+    """The watch expires and the relist fails, over and over: accounting goes off (said
+    once), and comes back with everything the server holds once a list succeeds."""
+    standin.put_pod(pod_object("a"))
+    standin.put_pod(pod_object("b", node_name="gpu-node-2"))
+    wait_pods(cache, {"gpu-node-1": ["a"], "gpu-node-2": ["b"]})
     cache.propose(_proposal("p"), ["gpu-node-3"], NOW)
     assert gauge(cache.metrics, "gpu_scorer_inflight_accounting") == 1
-    with caplog.at_level(logging.INFO, logger="exporter_scheduler.podcache"):
-        cache._on_failure(exc)
-        cache._on_failure(exc)  # still down: said once
-    assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [()] * 3
-    assert (len(cache), cache.proposals(), cache.active) == (0, 0, False)
-    assert gauge(cache.metrics, "gpu_scorer_inflight_accounting") == 0
-    assert gauge(cache.metrics, "gpu_scorer_pod_cache_pods") == 0
-    (record,) = caplog.records
+    restarts = "gpu_scorer_pod_cache_watch_restarts_total"
+    caplog.set_level(logging.INFO, logger="exporter_scheduler.podcache")
+    standin.inject(Fault(status, method="GET", path_contains=PODS_PATH, times=3))
+    standin.expire_watches()
+    assert cache.wait_until(lambda c: gauge(c.metrics, restarts, '{cause="error"}') >= 2, WAIT_S)
+    assert cache.wait_until(lambda c: c.active, WAIT_S)  # the fourth list succeeds
+    wait_pods(cache, {"gpu-node-1": ["a"], "gpu-node-2": ["b"]})
+    off = [r for r in caplog.records if r.getMessage().startswith("in-flight accounting off")]
+    (record,) = off  # down three times: said once
     assert record.levelno == logging.WARNING
-    assert record.getMessage().startswith("in-flight accounting off")
-    assert record.__dict__["fields"] == {"why": why}
-    assert cache._resource_version is None  # the next attempt lists afresh
-
-
-class _ListResponse:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def release_conn(self) -> None:
-        pass
-
-
-class _WatchResponse:
-    """A watch held open by the server until the client closes it."""
-
-    def __init__(self, lines: Sequence[bytes]) -> None:
-        self.lines = lines
-        self.closed = threading.Event()
-
-    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
-        for line in self.lines:
-            yield line + b"\n"
-        self.closed.wait(WAIT_S)
-
-    def shutdown(self) -> None:
-        self.closed.set()
-
-    def close(self) -> None:
-        self.closed.set()
-
-    def release_conn(self) -> None:
-        pass
-
-
-class _Api:
-    """What the loop calls of `CoreV1Api`. Each LIST takes the next of `lists` (an exception
-    is raised), the second one only once the test sets `answer_list`; each watch delivers the
-    next of `watches` and stays open (past the last, an empty one). The nominated pods' list +
-    watch (its own field selector) is answered by `nominated` (an `_Api` made with that
-    selector): by default no pod, ever."""
-
-    def __init__(
-        self,
-        lists: Sequence[bytes | Exception],
-        watches: Sequence[Sequence[bytes]],
-        nominated: _Api | None = None,
-        selector: str = FIELD_SELECTOR,
-    ):
-        self.lists = list(lists)
-        self.watches = list(watches)
-        self.calls: list[dict[str, Any]] = []
-        self.answer_list = threading.Event()
-        self.listed = 0
-        self.nominated = nominated
-        self.selector = selector
-
-    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
-        if kwargs.get("field_selector") != self.selector:
-            if self.nominated is None:
-                self.nominated = _Api([pod_list()], [], selector=NOMINATED_FIELD_SELECTOR)
-            return self.nominated.list_pod_for_all_namespaces(**kwargs)
-        self.calls.append(kwargs)
-        if kwargs.get("watch"):
-            return _WatchResponse(self.watches.pop(0) if self.watches else ())
-        self.listed += 1
-        if self.listed == 2:
-            assert self.answer_list.wait(WAIT_S)
-        answer = self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return _ListResponse(answer)
+    assert record.__dict__["fields"]["why"].startswith(why)
+    on = [r for r in caplog.records if r.getMessage() == "in-flight accounting on"]
+    assert [r.__dict__["fields"] for r in on] == [{"why": "pod watch synced"}]
+    assert caplog.records.index(record) < caplog.records.index(on[0])
+    # While off, every node's pods and the proposals were dropped: p is not back.
+    assert cache.proposals() == 0
+    assert gauge(cache.metrics, restarts, '{cause="error"}') == 3
+    assert gauge(cache.metrics, "gpu_scorer_pod_cache_relists_total") == 2
 
 
 def test_the_loop_turns_accounting_on_with_the_first_list_that_succeeds(
-    store: NodeStore, caplog: pytest.LogCaptureFixture
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    api = _Api(
-        [_ApiError(403), pod_list(pod_object("a"))],
-        [[event("ADDED", pod_object("b", node_name="gpu-node-2", resource_version="301"))]],
-    )
+    standin.put_pod(pod_object("a"))
+    standin.inject(Fault(403, method="GET", path_contains=PODS_PATH))
     metrics = ScorerMetrics()
-    off = "in-flight accounting off: verdicts read the nodes' annotations alone"
     caplog.set_level(logging.INFO, logger="exporter_scheduler.podcache")
-    with PodCache(api=api, metrics=metrics, tuning=FAST) as cache:
+    with PodCache(kubeconfig=kubeconfig, metrics=metrics, tuning=FAST) as cache:
         cache.add_sink(store)
-        assert cache.wait_until(
-            lambda _: any(r.getMessage() == off for r in caplog.records), WAIT_S
-        )
-        assert gauge(metrics, "gpu_scorer_inflight_accounting") == 0
-        assert gauge(metrics, "gpu_scorer_pod_cache_ready") == 0
-        assert not cache.active
-        api.answer_list.set()
-        assert cache.wait_until(lambda c: c.active and bool(c.pods_of("gpu-node-2")), WAIT_S)
+        assert cache.wait_until(lambda c: c.active, WAIT_S)
+        standin.put_pod(pod_object("b", node_name="gpu-node-2"))
+        wait_pods(cache, {"gpu-node-1": ["a"], "gpu-node-2": ["b"]})
         assert gauge(metrics, "gpu_scorer_inflight_accounting") == 1
         assert gauge(metrics, "gpu_scorer_pod_cache_ready") == 1
         assert gauge(metrics, "gpu_scorer_pod_cache_relists_total") == 1
         assert gauge(metrics, "gpu_scorer_pod_cache_watch_restarts_total", '{cause="error"}') == 1
-        assert names(store.pods_of("gpu-node-1")) == ["a"]
         assert names(store.pods_of("gpu-node-2")) == ["b"]
-    # Every call narrows to bound, unfinished pods on the server; the watch resumes at the
-    # list's version.
-    assert {call["field_selector"] for call in api.calls} == {FIELD_SELECTOR}
-    watch = next(call for call in api.calls if call.get("watch"))
-    assert watch["resource_version"] == "290"
-    assert watch["allow_watch_bookmarks"] is True
     messages = [r.getMessage() for r in caplog.records]
+    off = "in-flight accounting off: verdicts read the nodes' annotations alone"
     assert messages.index(off) < messages.index("in-flight accounting on")
-    on = next(r for r in caplog.records if r.getMessage() == "in-flight accounting on")
-    assert on.__dict__["fields"] == {"why": "pod watch synced"}
-
-
-def test_the_loop_watches_the_nominated_pods_with_their_own_selector(store: NodeStore) -> None:
-    nominated = _Api(
-        [pod_list(waiting("gang-0", "gpu-node-2", gpus=2))],
-        [[event("ADDED", waiting("gang-1", "gpu-node-3", gpus=2, resource_version="302"))]],
-        selector=NOMINATED_FIELD_SELECTOR,
-    )
-    api = _Api([pod_list(pod_object("a"))], [], nominated=nominated)
-    with PodCache(api=api, metrics=ScorerMetrics(), tuning=FAST) as cache:
-        cache.add_sink(store)
-        assert cache.wait_until(lambda c: c.active and c.nominations() == 2, WAIT_S)
-        assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
-            ["a"],
-            ["gang-0 (nominated)"],
-            ["gang-1 (nominated)"],
-        ]
-    assert {call["field_selector"] for call in nominated.calls} == {NOMINATED_FIELD_SELECTOR}
-    assert [c.get("resource_version") for c in nominated.calls if c.get("watch")][:1] == ["290"]
+    calls = [r for r in standin.requests if r.path == PODS_PATH]
+    assert [(r.status, r.param("watch")) for r in calls[:3]] == [
+        (403, None),
+        (200, None),
+        (200, "True"),
+    ]
 
 
 # ----------------------------------------------------------------------------- the app
@@ -851,7 +600,7 @@ NODES = ("cool", "warm", "busy")
 
 
 @pytest.fixture
-def app_and_cache() -> tuple[ScorerApp, PodCache]:
+def app_and_cache(kubeconfig: str) -> Iterator[tuple[ScorerApp, PodCache]]:
     """A names-only scorer whose decisions are recorded in its pod cache, as `serve` wires it."""
     nodes = NodeStore(clock=lambda: NOW)
     nodes.replace(
@@ -862,11 +611,10 @@ def app_and_cache() -> tuple[ScorerApp, PodCache]:
             *(node(f"same-{i}", utilization=0.30) for i in range(4)),
         ]
     )
-    pods = PodCache(metrics=ScorerMetrics())
-    pods.add_sink(nodes)
-    listed(pods)
-    app = ScorerApp(policy=Policy(), clock=lambda: NOW, node_store=nodes, placements=pods)
-    return app, pods
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as pods:
+        pods.add_sink(nodes)
+        assert pods.wait_until(lambda c: c.active, WAIT_S)
+        yield ScorerApp(policy=Policy(), clock=lambda: NOW, node_store=nodes, placements=pods), pods
 
 
 def _proposed(cache: PodCache) -> dict[str, list[str]]:
@@ -945,55 +693,19 @@ def test_which_prioritize_proposes_nothing(
     assert _proposed(cache) == proposed
 
 
-def test_the_loop_relists_after_an_error_410_in_the_watch(store: NodeStore) -> None:
-    """A watch from a version the server no longer holds: the LIST after it replaces the pods
-    (a pod deleted meanwhile is gone, one bound meanwhile is there)."""
-    api = _Api(
-        [pod_list(pod_object("gone")), pod_list(pod_object("new"), resource_version="500")],
-        [[EXPIRED]],
-    )
-    api.answer_list.set()
-    metrics = ScorerMetrics()
-    with PodCache(api=api, metrics=metrics, tuning=FAST) as cache:
-        cache.add_sink(store)
-        assert cache.wait_until(lambda c: names(c.pods_of("gpu-node-1")) == ["new"], WAIT_S)
-        assert names(store.pods_of("gpu-node-1")) == ["new"]
-        assert cache.active
-        assert gauge(metrics, "gpu_scorer_pod_cache_relists_total") == 2
-        restarts = "gpu_scorer_pod_cache_watch_restarts_total"
-        assert gauge(metrics, restarts, '{cause="expired"}') == 1
-    assert [c.get("resource_version") for c in api.calls if c.get("watch")][:2] == ["290", "500"]
-
-
-class _ClosingApi(_Api):
-    """A server (or a proxy in front of it) that ends every watch as soon as it opens."""
-
-    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
-        if kwargs.get("watch") and kwargs.get("field_selector") == FIELD_SELECTOR:
-            self.calls.append(kwargs)
-            response = _WatchResponse(())
-            response.closed.set()
-            return response
-        return super().list_pod_for_all_namespaces(**kwargs)
-
-
-def test_watches_that_end_at_once_are_reopened_with_back_off_not_in_a_spin() -> None:
-    api = _ClosingApi([pod_list(pod_object("a"))], [])
+def test_watches_that_end_at_once_are_reopened_with_back_off_not_in_a_spin(
+    standin: ApiServerStandIn, kubeconfig: str
+) -> None:
+    standin.put_pod(pod_object("a"))
+    standin.inject(Fault(method="GET", path_contains="watch=True", end_stream=True, times=3))
     # Back-off 0.2 s doubling to 0.4 s: in 1 s a spinning loop would open thousands.
     tuning = CacheTuning(watch_timeout_s=30, backoff_initial_s=0.2, backoff_max_s=0.4)
 
-    def watches() -> int:
-        return sum(1 for c in api.calls if c.get("watch"))
-
-    with PodCache(api=api, metrics=ScorerMetrics(), tuning=tuning) as cache:
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=tuning) as cache:
         assert cache.wait_until(lambda c: c.active, WAIT_S)
-        started = time.monotonic()
-        first = watches()
-        deadline = started + WAIT_S
-        while watches() < first + 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # polling for the loop's next two watches, not timing a decision
-        elapsed_s = time.monotonic() - started
-        assert watches() >= first + 2
-        # The second back-off alone waits at least half of its 0.4 s; a spin would take ~0.
-        assert elapsed_s >= 0.15
-        assert cache.pods_of("gpu-node-1")  # the pods listed are kept: nothing failed
+        watches = recorded(standin, 4, lambda r: r.path == PODS_PATH and bool(r.param("watch")))
+        opened = [r.recorded_s for r in watches]
+        gaps_s = [later - earlier for earlier, later in itertools.pairwise(opened)]
+        # Each back-off waits at least half of its 0.2 s, 0.4 s, 0.4 s; a spin would take ~0.
+        assert all(gap >= 0.1 for gap in gaps_s[:3]), gaps_s
+        assert names(cache.pods_of("gpu-node-1")) == ["a"]  # nothing failed: the pods are kept
