@@ -104,10 +104,14 @@ class WritePolicy:
     per_gpu_temperature_deadband_c: float = 5.0
     # A fraction of one GPU's memory (the node's total over its GPU count).
     per_gpu_memory_deadband_fraction: float = 0.05
-    # Each pod's figures on each GPU it holds (`pod-gpu-usage`): the node's deadbands, utilization
-    # 0.05 and memory 5 % (of one GPU's memory, the most a pod's figure on one GPU can be). Which
-    # pods hold which GPU, and a figure appearing or disappearing, are discrete changes.
-    pod_utilization_deadband: float = 0.05
+    # Each pod's figures on each GPU it holds (`pod-gpu-usage`), each against its own written
+    # value. Utilization 0.15, the per-GPU deadband: a pod's figure is read as an estimate of what
+    # its workload adds to a GPU, where one score step is 0.14 of utilization, and on a GPU a pod
+    # holds alone it is the GPU's own figure; at 0.05 the pods' figures doubled the fleet's writes
+    # (docs/performance.md, "Write budget"). Memory 5 % of one GPU's memory, the most a pod's
+    # figure on one GPU can be. Which pods hold which GPU, and a figure appearing or
+    # disappearing, are discrete changes.
+    pod_utilization_deadband: float = 0.15
     pod_memory_deadband_fraction: float = 0.05
     # "multiset": GPUs are compared as a set (a write when the new GPUs cannot be paired one to one
     # with the written ones within the deadbands), because the scheduler picks a node and the

@@ -739,7 +739,7 @@ def test_heartbeat_lead_spreads_a_fleet_over_the_heartbeat() -> None:
 # Two pods on the four GPUs above: one alone on GPU 1, two time-sliced on GPU 2.
 BASE_PODS = (
     PodUsage("ml/infer-a", (GpuShare(2, 0.20, 10_000),)),
-    PodUsage("ml/infer-b", (GpuShare(2, 0.30, 20_000),)),
+    PodUsage("ml/infer-b", (GpuShare(2, 0.60, 20_000),)),
     PodUsage("train/job-0", (GpuShare(1, 0.90, 70_000),)),
 )
 WRITTEN_PODS = replace(WRITTEN_GPUS, pods=BASE_PODS)
@@ -758,14 +758,14 @@ def with_share(pod: int, **changes: object) -> NodeGpuState:
     ("state", "now_s", "expected"),
     [
         pytest.param(WRITTEN_PODS, 130.0, Reason.BELOW_DEADBAND, id="unchanged"),
-        pytest.param(with_share(0, utilization=0.24), 130.0, Reason.BELOW_DEADBAND, id="util+0.04"),
+        pytest.param(with_share(0, utilization=0.34), 130.0, Reason.BELOW_DEADBAND, id="util+0.14"),
         pytest.param(
-            with_share(0, utilization=0.25), 130.0, Reason.DEADBAND_EXCEEDED, id="util+0.05"
+            with_share(0, utilization=0.35), 130.0, Reason.DEADBAND_EXCEEDED, id="util+0.15"
         ),
         # Improving moves need three deadbands, as for the node's figures.
-        pytest.param(with_share(1, utilization=0.16), 130.0, Reason.BELOW_DEADBAND, id="util-0.14"),
+        pytest.param(with_share(1, utilization=0.16), 130.0, Reason.BELOW_DEADBAND, id="util-0.44"),
         pytest.param(
-            with_share(1, utilization=0.15), 130.0, Reason.DEADBAND_EXCEEDED, id="util-0.15"
+            with_share(1, utilization=0.15), 130.0, Reason.DEADBAND_EXCEEDED, id="util-0.45"
         ),
         # 5 % of one GPU's memory: 4096 MiB of 81920.
         pytest.param(
