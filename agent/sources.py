@@ -42,11 +42,13 @@ def open_source(
     seed: int = 0,
     lose_gpu_after_s: float | None = None,
     start: datetime | None = None,
+    processes: bool = False,
 ) -> GpuSource:
     """Open the source named by `kind`; raises `SourceUnavailable` when it cannot start.
 
     The `simulated_*`, `seed`, `lose_gpu_after_s` and `start` arguments apply to the simulated
-    source only (see `agent.simulated.SimulatedSource`).
+    source only (see `agent.simulated.SimulatedSource`). `processes` makes the NVML source read
+    each GPU's processes, for per-process attribution.
     """
     if kind == "simulated":
         from agent.simulated import SimulatedSource  # noqa: PLC0415  (load only what is used)
@@ -62,5 +64,5 @@ def open_source(
         # Imported here so that a simulated agent never loads pynvml or the NVIDIA library.
         from agent.nvml import NvmlSource  # noqa: PLC0415
 
-        return NvmlSource.open()
+        return NvmlSource.open(processes=processes)
     raise ValueError(f"unknown gpu source {kind!r}; expected one of {', '.join(SOURCE_KINDS)}")
