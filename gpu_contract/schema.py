@@ -23,7 +23,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final, NamedTuple, TypeVar
 
-from gpu_contract import podusage
+from gpu_contract.podusage import PodUsage
+from gpu_contract.podusage import decode as decode_pods
+from gpu_contract.podusage import encode as encode_pods
 
 SCHEMA_VERSION: Final = "1"
 DEFAULT_PREFIX: Final = "gpu-scheduler.example.com/"
@@ -146,7 +148,7 @@ class NodeGpuState:
     gpu_count: int | None = None
     health_detail: str | None = None
     gpus: tuple[GpuState, ...] = ()
-    pods: tuple[podusage.PodUsage, ...] = ()
+    pods: tuple[PodUsage, ...] = ()
 
 
 def normalize_model_name(product_name: str) -> str:
@@ -222,7 +224,7 @@ def encode(state: NodeGpuState, keys: Keys = DEFAULT_KEYS) -> dict[str, str]:
         Field.SCHEMA_VERSION: SCHEMA_VERSION,
     }
     values.update(_encode_per_gpu(state))
-    values[Field.POD_GPU_USAGE] = podusage.encode(state.pods).text
+    values[Field.POD_GPU_USAGE] = encode_pods(state.pods).text
     return {keys[f]: v for f, v in values.items() if v is not None}
 
 
@@ -502,7 +504,7 @@ def decode(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Decoded
 
 def _decode_pods(
     annotations: Mapping[str, str], keys: Keys, gpu_count: int | None, problems: list[str]
-) -> tuple[podusage.PodUsage, ...]:
-    decoded = podusage.decode(annotations.get(keys[Field.POD_GPU_USAGE]), gpu_count=gpu_count)
+) -> tuple[PodUsage, ...]:
+    decoded = decode_pods(annotations.get(keys[Field.POD_GPU_USAGE]), gpu_count=gpu_count)
     problems.extend(decoded.problems)
     return decoded.pods
