@@ -106,6 +106,21 @@ class AgentSettings(BaseSettings):
         le=1,
         description="Change of one GPU's free memory worth a write, as a fraction of one GPU's.",
     )
+    pod_utilization_deadband: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="Change of a pod's utilization on one GPU (pod-gpu-usage) worth a write.",
+    )
+    pod_memory_deadband: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description=(
+            "Change of a pod's memory on one GPU (pod-gpu-usage) worth a write, as a fraction "
+            "of one GPU's memory."
+        ),
+    )
     backoff_base: float = Field(
         default=10.0, gt=0, description="First wait (seconds) after a failed write."
     )
@@ -129,6 +144,20 @@ class AgentSettings(BaseSettings):
     )
     pod_resources_timeout: float = Field(
         default=1.0, gt=0, le=30, description="Seconds one pod-resources call may take."
+    )
+    process_attribution: bool = Field(
+        default=False,
+        description=(
+            "Attribute GPUs shared by several pods to the pods per process (NVML's per-process "
+            "figures, processes mapped to pods by their cgroups, pods named by the API server); "
+            "needs the host's PID namespace (hostPID) and 'list' on pods. Off: those pods' "
+            "figures are '-'."
+        ),
+    )
+    proc_root: str = Field(
+        default="/proc",
+        min_length=1,
+        description="Where the processes NVML names are visible (the host's /proc with hostPID).",
     )
     annotation_prefix: str = Field(
         default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
@@ -179,6 +208,11 @@ class AgentSettings(BaseSettings):
                 f"heartbeat ({self.heartbeat:g}) must be >= min-write-interval "
                 f"({self.min_write_interval:g})"
             )
+        if self.process_attribution and not self.pod_resources:
+            raise ValueError(
+                "process-attribution needs pod-resources: without the kubelet's allocations no "
+                "pod holds a GPU"
+            )
         if self.backoff_max < self.backoff_base:
             raise ValueError(
                 f"backoff-max ({self.backoff_max:g}) must be >= backoff-base "
@@ -199,6 +233,8 @@ class AgentSettings(BaseSettings):
             per_gpu_utilization_deadband=self.per_gpu_utilization_deadband,
             per_gpu_temperature_deadband_c=self.per_gpu_temperature_deadband,
             per_gpu_memory_deadband_fraction=self.per_gpu_memory_deadband,
+            pod_utilization_deadband=self.pod_utilization_deadband,
+            pod_memory_deadband_fraction=self.pod_memory_deadband,
             backoff_base_s=self.backoff_base,
             backoff_max_s=self.backoff_max,
         )
