@@ -206,6 +206,7 @@ VARIANTS: dict[str, Variant] = {
     ),
     "agent-only": Variant({"scorer": {"enabled": False}, "scheduler": {"enabled": False}}),
     "pod-resources-off": Variant({"agent": {"podResources": {"enabled": False}}}),
+    "process-attribution": Variant({"agent": {"podUsage": {"processAttribution": True}}}),
     "tenant-profiles": Variant({"scorer": {"policy": TENANT_POLICY}}),
     "tenant-profiles-by-name": Variant(
         {"scorer": {"policy": {"profiles": [TENANT_POLICY["profiles"][0]]}}}
