@@ -149,6 +149,7 @@ def _open(settings: AgentSettings) -> GpuSource:
         seed=settings.seed,
         lose_gpu_after_s=settings.simulated_lose_gpu_after,
         processes=settings.process_attribution,
+        simulated_pods=settings.simulated_pods,
     )
 
 

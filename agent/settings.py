@@ -178,6 +178,10 @@ class AgentSettings(BaseSettings):
     simulated_lose_gpu_after: float | None = Field(
         default=None, gt=0, description="Simulated source: lose one GPU after this many seconds."
     )
+    simulated_pods: bool = Field(
+        default=False,
+        description="Simulated source: publish its jobs as pods on time-sliced GPUs.",
+    )
     seed: int = Field(default=0, description="Seed of the simulated trace and the start jitter.")
     log_level: LogLevel = Field(default="INFO", description="Log level.")
     log_format: LogFormat = Field(default="text", description="Log line format.")
