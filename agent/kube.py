@@ -334,10 +334,18 @@ class NodeAnnotator:
         answers the full list, read the same way). Needs `list` on `pods`.
         """
         try:
-            response = self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.node_name}",
-                resource_version="0",
-                _headers={"Accept": PARTIAL_METADATA_LIST},
+            # Through `call_api`: `CoreV1Api.list_pod_for_all_namespaces` overwrites any Accept
+            # header passed in `_headers` with its own, so it cannot ask for metadata only.
+            response = self._api_client.call_api(
+                "/api/v1/pods",
+                "GET",
+                query_params=[
+                    ("fieldSelector", f"spec.nodeName={self.node_name}"),
+                    ("resourceVersion", "0"),
+                ],
+                header_params={"Accept": PARTIAL_METADATA_LIST},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
                 _preload_content=False,
                 _request_timeout=(self._timeouts.connect_s, self._timeouts.read_s),
             )
