@@ -3,7 +3,8 @@
 Pure: no NVML, no clock, no I/O. The exact definition of every aggregate, its edge cases and what
 each kind of fault does to `health` are in docs/fragmentation.md; this module is that text as code.
 A value that no GPU could measure stays `None` (the key is then omitted), never 0. The per-GPU
-table (`NodeGpuState.gpus`) comes from the same readings, one entry per GPU in NVML index order.
+table (`NodeGpuState.gpus`) comes from the same readings, one entry per GPU in NVML index order,
+and so do the pods' figures (`NodeGpuState.pods`, `agent.attribution`).
 """
 
 from __future__ import annotations

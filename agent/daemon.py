@@ -1,7 +1,8 @@
 """The agent's tick and the loop that runs it.
 
 `Agent.tick` is the unit: read the source (and, on its own schedule, the kubelet's device
-allocations), aggregate, ask the limiter, maybe patch, then update the limiter and the metrics.
+allocations; with per-process attribution, the pods of the shared GPUs' processes), aggregate,
+ask the limiter, maybe patch, then update the limiter and the metrics.
 It takes the monotonic and wall times as arguments, so tests drive it over simulated hours with a
 fake clock and never sleep. `run_daemon` wraps it in an APScheduler interval
 job (one instance at a time, missed runs coalesced), serves the health endpoints, and stops cleanly
