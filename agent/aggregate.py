@@ -3,7 +3,8 @@
 Pure: no NVML, no clock, no I/O. The exact definition of every aggregate, its edge cases and what
 each kind of fault does to `health` are in docs/fragmentation.md; this module is that text as code.
 A value that no GPU could measure stays `None` (the key is then omitted), never 0. The per-GPU
-table (`NodeGpuState.gpus`) comes from the same readings, one entry per GPU in NVML index order.
+table (`NodeGpuState.gpus`) comes from the same readings, one entry per GPU in NVML index order,
+and so do the pods' figures (`NodeGpuState.pods`, `agent.attribution`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 from agent.allocations import allocated_by_gpu
+from agent.attribution import attribute
 from agent.records import GpuReading, NodeReading
 from gpu_contract.schema import (
     MIXED_MODELS,
@@ -159,6 +161,7 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
     # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a smaller
     # node; never below the GPUs actually read.
     gpu_count = max(device_count, len(gpus))
+    per_gpu = _per_gpu(reading, gpu_count)
     return NodeGpuState(
         health=Health.DEGRADED if detail else Health.OK,
         updated_at=updated_at,
@@ -175,5 +178,7 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
         gpu_model=_model(gpus),
         gpu_count=gpu_count,
         health_detail=detail,
-        gpus=_per_gpu(reading, gpu_count),
+        gpus=per_gpu,
+        # Pods are placed on GPUs by NVML index: only where the per-GPU table could be built.
+        pods=attribute(reading).pods if per_gpu else (),
     )

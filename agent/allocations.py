@@ -54,7 +54,7 @@ def device_base_id(device_id: str) -> str:
     return head if separator and tail.isdigit() else device_id
 
 
-def _owners(gpus: Iterable[GpuReading]) -> dict[str, int]:
+def gpu_index_by_device(gpus: Iterable[GpuReading]) -> dict[str, int]:
     """Device UUID (the GPU's and each of its MIG devices') -> the GPU's NVML index."""
     owner: dict[str, int] = {}
     for gpu in gpus:
@@ -85,7 +85,7 @@ def allocated_by_gpu(
     When no device ID maps to any GPU of the node (no NVIDIA device plugin, GPUs given out by
     DRA, or a plugin naming devices by index), allocations are unknown as a whole.
     """
-    owner = _owners(gpus)
+    owner = gpu_index_by_device(gpus)
     shares = _by_gpu(allocations.allocatable_ids, owner)
     assigned = _by_gpu(allocations.assigned_ids, owner)
     if not shares and not assigned:

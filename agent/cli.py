@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from agent.cgroups import OwnerResolver, read_cgroup_file
 from agent.daemon import (
     Agent,
     AllocationSource,
@@ -149,6 +150,18 @@ def _open(settings: AgentSettings) -> GpuSource:
         simulated_model=settings.simulated_model,
         seed=settings.seed,
         lose_gpu_after_s=settings.simulated_lose_gpu_after,
+        processes=settings.process_attribution,
+        simulated_pods=settings.simulated_pods,
+    )
+
+
+def _process_owners(settings: AgentSettings, writer: NodeAnnotator | None) -> OwnerResolver | None:
+    """Processes to pods: cgroups under --proc-root, pod names from the API (needs a writer)."""
+    if not settings.process_attribution or writer is None:
+        return None
+    proc_root = settings.proc_root
+    return OwnerResolver(
+        read_cgroup=lambda pid: read_cgroup_file(proc_root, pid), list_pods=writer.pods_by_uid
     )
 
 
@@ -204,6 +217,7 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
             sample_interval_s=settings.sample_interval,
             start_s=time.monotonic(),
             allocations=allocations,
+            process_owners=_process_owners(settings, writer),
         )
         result = agent.tick(now_s=time.monotonic(), wall_now=datetime.now(UTC))
         if writer is not None:
@@ -310,9 +324,13 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         start_s=time.monotonic(),
         jitter_s=jitter_s,
         heartbeat_lead_s=heartbeat_lead_s(policy=policy, fraction=random_fraction(seed=seed)),
-        request_budget_s=timeouts.connect_s + timeouts.read_s + _allocation_budget_s(settings),
+        # A tick may also list the node's pods once (naming a new pod's processes).
+        request_budget_s=(timeouts.connect_s + timeouts.read_s)
+        * (2 if settings.process_attribution else 1)
+        + _allocation_budget_s(settings),
         allocations=allocations,
         tainter=_tainter(settings, api, node_name=node_name, metrics=metrics, timeouts=timeouts),
+        process_owners=_process_owners(settings, writer),
     )
     server = None
     if settings.metrics_port:

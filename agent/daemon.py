@@ -1,7 +1,8 @@
 """The agent's tick and the loop that runs it.
 
 `Agent.tick` is the unit: read the source (and, on its own schedule, the kubelet's device
-allocations), aggregate, ask the limiter, maybe patch, then update the limiter and the metrics.
+allocations; with per-process attribution, the pods of the shared GPUs' processes), aggregate,
+ask the limiter, maybe patch, then update the limiter and the metrics.
 It takes the monotonic and wall times as arguments, so tests drive it over simulated hours with a
 fake clock and never sleep. `run_daemon` wraps it in an APScheduler interval
 job (one instance at a time, missed runs coalesced), serves the health endpoints, and stops cleanly
@@ -19,7 +20,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from agent.allocations import (
     AllocationQueryError,
     AllocationTracker,
 )
+from agent.attribution import attribute, shared_gpus
 from agent.kube import ApiError, ForbiddenError, UnauthorizedError
 from agent.limiter import (
     Decision,
@@ -45,7 +47,7 @@ from agent.limiter import (
     record_success,
 )
 from agent.metrics import AgentMetrics
-from agent.records import DeviceAllocations, NodeReading
+from agent.records import DeviceAllocations, NodeReading, ProcessOwner
 from agent.sources import GpuSource
 from agent.tainter import DeviceTainter
 from gpu_contract.schema import DEFAULT_KEYS, Keys, NodeGpuState, encode
@@ -61,6 +63,12 @@ class AnnotationWriter(Protocol):
     """What the daemon needs from `agent.kube.NodeAnnotator` (tests may pass a fake)."""
 
     def patch(self, annotations: Mapping[str, str]) -> None: ...
+
+
+class ProcessOwnerSource(Protocol):
+    """What the daemon needs from `agent.cgroups.OwnerResolver` (tests may fake it)."""
+
+    def resolve(self, pids: Iterable[int], *, now_s: float) -> Mapping[int, ProcessOwner]: ...
 
 
 class AllocationSource(Protocol):
@@ -128,10 +136,13 @@ class Agent:
         allocations: AllocationSource | None = None,
         allocation_policy: AllocationPolicy | None = None,
         tainter: DeviceTainter | None = None,
+        process_owners: ProcessOwnerSource | None = None,
     ) -> None:
         self.source = source
         # None: no DRA device taints (turned off, or a dry run).
         self.tainter = tainter
+        # None: per-process attribution is off; pods' figures on shared GPUs are unknown.
+        self.process_owners = process_owners
         # None: allocations are not asked for and per-gpu-allocated is never published.
         self.allocations = allocations
         self.allocation_policy = (
@@ -155,6 +166,16 @@ class Agent:
         # The last write attempt's error class, for readiness: refused credentials make the pod
         # unready so a rollout with broken RBAC stops instead of spreading.
         self._last_write_error: ApiError | None = None
+        if allocations is not None:
+            self.metrics.process_attribution.set(1 if process_owners is not None else 0)
+            if process_owners is None:
+                # Said once: it holds for the agent's life, and the metric keeps saying it.
+                log.info(
+                    "per-process attribution off: pods sharing a GPU (time-slicing, MPS, MIG) "
+                    "get '-' for their figures in pod-gpu-usage; pods holding a GPU alone get "
+                    "the GPU's own (--process-attribution, the chart's "
+                    "agent.podUsage.processAttribution)"
+                )
 
     def tick(self, *, now_s: float, wall_now: datetime) -> TickResult:
         """One sample, one decision, at most one write. Never raises for GPU or API faults."""
@@ -187,7 +208,9 @@ class Agent:
         self.metrics.nvml_errors_seen(reading.error_kinds)
 
         reading = self._with_allocations(reading, now_s)
+        reading = self._with_process_owners(reading, now_s)
         state = aggregate(reading)
+        self._account_attribution(reading)
         self.metrics.health_observed(state.health)
         self._account_allocations(reading, state, now_s)
         decision = decide(
@@ -273,6 +296,36 @@ class Agent:
         self.allocation_tracker = tracker
         current = tracker.current(now_s, policy)
         return reading if current is None else replace(reading, allocations=current)
+
+    def _with_process_owners(self, reading: NodeReading, now_s: float) -> NodeReading:
+        """The reading with the owners of the processes on GPUs several pods share."""
+        if self.process_owners is None or reading.allocations is None:
+            return reading
+        shared = shared_gpus(reading.gpus, reading.allocations)
+        pids = {
+            pid
+            for gpu in reading.gpus
+            if gpu.index in shared and gpu.processes is not None
+            for part in (gpu.processes.memory_used_mib, gpu.processes.sm_busy)
+            for pid, _ in part or ()
+        }
+        try:
+            owners = self.process_owners.resolve(pids, now_s=now_s)
+        except Exception:
+            # A resolver bug must not stop sampling: the shared GPUs' pods are unknown this tick.
+            # Unknown, not zero: with no owner known, every pod's share would read as 0.
+            log.exception("resolving GPU processes to pods raised; their figures are unknown")
+            return reading
+        return replace(reading, process_owners=owners)
+
+    def _account_attribution(self, reading: NodeReading) -> None:
+        if reading.allocations is None:
+            return
+        found = attribute(reading)
+        for outcome, count in found.outcomes.items():
+            self.metrics.pod_attribution.labels(outcome=outcome).inc(count)
+        for owner, count in found.owners.items():
+            self.metrics.gpu_processes.labels(owner=owner).inc(count)
 
     def _account_allocations(self, reading: NodeReading, state: NodeGpuState, now_s: float) -> None:
         """The metric and the (rate-limited) log line that say why per-gpu-allocated is absent."""

@@ -1,4 +1,5 @@
-"""The agent's only conversation with the Kubernetes API: merge-patching its own Node's annotations.
+"""The agent's only conversation with the Kubernetes API: merge-patching its own Node's annotations
+(and, with per-process attribution on, naming the pods of its node by UID).
 
 This is the one agent module that imports the `kubernetes` client. Everything it can go wrong with
 is mapped, here and only here, onto a small error hierarchy (`ApiError` and its subclasses), so the
@@ -38,6 +39,12 @@ from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Keys, merge_patch
 log = logging.getLogger(__name__)
 
 MERGE_PATCH: Final = "application/merge-patch+json"
+PARTIAL_METADATA_LIST: Final = (
+    "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
+)
+# The kubelet names a static pod by the hash of its manifest; the API's mirror pod carries that
+# hash here, and it is the UID in the pod's cgroup.
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 DEFAULT_CONNECT_TIMEOUT_S: Final = 3.0
 DEFAULT_READ_TIMEOUT_S: Final = 5.0
 
@@ -207,6 +214,31 @@ def classify(exc: BaseException, *, node_name: str, action: str | None = None) -
     )
 
 
+def pods_by_uid(listed: object) -> dict[str, str]:
+    """Pod UID (and a mirror pod's manifest hash) -> `namespace/name`, from a pod LIST body.
+
+    Items without a namespace, name or UID are skipped: a reader of a malformed list gets the
+    pods it can name, not an error.
+    """
+    items = listed.get("items") if isinstance(listed, dict) else None
+    found: dict[str, str] = {}
+    for item in items if isinstance(items, list) else ():
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(metadata, dict):
+            continue
+        namespace, name, uid = (metadata.get(k) for k in ("namespace", "name", "uid"))
+        if not (isinstance(namespace, str) and isinstance(name, str) and namespace and name):
+            continue
+        ref = f"{namespace}/{name}"
+        if isinstance(uid, str) and uid:
+            found[uid.lower()] = ref
+        annotations = metadata.get("annotations")
+        mirror = annotations.get(MIRROR_ANNOTATION) if isinstance(annotations, dict) else None
+        if isinstance(mirror, str) and mirror:
+            found[mirror.lower()] = ref
+    return found
+
+
 class CredentialsMissingError(Exception):
     """No usable API configuration at start-up; the message says which one was tried."""
 
@@ -309,6 +341,35 @@ class NodeAnnotator:
                 self._seen = None
             raise error from exc
         self._seen = self._prefix_annotations(node)
+
+    def pods_by_uid(self) -> dict[str, str]:
+        """Pod UID -> `namespace/name` of every pod on this node; raises `ApiError`.
+
+        One LIST of pods with `fieldSelector=spec.nodeName=<node>` and `resourceVersion=0`
+        (served from the API server's watch cache, indexed by node name), asking for metadata
+        only (`PartialObjectMetadataList`, what `kubectl get` asks for; a server that cannot
+        answers the full list, read the same way). Needs `list` on `pods`.
+        """
+        try:
+            # Through `call_api`: `CoreV1Api.list_pod_for_all_namespaces` overwrites any Accept
+            # header passed in `_headers` with its own, so it cannot ask for metadata only.
+            response = self._api_client.call_api(
+                "/api/v1/pods",
+                "GET",
+                query_params=[
+                    ("fieldSelector", f"spec.nodeName={self.node_name}"),
+                    ("resourceVersion", "0"),
+                ],
+                header_params={"Accept": PARTIAL_METADATA_LIST},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=(self._timeouts.connect_s, self._timeouts.read_s),
+            )
+            listed = json.loads(response.data)
+        except Exception as exc:
+            raise classify(exc, node_name=self.node_name) from exc
+        return pods_by_uid(listed)
 
     def close(self) -> None:
         self._api_client.close()

@@ -10,8 +10,9 @@ The rules (docs/agent.md has the operator's version):
 
 * A write happens when the agent has never written, when a discrete field changed (`health`,
   `health-detail`, `gpu-model`, `gpu-count`, a GPU's allocation, a per-GPU value appearing or
-  disappearing), when a numeric field moved by at least its deadband since the last *written*
-  value, or when the last successful write is older than the heartbeat.
+  disappearing, a change in which pods hold which GPU or which of a pod's figures are known),
+  when a numeric field moved by at least its deadband since the last *written* value (a pod's
+  figures on a GPU included), or when the last successful write is older than the heartbeat.
 * Deadbands are direction-aware: a move towards less headroom (busier, hotter, less free memory,
   more fragmented) counts at the deadband, a move towards more headroom only at
   `improving_deadband_factor` times it. Bad news reaches readers at once; good news at the latest
@@ -44,6 +45,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
 
+from gpu_contract.podusage import PodUsage
 from gpu_contract.schema import GpuState, NodeGpuState
 
 
@@ -102,6 +104,15 @@ class WritePolicy:
     per_gpu_temperature_deadband_c: float = 5.0
     # A fraction of one GPU's memory (the node's total over its GPU count).
     per_gpu_memory_deadband_fraction: float = 0.05
+    # Each pod's figures on each GPU it holds (`pod-gpu-usage`), each against its own written
+    # value. Utilization 0.15, the per-GPU deadband: a pod's figure is read as an estimate of what
+    # its workload adds to a GPU, where one score step is 0.14 of utilization, and on a GPU a pod
+    # holds alone it is the GPU's own figure; at 0.05 the pods' figures doubled the fleet's writes
+    # (docs/performance.md, "Write budget"). Memory 5 % of one GPU's memory, the most a pod's
+    # figure on one GPU can be. Which pods hold which GPU, and a figure appearing or
+    # disappearing, are discrete changes.
+    pod_utilization_deadband: float = 0.15
+    pod_memory_deadband_fraction: float = 0.05
     # "multiset": GPUs are compared as a set (a write when the new GPUs cannot be paired one to one
     # with the written ones within the deadbands), because the scheduler picks a node and the
     # device plugin the GPU, so a permutation of the same GPU states changes no decision;
@@ -131,6 +142,8 @@ class WritePolicy:
             "per_gpu_utilization_deadband",
             "per_gpu_temperature_deadband_c",
             "per_gpu_memory_deadband_fraction",
+            "pod_utilization_deadband",
+            "pod_memory_deadband_fraction",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -231,7 +244,56 @@ def _discrete_changes(old: NodeGpuState, new: NodeGpuState) -> tuple[str, ...]:
     if old.gpu_count != new.gpu_count:
         changed.append("gpu-count")
     changed.extend(_per_gpu_discrete(old.gpus, new.gpus))
+    if _pod_layout(old.pods) != _pod_layout(new.pods):
+        changed.append(POD_GPU_USAGE)
     return tuple(changed)
+
+
+POD_GPU_USAGE = "pod-gpu-usage"
+
+
+def _pod_layout(pods: Sequence[PodUsage]) -> set[tuple[str, int, bool, bool]]:
+    """Which pod holds which GPU, and which of its figures are known: the discrete part."""
+    return {
+        (pod.pod, share.gpu_index, share.utilization is None, share.memory_used_mib is None)
+        for pod in pods
+        for share in pod.gpus
+    }
+
+
+def _pod_numeric(
+    old: Sequence[PodUsage],
+    new: Sequence[PodUsage],
+    policy: WritePolicy,
+    memory_total_mib: int | None,
+    gpu_count: int,
+) -> bool:
+    """Whether any pod's figure on any GPU moved past its deadband (the layout is unchanged)."""
+    memory_deadband_mib = (
+        policy.pod_memory_deadband_fraction * memory_total_mib / gpu_count
+        if memory_total_mib is not None and memory_total_mib > 0 and gpu_count > 0
+        else 0.0
+    )
+    factor = policy.improving_deadband_factor
+    written = {(p.pod, s.gpu_index): s for p in old for s in p.gpus}
+    for pod in new:
+        for share in pod.gpus:
+            before = written.get((pod.pod, share.gpu_index))
+            if before is None:
+                return True
+            if _moved(
+                _fraction(before.utilization),
+                _fraction(share.utilization),
+                policy.pod_utilization_deadband,
+                improving_factor=factor,
+            ) or _moved(
+                None if before.memory_used_mib is None else float(before.memory_used_mib),
+                None if share.memory_used_mib is None else float(share.memory_used_mib),
+                memory_deadband_mib,
+                improving_factor=factor,
+            ):
+                return True
+    return False
 
 
 _PER_GPU_FIELDS = (
@@ -387,6 +449,9 @@ def _deadband_changes(
         ):
             changed.append(name)
     changed.extend(_per_gpu_numeric(old.gpus, new.gpus, policy, memory_total_mib))
+    gpu_count = len(new.gpus) or (new.gpu_count or 0)
+    if _pod_numeric(old.pods, new.pods, policy, memory_total_mib, gpu_count):
+        changed.append(POD_GPU_USAGE)
     return tuple(changed)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agent.allocations import QUERY_FAILURE_REASONS, UNKNOWN_REASONS
+from agent.attribution import OWNER_OUTCOMES, Outcome
 from agent.dra import TAINT_SUPPRESS_REASONS, TAINT_WRITE_REASONS, TaintKind, TaintReason
 from agent.limiter import SUPPRESS_REASONS, WRITE_REASONS, Reason
 from gpu_contract.schema import Health
@@ -147,7 +148,28 @@ class AgentMetrics:
                 self.dra_suppressed.labels(reason=taint_reason.value)
         for kind in TaintKind:
             self.dra_tainted.labels(key=kind.value)
+        self.pod_attribution = Counter(
+            "gpu_agent_pod_attribution",
+            "Each pod's figures on each GPU it holds, per tick, by how they were found.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.gpu_processes = Counter(
+            "gpu_agent_gpu_processes",
+            "Processes seen on GPUs shared by several pods, per tick, by whose they turned out.",
+            ["owner"],
+            registry=self.registry,
+        )
+        self.process_attribution = Gauge(
+            "gpu_agent_process_attribution",
+            "1 when shared GPUs are attributed to pods per process (host PIDs visible), else 0.",
+            registry=self.registry,
+        )
         # Pre-create every label value so dashboards see zeros rather than absent series.
+        for outcome in Outcome:
+            self.pod_attribution.labels(outcome=outcome.value)
+        for owner in OWNER_OUTCOMES:
+            self.gpu_processes.labels(owner=owner)
         for result in ("ok", *QUERY_FAILURE_REASONS):
             self.pod_resources_requests.labels(result=result)
         for reason_text in UNKNOWN_REASONS:

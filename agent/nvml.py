@@ -17,6 +17,11 @@ instances instead of raw free memory, and the largest single allocation one pod 
 (one MIG device's worth), because their free memory is never one block (see `_mig_free_mib`);
 their MIG devices' UUIDs, which the kubelet hands out instead of the GPU's, are read once per
 device and cached.
+
+With per-process attribution on, each GPU's processes are read too: the memory each holds
+(compute and graphics lists) and the SM-busy samples of each since the previous tick
+(`nvmlDeviceGetProcessUtilization` with the last timestamp seen, the same window as the GPU's
+utilization). A failure there leaves that part unknown (`None`) and never degrades the GPU.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any, Final
 
 import pynvml  # type: ignore[import-untyped]  # NVIDIA ships no type information
 
-from agent.records import GpuReading, NodeReading, SourceUnavailable
+from agent.records import GpuProcesses, GpuReading, NodeReading, SourceUnavailable
 
 _MIB: Final = 1024 * 1024
 
@@ -131,6 +136,9 @@ class _GpuMemo:
 
     last_sample_us: int = 0
     samples_unsupported: bool = False
+    # Per-process utilization samples: the newest timestamp read, and whether the GPU has none.
+    last_process_sample_us: int = 0
+    process_samples_unsupported: bool = False
     # GPU instance profiles (id, memory MiB) of a MIG-enabled GPU: fixed while MIG stays on.
     mig_profiles: tuple[tuple[int, int], ...] | None = None
     # MIG slot -> (the MIG device's total memory in MiB, its UUID). A MIG device's UUID is fixed
@@ -147,9 +155,15 @@ class _Tick:
 
 
 class NvmlSource:
-    """Reads every GPU through NVML once per `read`. Open with `NvmlSource.open()`."""
+    """Reads every GPU through NVML once per `read`. Open with `NvmlSource.open()`.
 
-    def __init__(self) -> None:
+    With `processes`, each GPU's processes are read too (memory and utilization samples per pid),
+    for attributing a shared GPU's load to its pods; the PIDs are the host's, which the agent can
+    map to pods only when it shares the host's PID namespace.
+    """
+
+    def __init__(self, *, processes: bool = False) -> None:
+        self.processes = processes
         self._inits = 0
         self._closed = False
         self._needs_init = False
@@ -159,9 +173,9 @@ class NvmlSource:
         self._tick = _Tick()
 
     @classmethod
-    def open(cls) -> NvmlSource:
+    def open(cls, *, processes: bool = False) -> NvmlSource:
         """Initialise NVML; raises `SourceUnavailable` (one clear line) when it cannot."""
-        source = cls()
+        source = cls(processes=processes)
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as error:
@@ -296,6 +310,7 @@ class NvmlSource:
         else:
             memo.mig_profiles = None
             memo.mig_uuids.clear()
+        processes = self._processes(handle, memo) if self.processes else None
         return GpuReading(
             uuid=key,
             index=index,
@@ -308,6 +323,7 @@ class NvmlSource:
             memory_largest_allocation_mib=largest_mib,
             problems=tuple(problems),
             mig_device_uuids=mig_uuids,
+            processes=processes,
         )
 
     def _utilization(
@@ -345,6 +361,79 @@ class NvmlSource:
         if rates is None:
             return None
         return min(1.0, max(0.0, int(rates.gpu) / 100.0))
+
+    def _processes(self, handle: Any, memo: _GpuMemo) -> GpuProcesses:
+        """The GPU's processes: memory per pid, and SM-busy samples per pid since the last tick.
+
+        Neither part makes the GPU degraded: per-process data only refines the pods' figures,
+        and where it is missing those figures are unknown (`agent.attribution`).
+        """
+        return GpuProcesses(
+            memory_used_mib=self._process_memory(handle),
+            sm_busy=self._process_samples(handle, memo),
+        )
+
+    def _process_memory(self, handle: Any) -> tuple[tuple[int, int | None], ...] | None:
+        found: dict[int, int | None] = {}
+        try:
+            listed = list(self._call(pynvml.nvmlDeviceGetComputeRunningProcesses, handle))
+        except pynvml.NVMLError:
+            return None  # counted by the funnel; the pods' memory on this GPU is unknown
+        try:
+            listed += self._call(
+                pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+                handle,
+                expected=(pynvml.NVML_ERROR_NOT_SUPPORTED,),
+            )
+        except pynvml.NVMLError as error:
+            # A compute-only GPU has no graphics list: nothing more to add, not a fault.
+            if _code(error) != pynvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+        for process in listed:
+            pid = int(process.pid)
+            used = process.usedGpuMemory
+            mib = None if used is None else int(used) // _MIB
+            # A process with both a compute and a graphics context is listed twice; one figure
+            # is kept, and an unknown one (NVML_VALUE_NOT_AVAILABLE, pynvml's None) wins.
+            if mib is None or (pid in found and found[pid] is None):
+                found[pid] = None
+            else:
+                found[pid] = max(found.get(pid) or 0, mib)
+        return tuple(sorted(found.items()))
+
+    def _process_samples(self, handle: Any, memo: _GpuMemo) -> tuple[tuple[int, float], ...] | None:
+        if memo.process_samples_unsupported:
+            return None
+        try:
+            samples = self._call(
+                pynvml.nvmlDeviceGetProcessUtilization,
+                handle,
+                memo.last_process_sample_us,
+                expected=(pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_FOUND, *_NO_SAMPLE_BUFFER),
+            )
+        except pynvml.NVMLError as error:
+            code = _code(error)
+            # NotFound: no process was busy since the last tick (NVML keeps only samples of
+            # processes with some utilization). Success raised as an error: pynvml's wrapper
+            # raises the first call's status unless it is "insufficient size", and the driver
+            # answers success when it has no sample to size. Both mean: no SM time.
+            if code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return ()
+            if code in _NO_SAMPLE_BUFFER:
+                memo.process_samples_unsupported = True
+                self._tick.errors.append(error_kind(error))
+            return None
+        busy: dict[int, float] = {}
+        newest = memo.last_process_sample_us
+        for sample in samples:
+            stamp = int(sample.timeStamp)
+            if stamp <= memo.last_process_sample_us:
+                continue
+            newest = max(newest, stamp)
+            pid = int(sample.pid)
+            busy[pid] = busy.get(pid, 0.0) + float(min(100, int(sample.smUtil)))
+        memo.last_process_sample_us = newest
+        return tuple(sorted(busy.items()))
 
     def _memory(
         self, handle: Any, index: int, problems: list[str]

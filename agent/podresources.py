@@ -34,7 +34,8 @@ from agent.podresources_wire import (
     decode_allocatable_response,
     decode_list_response,
 )
-from agent.records import DeviceAllocations
+from agent.records import DeviceAllocations, PodDevices
+from gpu_contract.podusage import pod_ref
 
 DEFAULT_SOCKET: Final = DEFAULT_POD_RESOURCES_SOCKET
 LIST_METHOD: Final = "/v1.PodResourcesLister/List"
@@ -131,9 +132,16 @@ class PodResourcesClient:
             containers = decode_list_response(listed)
         except WireError as error:
             raise PodResourcesError("bad-response", f"undecodable answer: {error}") from None
+        by_pod: dict[str, set[str]] = {}
+        for container in containers:
+            ids = {i for g in container.devices for i in g.device_ids}
+            if ids:
+                ref = pod_ref(container.pod_namespace, container.pod_name)
+                by_pod.setdefault(ref, set()).update(ids)
         return DeviceAllocations(
             allocatable_ids=frozenset(i for g in groups for i in g.device_ids),
-            assigned_ids=frozenset(i for c in containers for g in c.devices for i in g.device_ids),
+            assigned_ids=frozenset(i for ids in by_pod.values() for i in ids),
+            pods=tuple(PodDevices(ref, frozenset(ids)) for ref, ids in sorted(by_pod.items())),
         )
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ source raises when it cannot start, lives here too, beside what sources produce,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -37,6 +38,32 @@ class GpuReading:
     problems: tuple[str, ...] = ()
     # UUIDs of this GPU's MIG devices (`MIG-...`): the kubelet hands those out instead of the GPU.
     mig_device_uuids: tuple[str, ...] = ()
+    # The processes on this GPU (NVML), read only when per-process attribution is on and the GPU
+    # is shared by several pods; None: not read, or NVML could not list them.
+    processes: GpuProcesses | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcesses:
+    """What NVML said about the processes on one GPU during one sampling window.
+
+    `memory_used_mib`: (pid, GPU memory the process holds in MiB, or None where NVML gives no
+    figure), from the compute and graphics process lists; None when the lists were unreadable.
+    `sm_busy`: (pid, the sum of the process's SM-busy percent over its utilization samples in the
+    window); a process without samples had no SM activity; None when the samples were unreadable
+    (not supported, or a failing call). An empty tuple is an answer: no process was busy.
+    """
+
+    memory_used_mib: tuple[tuple[int, int | None], ...] | None
+    sm_busy: tuple[tuple[int, float], ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodDevices:
+    """The device IDs assigned to the containers of one pod (`namespace/name`)."""
+
+    pod: str
+    device_ids: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +77,9 @@ class DeviceAllocations:
 
     allocatable_ids: frozenset[str]
     assigned_ids: frozenset[str]
+    # The same assignments by pod, for who holds which GPU (`pod-gpu-usage`); pods holding no
+    # device are left out.
+    pods: tuple[PodDevices, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +99,22 @@ class NodeReading:
     error_kinds: tuple[str, ...] = ()
     # The kubelet's device allocations read this tick; None when not read or not known.
     allocations: DeviceAllocations | None = None
+    # Whose each GPU process is (pid -> owner), for the GPUs shared by several pods; None when
+    # per-process attribution is off (the agent cannot see the host's processes).
+    process_owners: Mapping[int, ProcessOwner] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOwner:
+    """The pod a GPU process belongs to (`namespace/name`), or why it has none.
+
+    `outcome` is the metric label: `pod` (found), `no-pod` (a process outside any pod's cgroup),
+    `vanished` (the process exited before its cgroup was read), `unreadable` (the cgroup file
+    could not be read), `unnamed` (a pod UID the API server did not name).
+    """
+
+    pod: str | None
+    outcome: str
 
 
 class SourceUnavailable(RuntimeError):  # noqa: N818  (the name is part of the interface)

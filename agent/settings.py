@@ -107,6 +107,21 @@ class AgentSettings(BaseSettings):
         le=1,
         description="Change of one GPU's free memory worth a write, as a fraction of one GPU's.",
     )
+    pod_utilization_deadband: float = Field(
+        default=0.15,
+        ge=0,
+        le=1,
+        description="Change of a pod's utilization on one GPU (pod-gpu-usage) worth a write.",
+    )
+    pod_memory_deadband: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description=(
+            "Change of a pod's memory on one GPU (pod-gpu-usage) worth a write, as a fraction "
+            "of one GPU's memory."
+        ),
+    )
     backoff_base: float = Field(
         default=10.0, gt=0, description="First wait (seconds) after a failed write."
     )
@@ -182,6 +197,20 @@ class AgentSettings(BaseSettings):
         le=86400,
         description="Seconds between re-reads of the ResourceSlices and the agent's rules.",
     )
+    process_attribution: bool = Field(
+        default=False,
+        description=(
+            "Attribute GPUs shared by several pods to the pods per process (NVML's per-process "
+            "figures, processes mapped to pods by their cgroups, pods named by the API server); "
+            "needs the host's PID namespace (hostPID) and 'list' on pods. Off: those pods' "
+            "figures are '-'."
+        ),
+    )
+    proc_root: str = Field(
+        default="/proc",
+        min_length=1,
+        description="Where the processes NVML names are visible (the host's /proc with hostPID).",
+    )
     annotation_prefix: str = Field(
         default=DEFAULT_PREFIX, description="Annotation key prefix (a DNS subdomain you own)."
     )
@@ -200,6 +229,10 @@ class AgentSettings(BaseSettings):
     )
     simulated_lose_gpu_after: float | None = Field(
         default=None, gt=0, description="Simulated source: lose one GPU after this many seconds."
+    )
+    simulated_pods: bool = Field(
+        default=False,
+        description="Simulated source: publish its jobs as pods on time-sliced GPUs.",
     )
     seed: int = Field(default=0, description="Seed of the simulated trace and the start jitter.")
     log_level: LogLevel = Field(default="INFO", description="Log level.")
@@ -241,6 +274,11 @@ class AgentSettings(BaseSettings):
                 f"dra-temperature-margin ({self.dra_temperature_margin}) must be < "
                 f"dra-temperature-limit ({self.dra_temperature_limit})"
             )
+        if self.process_attribution and not self.pod_resources:
+            raise ValueError(
+                "process-attribution needs pod-resources: without the kubelet's allocations no "
+                "pod holds a GPU"
+            )
         if self.backoff_max < self.backoff_base:
             raise ValueError(
                 f"backoff-max ({self.backoff_max:g}) must be >= backoff-base "
@@ -261,6 +299,8 @@ class AgentSettings(BaseSettings):
             per_gpu_utilization_deadband=self.per_gpu_utilization_deadband,
             per_gpu_temperature_deadband_c=self.per_gpu_temperature_deadband,
             per_gpu_memory_deadband_fraction=self.per_gpu_memory_deadband,
+            pod_utilization_deadband=self.pod_utilization_deadband,
+            pod_memory_deadband_fraction=self.pod_memory_deadband,
             backoff_base_s=self.backoff_base,
             backoff_max_s=self.backoff_max,
         )

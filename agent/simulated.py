@@ -15,6 +15,13 @@ Shape of the trace, per GPU:
   five time constants (15 slots) before the current slot, so it does not depend on which times
   were read before.
 - Optionally one GPU (chosen by the seed) is lost `lose_gpu_after_s` after `start`.
+- Optionally (`pods=True`) each job is a pod, so `pod-gpu-usage` can be tried without a cluster:
+  every GPU is time-sliced into 4 replicas, a job's pod holds replica `start slot mod 4` of its
+  GPU, and each job runs one process whose SM samples are its share of the GPU's utilization and
+  whose memory is the job's. A GPU with one job is that pod's alone (whole-GPU figures); a GPU
+  with overlapping jobs is shared, and the reading carries its processes and their owners as the
+  agent's per-process attribution would find them. The kubelet's answer, where one is read,
+  replaces these allocations.
 
 Pushing load (for the placement demo): `set_load(extra_utilization, extra_memory_mib, now=...)`
 adds utilization to every GPU and places the memory on the GPUs with the most free memory. It
@@ -31,7 +38,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final
 
-from agent.records import GpuReading, NodeReading
+from agent.records import (
+    DeviceAllocations,
+    GpuProcesses,
+    GpuReading,
+    NodeReading,
+    PodDevices,
+    ProcessOwner,
+)
 
 SLOT_S: Final = 20.0
 BURST_S: Final = 5.0
@@ -53,6 +67,8 @@ _MASK64: Final = (1 << 64) - 1
 # spare, while keeping all four caches together to a few MB (at 100 000 entries each, a
 # simulated 8-GPU node grew by about 20 MB a day for three days).
 _CACHE_LIMIT: Final = 8192
+# Time-slicing replicas per GPU when the jobs are published as pods.
+SIMULATED_REPLICAS: Final = 4
 
 # Salts for the hash streams, so that each random quantity is independent of the others.
 _BUSY, _START, _LENGTH, _LEVEL, _MEMORY, _BURST, _IDLE, _UUID_HI, _UUID_LO = range(9)
@@ -111,6 +127,7 @@ class SimulatedSource:
         seed: int = 0,
         lose_gpu_after_s: float | None = None,
         start: datetime | None = None,
+        pods: bool = False,
     ) -> None:
         if gpus < 0:
             raise ValueError(f"simulated gpus must be >= 0, got {gpus}")
@@ -124,6 +141,7 @@ class SimulatedSource:
         self.model = model.strip()
         self.seed = seed
         self.lose_gpu_after_s = lose_gpu_after_s
+        self.pods = pods
         # None: anchored on the first read, so a fresh agent starts its trace when it starts.
         self.start = start
         self.memory_total_mib = memory_total_mib_for(self.model)
@@ -311,13 +329,45 @@ class SimulatedSource:
                 )
             )
         readings = _place_memory(readings, extra.extra_memory_mib)
-        return NodeReading(
+        reading = NodeReading(
             sampled_at=now,
             gpus=tuple(readings),
             device_count=self.gpus,
             lost=(f"gpu {self.lost_index}: lost",) if lost_now else (),
             error_kinds=("GpuIsLost",) if lost_now else (),
         )
+        return self._with_pods(reading, elapsed_s, slot) if self.pods else reading
+
+    def _with_pods(self, reading: NodeReading, elapsed_s: float, slot: int) -> NodeReading:
+        """The jobs as pods: the kubelet's allocations by pod, and the GPUs' processes."""
+        step = math.floor(elapsed_s / BURST_S)
+        holders: dict[str, set[str]] = {}
+        owners: dict[int, ProcessOwner] = {}
+        gpus: list[GpuReading] = []
+        for gpu in reading.gpus:
+            memory: list[tuple[int, int | None]] = []
+            busy: list[tuple[int, float]] = []
+            for job in self._jobs_at(gpu.index, slot):
+                # A DNS label either way: slots before the trace started are negative (`s-9`).
+                pod = f"sim/job-{gpu.index}-s{job.start_slot}"
+                holders.setdefault(pod, set()).add(
+                    f"{gpu.uuid}::{job.start_slot % SIMULATED_REPLICAS}"
+                )
+                pid = 1000 + (_mix(self.seed, gpu.index, job.start_slot) % 4_000_000)
+                burst = 0.75 + 0.25 * _uniform(self.seed, gpu.index, job.start_slot, step, _BURST)
+                memory.append((pid, job.memory_mib))
+                busy.append((pid, 100.0 * job.level * burst))
+                owners[pid] = ProcessOwner(pod, "pod")
+            gpus.append(replace(gpu, processes=GpuProcesses(tuple(memory), tuple(busy))))
+        entries = tuple(PodDevices(pod, frozenset(ids)) for pod, ids in sorted(holders.items()))
+        allocations = DeviceAllocations(
+            allocatable_ids=frozenset(
+                f"{g.uuid}::{r}" for g in reading.gpus for r in range(SIMULATED_REPLICAS)
+            ),
+            assigned_ids=frozenset(i for e in entries for i in e.device_ids),
+            pods=entries,
+        )
+        return replace(reading, gpus=tuple(gpus), allocations=allocations, process_owners=owners)
 
     def close(self) -> None:
         self._closed = True

@@ -42,11 +42,15 @@ def open_source(
     seed: int = 0,
     lose_gpu_after_s: float | None = None,
     start: datetime | None = None,
+    processes: bool = False,
+    simulated_pods: bool = False,
 ) -> GpuSource:
     """Open the source named by `kind`; raises `SourceUnavailable` when it cannot start.
 
     The `simulated_*`, `seed`, `lose_gpu_after_s` and `start` arguments apply to the simulated
-    source only (see `agent.simulated.SimulatedSource`).
+    source only (see `agent.simulated.SimulatedSource`). `processes` makes the NVML source read
+    each GPU's processes, for per-process attribution;
+    `simulated_pods` makes the simulated source publish its jobs as pods.
     """
     if kind == "simulated":
         from agent.simulated import SimulatedSource  # noqa: PLC0415  (load only what is used)
@@ -57,10 +61,11 @@ def open_source(
             seed=seed,
             lose_gpu_after_s=lose_gpu_after_s,
             start=start,
+            pods=simulated_pods,
         )
     if kind == "nvml":
         # Imported here so that a simulated agent never loads pynvml or the NVIDIA library.
         from agent.nvml import NvmlSource  # noqa: PLC0415
 
-        return NvmlSource.open()
+        return NvmlSource.open(processes=processes)
     raise ValueError(f"unknown gpu source {kind!r}; expected one of {', '.join(SOURCE_KINDS)}")

@@ -40,6 +40,7 @@ from agent.limiter import (
     record_failure,
     record_success,
 )
+from fleet_sim.pods import NodePods
 from fleet_sim.traces import DEFAULT_MIX, NodeSpec, Profile, generate, make_fleet, node_reading
 from gpu_contract import DEFAULT_KEYS, encode, merge_patch
 
@@ -75,6 +76,9 @@ class FleetConfig:
     # Publish the per-GPU keys (with allocations) as the agent does; False: node-level keys only,
     # as before per-GPU data existed, for comparison.
     per_gpu: bool = True
+    # Publish what each pod uses of each GPU (`pod-gpu-usage`, pods from `fleet_sim.pods`), as the
+    # agent does with per-process attribution on; False: no pod figures, for comparison.
+    pods: bool = True
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -173,6 +177,7 @@ class FleetResult:
             "interval_s": self.config.interval_s,
             "seed": self.config.seed,
             "per_gpu": self.config.per_gpu,
+            "pods": self.config.pods,
             "measured_s": self.measured_s,
             "writes_per_s": self.writes_per_s,
             "naive_writes_per_s": self.naive_writes_per_s,
@@ -261,10 +266,23 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
             temp_rows = traces.temperature_c[:, j, :].tolist()
             alloc_rows = traces.allocated[:, j, :].tolist()
             limiter = LimiterState.initial(now_s=0.0, jitter_s=jitter, heartbeat_lead_s=leads[n])
+            pods = (
+                NodePods(spec, node=n, uuids=uuids, ticks=ticks, seed=config.seed)
+                if config.pods and config.per_gpu
+                else None
+            )
             last_written_at: float | None = None
             last_bytes = 0
             for k in range(ticks):
                 now = jitter + k * interval
+                allocations = processes = owners = None
+                if pods is not None:
+                    allocations, processes, owners = pods.at(
+                        k,
+                        allocated=alloc_rows[k],
+                        utilization=util_rows[k],
+                        memory_used_mib=mem_rows[k],
+                    )
                 reading = node_reading(
                     spec,
                     uuids=uuids,
@@ -273,6 +291,9 @@ def simulate(config: FleetConfig, *, specs: Sequence[NodeSpec] | None = None) ->
                     memory_used_mib=mem_rows[k],
                     temperature_c=temp_rows[k],
                     allocated=alloc_rows[k] if config.per_gpu else None,
+                    allocations=allocations,
+                    processes=processes,
+                    process_owners=owners,
                 )
                 state = aggregate(reading)
                 if not config.per_gpu:
@@ -410,6 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="add the DRA device-taint writes (fleet_sim.taints) and the per-node total",
     )
     parser.add_argument(
+        "--no-pods", action="store_true", help="publish no pod-gpu-usage (for comparison)"
+    )
+    parser.add_argument(
         "--storm",
         metavar="START:END:RETRY_AFTER",
         help="a 429 window in seconds of simulated time, e.g. 600:900:30",
@@ -429,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         storms=storms,
         per_gpu=not args.no_per_gpu,
+        pods=not args.no_pods,
     )
     result = simulate(config)
     summary = result.summary(args.pending_pods)

@@ -35,7 +35,13 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from agent.records import DeviceAllocations, GpuReading, NodeReading
+from agent.records import (
+    DeviceAllocations,
+    GpuProcesses,
+    GpuReading,
+    NodeReading,
+    ProcessOwner,
+)
 
 
 class Profile(StrEnum):
@@ -161,9 +167,16 @@ def node_reading(
     memory_used_mib: Sequence[int],
     temperature_c: Sequence[int],
     allocated: Sequence[bool] | None = None,
+    allocations: DeviceAllocations | None = None,
+    processes: Mapping[int, GpuProcesses] | None = None,
+    process_owners: Mapping[int, ProcessOwner] | None = None,
 ) -> NodeReading:
     """The `NodeReading` the agent's NVML source would produce for one node at one tick, with
-    the kubelet's allocations (every GPU allocatable, the `allocated` ones assigned) when given."""
+    the kubelet's allocations (every GPU allocatable, the `allocated` ones assigned) when given.
+
+    `allocations` (with pods, `fleet_sim.pods`) replaces the ones built from `allocated`;
+    `processes` (GPU index -> what NVML says of its processes) and `process_owners` are what the
+    agent reads for GPUs shared by several pods."""
     total = spec.model.memory_total_mib
     name = spec.model.name
     gpus = tuple(
@@ -176,19 +189,25 @@ def node_reading(
             memory_free_mib=total - memory_used_mib[g],
             temperature_c=temperature_c[g],
             mig_enabled=False,
+            processes=None if processes is None else processes.get(g),
         )
         for g in range(spec.gpu_count)
     )
-    allocations = (
-        None
-        if allocated is None
-        else DeviceAllocations(
-            allocatable_ids=frozenset(uuids[: spec.gpu_count]),
-            assigned_ids=frozenset(uuids[g] for g in range(spec.gpu_count) if allocated[g]),
+    if allocations is None:
+        allocations = (
+            None
+            if allocated is None
+            else DeviceAllocations(
+                allocatable_ids=frozenset(uuids[: spec.gpu_count]),
+                assigned_ids=frozenset(uuids[g] for g in range(spec.gpu_count) if allocated[g]),
+            )
         )
-    )
     return NodeReading(
-        sampled_at=sampled_at, gpus=gpus, device_count=spec.gpu_count, allocations=allocations
+        sampled_at=sampled_at,
+        gpus=gpus,
+        device_count=spec.gpu_count,
+        allocations=allocations,
+        process_owners=process_owners,
     )
 
 

@@ -65,6 +65,15 @@ class FakeMigDevice:
 
 
 @dataclass
+class FakeProcess:
+    """A process on a GPU: `used_memory_mib` None is NVML_VALUE_NOT_AVAILABLE (no figure)."""
+
+    pid: int
+    used_memory_mib: int | None = 0
+    graphics: bool = False
+
+
+@dataclass
 class FakeGpu:
     """One GPU as the fake driver reports it; every field may be changed between ticks."""
 
@@ -88,6 +97,13 @@ class FakeGpu:
     mig_faults: dict[str, int] = field(default_factory=dict)
     # Every call on a lost GPU returns NVML_ERROR_GPU_IS_LOST.
     lost: bool = False
+    # Running processes (compute and graphics lists) and per-process utilization samples:
+    # (pid, timestamp in microseconds, SM percent).
+    processes: list[FakeProcess] = field(default_factory=list)
+    process_samples: list[tuple[int, int, int]] = field(default_factory=list)
+    # When set, nvmlDeviceGetProcessUtilization's sizing call answers this status instead of
+    # "insufficient size" (e.g. SUCCESS, which pynvml then raises as an error).
+    process_sizing_status: int | None = None
 
     def add_samples(self, *samples: tuple[int, int]) -> None:
         self.utilization_samples.extend(samples)
@@ -281,6 +297,65 @@ class FakeNvml:
         for slot, (ts, value) in enumerate(fresh[:written]):
             samples[slot].timeStamp = ts
             samples[slot].sampleValue.uiVal = value
+        count.value = written
+        return SUCCESS
+
+    def _running(
+        self, handle: Any, function: str, count_ref: Any, procs: Any, graphics: bool
+    ) -> int:
+        gpu, status = self._gpu(handle, function)
+        if gpu is None:
+            return status
+        listed = [p for p in gpu.processes if p.graphics is graphics]
+        count = _out(count_ref)
+        if procs is None or count.value < len(listed):
+            count.value = len(listed)
+            return SUCCESS if not listed else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for slot, process in enumerate(listed):
+            procs[slot].pid = process.pid
+            procs[slot].usedGpuMemory = (
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                if process.used_memory_mib is None
+                else process.used_memory_mib * MIB
+            )
+            procs[slot].gpuInstanceId = 0xFFFFFFFF
+            procs[slot].computeInstanceId = 0xFFFFFFFF
+        count.value = len(listed)
+        return SUCCESS
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(
+        self, handle: Any, count_ref: Any, procs: Any
+    ) -> int:
+        name = "nvmlDeviceGetComputeRunningProcesses_v3"
+        return self._running(handle, name, count_ref, procs, graphics=False)
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(
+        self, handle: Any, count_ref: Any, procs: Any
+    ) -> int:
+        name = "nvmlDeviceGetGraphicsRunningProcesses_v3"
+        return self._running(handle, name, count_ref, procs, graphics=True)
+
+    def nvmlDeviceGetProcessUtilization(
+        self, handle: Any, samples: Any, count_ref: Any, last_seen: Any
+    ) -> int:
+        gpu, status = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
+        if gpu is None:
+            return status
+        since = _int(last_seen)
+        fresh = [(pid, ts, sm) for pid, ts, sm in gpu.process_samples if ts > since]
+        count = _out(count_ref)
+        if samples is None:
+            if gpu.process_sizing_status is not None:
+                return gpu.process_sizing_status
+            if not fresh:
+                return NOT_FOUND
+            count.value = len(fresh)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        written = min(len(fresh), count.value)
+        for slot, (pid, ts, sm) in enumerate(fresh[:written]):
+            samples[slot].pid = pid
+            samples[slot].timeStamp = ts
+            samples[slot].smUtil = sm
         count.value = written
         return SUCCESS
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from agent.allocations import AllocationPolicy, AllocationQueryError
+from agent.cgroups import OwnerResolver, read_cgroup_file
 from agent.daemon import Agent, TickLoop, memory_total_mib, run_until_signalled, start_jitter_s
 from agent.http import HealthServer
 from agent.kube import (
@@ -30,10 +32,10 @@ from agent.kube import (
 from agent.limiter import Reason, WritePolicy
 from agent.metrics import AgentMetrics
 from agent.nvml import NvmlSource
-from agent.records import DeviceAllocations, GpuReading, NodeReading
+from agent.records import DeviceAllocations, GpuReading, NodeReading, PodDevices
 from agent.sources import open_source
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health
-from tests.agent.fake_nvml import FakeNvml, a100
+from tests.agent.fake_nvml import FakeNvml, FakeProcess, a100
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -167,6 +169,9 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         "gpu_agent_dra_taint_writes_suppressed",
         "gpu_agent_dra_api_errors",
         "gpu_agent_dra_tainted_gpus",
+        "gpu_agent_pod_attribution",
+        "gpu_agent_gpu_processes",
+        "gpu_agent_process_attribution",
     }
     for name, family in families.items():
         samples = {sample.name for sample in family.samples}
@@ -602,3 +607,105 @@ def test_without_a_kubelet_source_nothing_is_asked_or_counted() -> None:
     result = agent.tick(now_s=0.0, wall_now=T0)
     assert ALLOCATED_KEY not in result.annotations
     assert metrics.value("gpu_agent_allocations_unknown_total", {"reason": "no-gpu-devices"}) == 0
+
+
+# ------------------------------------------------- who uses each GPU (pod-gpu-usage) in the tick
+
+POD_USAGE_KEY = DEFAULT_KEYS[Field.POD_GPU_USAGE]
+UID_A = "7e1c3a52-9b0d-4f6e-8a21-3c5d7e9f1b24"
+UID_B = "0f0f0f0f-0000-4000-8000-000000000000"
+
+
+def _pod_usage_agent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, *, per_process: bool
+) -> tuple[Agent, AgentMetrics, FakeNvml]:
+    """Real pynvml over a fake NVML: GPU 0 time-sliced by pods a and b, GPU 1 held by c alone."""
+    fake = FakeNvml([a100(0), a100(1)]).install(monkeypatch)
+    gpu0, gpu1 = fake.gpus
+    gpu0.add_samples((1_000, 80))
+    gpu0.memory_used_mib = 30_000
+    gpu0.processes = [FakeProcess(10, 20_000), FakeProcess(20, 9_000), FakeProcess(30, 512)]
+    gpu0.process_samples = [(10, 1_000, 60), (20, 1_000, 20), (10, 1_500, 60), (30, 1_500, 20)]
+    gpu1.add_samples((1_000, 50))
+    gpu1.memory_used_mib = 40_000
+    for pid, text in {
+        10: f"0::/kubepods.slice/kubepods-pod{UID_A.replace('-', '_')}.slice/crio-1.scope",
+        20: f"0::/kubepods/burstable/pod{UID_B}/2",
+        30: "0::/system.slice/nvidia-persistenced.service",
+    }.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text + "\n")
+    uuid0, uuid1 = gpu0.uuid, gpu1.uuid
+    kubelet = FakeAllocations(
+        answer=DeviceAllocations(
+            frozenset({f"{uuid0}::0", f"{uuid0}::1", uuid1}),
+            frozenset({f"{uuid0}::0", f"{uuid0}::1", uuid1}),
+            (
+                PodDevices("ml/a", frozenset({f"{uuid0}::0"})),
+                PodDevices("ml/b", frozenset({f"{uuid0}::1"})),
+                PodDevices("train/c", frozenset({uuid1})),
+            ),
+        )
+    )
+    owners = (
+        OwnerResolver(
+            read_cgroup=lambda pid: read_cgroup_file(str(tmp_path), pid),
+            list_pods=lambda: {UID_A: "ml/a", UID_B: "ml/b"},
+        )
+        if per_process
+        else None
+    )
+    metrics = AgentMetrics()
+    agent = Agent(
+        source=NvmlSource.open(processes=per_process),
+        writer=FakeWriter(),
+        metrics=metrics,
+        start_s=0.0,
+        allocations=kubelet,
+        process_owners=owners,
+    )
+    return agent, metrics, fake
+
+
+def test_pods_figures_per_process_on_a_shared_gpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    agent, metrics, _ = _pod_usage_agent(monkeypatch, tmp_path, per_process=True)
+    annotations = agent.tick(now_s=0.0, wall_now=T0).annotations
+    # GPU 0 at 0.80: a has 120 of 160 SM samples (0.60), b 20 (0.10), the host daemon the rest.
+    # Memory: each pod's processes; GPU 1 is c's alone: 0.50 and total - free (reserved incl.).
+    assert annotations[POD_USAGE_KEY] == "ml/a=0:0.60:20000;ml/b=0:0.10:9000;train/c=1:0.50:40512"
+    assert metrics.value("gpu_agent_pod_attribution_total", {"outcome": "processes"}) == 2
+    assert metrics.value("gpu_agent_pod_attribution_total", {"outcome": "whole-gpu"}) == 1
+    assert metrics.value("gpu_agent_gpu_processes_total", {"owner": "pod"}) == 2
+    assert metrics.value("gpu_agent_gpu_processes_total", {"owner": "no-pod"}) == 1
+    assert metrics.value("gpu_agent_process_attribution") == 1
+
+
+def test_without_host_processes_shared_pods_are_unknown_and_it_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.daemon")
+    agent, metrics, fake = _pod_usage_agent(monkeypatch, tmp_path, per_process=False)
+    first = agent.tick(now_s=0.0, wall_now=T0).annotations
+    agent.tick(now_s=5.0, wall_now=T0 + timedelta(seconds=5))
+    assert first[POD_USAGE_KEY] == "ml/a=0:-:-;ml/b=0:-:-;train/c=1:0.50:40512"
+    assert fake.calls["nvmlDeviceGetProcessUtilization"] == 0
+    assert metrics.value("gpu_agent_pod_attribution_total", {"outcome": "no-host-processes"}) == 4
+    assert metrics.value("gpu_agent_process_attribution") == 0
+    assert sum("per-process attribution off" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_resolver_that_raises_leaves_the_shared_pods_unknown(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    agent, _, _ = _pod_usage_agent(monkeypatch, tmp_path, per_process=True)
+
+    class Broken:
+        def resolve(self, pids: Any, *, now_s: float) -> Mapping[int, Any]:
+            raise RuntimeError("bug")
+
+    agent.process_owners = Broken()
+    annotations = agent.tick(now_s=0.0, wall_now=T0).annotations
+    # Unknown, not zero: zero would tell a reader these pods use nothing.
+    assert annotations[POD_USAGE_KEY].startswith("ml/a=0:-:-;ml/b=0:-:-;")

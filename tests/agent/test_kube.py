@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -408,3 +410,84 @@ def test_timeouts_bound_the_tick_and_back_off(server: ApiServerStandIn, kubeconf
     assert times[2] - times[1] >= 20.0
     assert agent.metrics.value("gpu_agent_api_errors_total", {"code": "transport"}) == 2
     assert agent.limiter.consecutive_failures == 0
+
+
+# --- naming this node's pods (per-process attribution) -----------------------------------------
+
+
+class _PodList(BaseHTTPRequestHandler):
+    """Answers GET /api/v1/pods as a v1.36 server does for a metadata-only LIST, or a 403."""
+
+    seen: ClassVar[list[tuple[str, str, str]]] = []
+    status: ClassVar[int] = 200
+
+    def do_GET(self) -> None:
+        type(self).seen.append(
+            (self.path, self.headers.get("Accept", ""), self.headers.get("Authorization", ""))
+        )
+        if type(self).status != 200:
+            body = json.dumps(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Forbidden",
+                    "message": 'pods is forbidden: cannot list resource "pods"',
+                    "code": 403,
+                }
+            ).encode()
+        else:
+            body = json.dumps(
+                {
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": {"resourceVersion": "42"},
+                    "items": [
+                        {
+                            "kind": "PartialObjectMetadata",
+                            "apiVersion": "meta.k8s.io/v1",
+                            "metadata": {"name": "infer-a", "namespace": "ml", "uid": "u-1"},
+                        }
+                    ],
+                }
+            ).encode()
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("status", [200, 403])
+def test_pods_of_this_node_are_one_metadata_only_list(tmp_path: Path, status: int) -> None:
+    _PodList.seen = []
+    _PodList.status = status
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _PodList)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        path = write_kubeconfig(
+            tmp_path / "kubeconfig", url=f"http://127.0.0.1:{httpd.server_port}", token="t"
+        )
+        writer = NodeAnnotator(api_client_for(str(path)), node_name=NODE)
+        try:
+            if status == 200:
+                assert writer.pods_by_uid() == {"u-1": "ml/infer-a"}
+            else:
+                with pytest.raises(ForbiddenError):
+                    writer.pods_by_uid()
+        finally:
+            writer.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    ((request, accept, authorization),) = _PodList.seen
+    assert authorization == "Bearer t"
+    query = parse_qs(urlsplit(request).query)
+    assert urlsplit(request).path == "/api/v1/pods"
+    assert query["fieldSelector"] == [f"spec.nodeName={NODE}"]
+    assert query["resourceVersion"] == ["0"]
+    assert accept.startswith("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io")

@@ -23,6 +23,7 @@ from agent.limiter import (
     record_failure,
     record_success,
 )
+from gpu_contract.podusage import GpuShare, PodUsage
 from gpu_contract.schema import GpuState, Health, NodeGpuState
 
 POLICY = WritePolicy()
@@ -731,3 +732,79 @@ def test_heartbeat_lead_spreads_a_fleet_over_the_heartbeat() -> None:
     }
     # 5 s ticks: the phases cover every tick slot that the rules allow (10 s .. 60 s).
     assert len(phases) >= 10
+
+
+# ---------------------------------------------------------------- pod-gpu-usage (per pod, per GPU)
+
+# Two pods on the four GPUs above: one alone on GPU 1, two time-sliced on GPU 2.
+BASE_PODS = (
+    PodUsage("ml/infer-a", (GpuShare(2, 0.20, 10_000),)),
+    PodUsage("ml/infer-b", (GpuShare(2, 0.60, 20_000),)),
+    PodUsage("train/job-0", (GpuShare(1, 0.90, 70_000),)),
+)
+WRITTEN_PODS = replace(WRITTEN_GPUS, pods=BASE_PODS)
+AFTER_PODS_WRITE = record_success(
+    LimiterState.initial(now_s=0.0), written=WRITTEN_PODS, now_s=100.0
+)
+
+
+def with_share(pod: int, **changes: object) -> NodeGpuState:
+    pods = list(BASE_PODS)
+    pods[pod] = pods[pod]._replace(gpus=(pods[pod].gpus[0]._replace(**changes),))
+    return replace(WRITTEN_PODS, pods=tuple(pods))
+
+
+@pytest.mark.parametrize(
+    ("state", "now_s", "expected"),
+    [
+        pytest.param(WRITTEN_PODS, 130.0, Reason.BELOW_DEADBAND, id="unchanged"),
+        pytest.param(with_share(0, utilization=0.34), 130.0, Reason.BELOW_DEADBAND, id="util+0.14"),
+        pytest.param(
+            with_share(0, utilization=0.35), 130.0, Reason.DEADBAND_EXCEEDED, id="util+0.15"
+        ),
+        # Improving moves need three deadbands, as for the node's figures.
+        pytest.param(with_share(1, utilization=0.16), 130.0, Reason.BELOW_DEADBAND, id="util-0.44"),
+        pytest.param(
+            with_share(1, utilization=0.15), 130.0, Reason.DEADBAND_EXCEEDED, id="util-0.45"
+        ),
+        # 5 % of one GPU's memory: 4096 MiB of 81920.
+        pytest.param(
+            with_share(2, memory_used_mib=74_095), 130.0, Reason.BELOW_DEADBAND, id="mem+4095"
+        ),
+        pytest.param(
+            with_share(2, memory_used_mib=74_096), 130.0, Reason.DEADBAND_EXCEEDED, id="mem+4096"
+        ),
+        pytest.param(
+            with_share(0, utilization=None), 130.0, Reason.DISCRETE_CHANGE, id="figure-gone"
+        ),
+        pytest.param(
+            replace(WRITTEN_PODS, pods=BASE_PODS[1:]),
+            130.0,
+            Reason.DISCRETE_CHANGE,
+            id="pod-left",
+        ),
+        pytest.param(
+            replace(
+                WRITTEN_PODS,
+                pods=(*BASE_PODS, PodUsage("ml/infer-c", (GpuShare(2, 0.0, 0),))),
+            ),
+            130.0,
+            Reason.DISCRETE_CHANGE,
+            id="pod-arrived",
+        ),
+        pytest.param(with_share(2, gpu_index=3), 130.0, Reason.DISCRETE_CHANGE, id="pod-moved-gpu"),
+        # A discrete change still waits for the minimum interval.
+        pytest.param(
+            replace(WRITTEN_PODS, pods=BASE_PODS[1:]),
+            105.0,
+            Reason.WITHIN_MIN_INTERVAL,
+            id="pod-left-within-min-interval",
+        ),
+    ],
+)
+def test_decide_pod_usage(state: NodeGpuState, now_s: float, expected: Reason) -> None:
+    decision = decide(
+        AFTER_PODS_WRITE, state, now_s=now_s, memory_total_mib=GPU_TOTAL_MIB, policy=POLICY
+    )
+    assert decision.reason is expected
+    assert decision.changed == (() if expected is Reason.BELOW_DEADBAND else ("pod-gpu-usage",))

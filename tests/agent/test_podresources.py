@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.allocations import allocated_by_gpu
+from agent.attribution import holders
 from agent.podresources import PodResourcesClient, PodResourcesError, check_socket
 from agent.podresources_wire import (
     ContainerDevices,
@@ -224,6 +225,17 @@ def test_reads_allocations_of_every_device_shape(pb: ModuleType, socket_path: st
     # GPU 0: its only share is taken. GPU 1: one of two MIG devices free. GPU 2: all four
     # replicas taken. GPU 3: free.
     assert allocated_by_gpu(_gpus(), found) == {0: True, 1: False, 2: True, 3: False}
+    # Who holds what, by pod (the sidecar holds nothing; other resources' IDs stay, unmapped).
+    assert {p.pod: p.device_ids for p in found.pods} == {
+        "ml/trainer-0": frozenset({GPU[0], "0"}),
+        "serving/llm-7f9c": frozenset({MIG[0]}),
+        **{f"lab/notebook-{n}": frozenset({f"{GPU[2]}::{n}"}) for n in range(4)},
+    }
+    assert holders(_gpus(), found) == {
+        0: {"ml/trainer-0"},
+        1: {"serving/llm-7f9c"},
+        2: {f"lab/notebook-{n}" for n in range(4)},
+    }
 
 
 def test_a_replica_left_free_keeps_the_gpu_schedulable(pb: ModuleType, socket_path: str) -> None:

@@ -78,6 +78,14 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             {"heartbeat": 5.0}, "heartbeat (5) must be >= min-write-interval (10)", id="heartbeat"
         ),
         pytest.param(
+            {"process_attribution": True, "pod_resources": False},
+            "process-attribution needs pod-resources",
+            id="process-attribution-without-pod-resources",
+        ),
+        pytest.param(
+            {"pod_utilization_deadband": 1.5}, "pod-utilization-deadband", id="pod-deadband"
+        ),
+        pytest.param(
             {"sample_interval": 20.0},
             "min-write-interval (10) must be >= sample-interval (20)",
             id="sample-above-min-write",

@@ -232,3 +232,24 @@ def test_a_long_run_keeps_the_trace_caches_bounded_and_the_readings_exact() -> N
     assert all(len(cache) <= 8192 for cache in caches)
     assert last is not None
     assert last.gpus == sim(gpus=8, seed=9).read(at((12 * 60 - 5) * 60.0)).gpus
+
+
+def test_jobs_as_pods_whole_and_time_sliced() -> None:
+    """With pods on, a GPU with one job is that pod's alone, one with several is shared."""
+    start = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    source = SimulatedSource(gpus=8, seed=0, start=start, pods=True)
+    state = aggregate(source.read(start + timedelta(seconds=30)))
+    by_gpu: dict[int, list[tuple[str, float | None]]] = {}
+    for pod in state.pods:
+        assert pod.pod.startswith("sim/job-")
+        for share in pod.gpus:
+            assert share.memory_used_mib is not None
+            by_gpu.setdefault(share.gpu_index, []).append((pod.pod, share.utilization))
+    assert any(len(v) == 1 for v in by_gpu.values()), "a GPU held by one pod"
+    assert any(len(v) > 1 for v in by_gpu.values()), "a time-sliced GPU"
+    for index, shares in by_gpu.items():
+        total = sum(u or 0.0 for _, u in shares)
+        assert total == pytest.approx(state.gpus[index].utilization, abs=0.011)
+    # Pods off (the default): no allocations, no pods.
+    plain = SimulatedSource(gpus=8, seed=0, start=start)
+    assert aggregate(plain.read(start + timedelta(seconds=30))).pods == ()

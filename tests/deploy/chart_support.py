@@ -208,6 +208,7 @@ VARIANTS: dict[str, Variant] = {
     "pod-resources-off": Variant({"agent": {"podResources": {"enabled": False}}}),
     "dra-off": Variant({"agent": {"dra": {"enabled": False}}}),
     "dra-other-driver": Variant({"agent": {"dra": {"driver": "gpu.example.org"}}}),
+    "process-attribution": Variant({"agent": {"podUsage": {"processAttribution": True}}}),
     "tenant-profiles": Variant({"scorer": {"policy": TENANT_POLICY}}),
     "tenant-profiles-by-name": Variant(
         {"scorer": {"policy": {"profiles": [TENANT_POLICY["profiles"][0]]}}}

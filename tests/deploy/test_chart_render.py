@@ -308,6 +308,28 @@ def test_agent_rbac_is_nodes_get_patch_and_dra_read_slices_write_rules(
     ]
 
 
+def test_process_attribution_is_host_pid_and_a_pod_list_only_when_asked() -> None:
+    rendered = render("process-attribution")
+    daemonset = rendered.get("DaemonSet", AGENT)
+    pod = daemonset["spec"]["template"]["spec"]
+    agent = containers(daemonset)["agent"]
+    assert pod["hostPID"] is True
+    assert "hostNetwork" not in pod
+    # Nothing more than with pod-resources alone: uid 0, every capability dropped.
+    assert agent["securityContext"] == {**LEAST_PRIVILEGE, "runAsUser": 0, "runAsNonRoot": False}
+    assert env_of(agent, rendered)["GPU_AGENT_PROCESS_ATTRIBUTION"] == "true"
+    role = rendered.get("ClusterRole", AGENT)
+    assert role["rules"] == [
+        NODE_RULE,
+        *DRA_RULES,
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
+    default = render("defaults")
+    assert "GPU_AGENT_PROCESS_ATTRIBUTION" not in env_of(
+        containers(default.get("DaemonSet", AGENT))["agent"], default
+    )
+
+
 def _policy_names(variant: str) -> set[str]:
     rendered = render(variant)
     policies = {m["metadata"]["name"] for m in rendered.of_kind("ValidatingAdmissionPolicy")}

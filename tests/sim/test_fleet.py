@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.aggregate import aggregate
 from agent.limiter import WritePolicy
 from fleet_sim.fleet import ApiStorm, FleetConfig, FleetResult, main, patch_bytes, simulate
-from fleet_sim.traces import Profile, make_fleet
+from fleet_sim.pods import NodePods
+from fleet_sim.traces import Profile, make_fleet, node_reading
 from gpu_contract import DEFAULT_KEYS, merge_patch
 
 BASE = FleetConfig(nodes=16, duration_s=1200.0, seed=3)
@@ -171,3 +174,58 @@ def test_any_seed_and_profile_keep_the_write_invariants(seed: int, profile: Prof
     assert result.writes <= result.naive_writes
     assert result.age_percentiles()["max"] <= bound
     assert result.bin_attempts.max() <= result.config.nodes
+
+
+@pytest.mark.parametrize(
+    ("profile", "shared"),
+    [
+        pytest.param(Profile.TRAINING, False, id="training-one-pod-whole-gpus"),
+        pytest.param(Profile.DIURNAL, False, id="diurnal-a-pod-per-gpu"),
+        pytest.param(Profile.INFERENCE, True, id="inference-time-sliced"),
+        pytest.param(Profile.BATCH, False, id="batch-a-pod-per-run"),
+    ],
+)
+def test_pods_hold_gpus_and_their_figures_are_attributed(profile: Profile, shared: bool) -> None:
+    """Each profile's pods reach the published state through the agent's own attribution."""
+    spec = make_fleet(1, seed=5, mix={profile: 1.0})[0]
+    uuids = [f"GPU-{g}" for g in range(spec.gpu_count)]
+    pods = NodePods(spec, node=0, uuids=uuids, ticks=3, seed=5)
+    allocated = [True] * spec.gpu_count
+    allocations, processes, owners = pods.at(
+        1, allocated=allocated, utilization=[0.8] * 8, memory_used_mib=[40_000] * 8
+    )
+    reading = node_reading(
+        spec,
+        uuids=uuids,
+        sampled_at=datetime(2026, 1, 5, tzinfo=UTC),
+        utilization=[0.8] * 8,
+        memory_used_mib=[40_000] * 8,
+        temperature_c=[50] * 8,
+        allocations=allocations,
+        processes=processes,
+        process_owners=owners,
+    )
+    state = aggregate(reading)
+    assert all(g.allocated for g in state.gpus)
+    held = {share.gpu_index for pod in state.pods for share in pod.gpus}
+    assert held == set(range(spec.gpu_count))
+    per_gpu_util: dict[int, float] = {}
+    for pod in state.pods:
+        for share in pod.gpus:
+            assert share.utilization is not None
+            assert share.memory_used_mib is not None
+            per_gpu_util[share.gpu_index] = (
+                per_gpu_util.get(share.gpu_index, 0.0) + share.utilization
+            )
+    # Whole GPUs give the GPU's figure; time-sliced pods' shares add up to it.
+    assert all(u == pytest.approx(0.8) for u in per_gpu_util.values())
+    # Time-sliced GPUs have several holders; whole GPUs one (training: one pod for all).
+    assert (len(state.pods) > spec.gpu_count) is shared
+
+
+def test_pod_figures_are_in_the_written_bodies() -> None:
+    with_pods = simulate(_config(mix={Profile.INFERENCE: 1.0}, nodes=4))
+    without = simulate(_config(mix={Profile.INFERENCE: 1.0}, nodes=4, pods=False))
+    assert with_pods.bytes_written > without.bytes_written
+    assert with_pods.config.pods
+    assert with_pods.summary()["pods"] is True

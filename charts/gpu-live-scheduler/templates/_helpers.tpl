@@ -199,6 +199,9 @@ GPU_AGENT_DRA_DRIVER: {{ .Values.agent.dra.driver | quote }}
 {{- if .Values.agent.podResources.enabled }}
 GPU_AGENT_POD_RESOURCES_SOCKET: {{ printf "%s/kubelet.sock" (include "gls.agent.podResourcesDir" .) | quote }}
 {{- end }}
+{{- if and .Values.agent.podResources.enabled .Values.agent.podUsage.processAttribution }}
+GPU_AGENT_PROCESS_ATTRIBUTION: "true"
+{{- end }}
 {{- if eq .Values.agent.source "simulated" }}
 GPU_AGENT_SIMULATED_GPUS: {{ .Values.agent.simulated.gpus | toString | quote }}
 GPU_AGENT_SIMULATED_MODEL: {{ .Values.agent.simulated.model | quote }}
