@@ -11,6 +11,9 @@ The model, read from kube-scheduler v1.36 (`pkg/scheduler/schedule_one.go`,
 
 - **Node order.** The snapshot lists nodes zone by zone in turn (round robin over the zones in
   the order they were first seen, each zone's nodes in the order they were added), not by name.
+  The order they were added is the informer's first sync, which v1.36 gets by watch-list and
+  hands over from a map: a random order per scheduler start (seen in `window_check`: each window
+  holds as many nodes of each zone, scattered over the names), modelled as a seeded shuffle.
 - **How many.** Below 100 nodes, every node. Otherwise `percentageOfNodesToScore` of them, and
   when that is unset (0, the default) an adaptive share: 50 % less one point per 125 nodes, at
   least 5 %; never fewer than 100 nodes. 300 nodes: 48 % = 144; 5,000: 10 % = 500; 10,000: 5 %.
@@ -67,6 +70,13 @@ def zone_key(node: Mapping[str, Any]) -> str:
     labels = node.get("metadata", {}).get("labels") or {}
     region, zone = labels.get(REGION_LABEL, ""), labels.get(ZONE_LABEL, "")
     return f"{region}:\x00:{zone}" if region or zone else ""
+
+
+def informer_order(names: Sequence[str], seed: int) -> list[str]:
+    """The order a scheduler's node informer adds `names` in: random, per start (seeded)."""
+    shuffled = list(names)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled
 
 
 def snapshot_order(added: Iterable[tuple[str, str]]) -> list[str]:

@@ -36,6 +36,7 @@ from benchmarks.kube_requests import (
     PodStream,
     Rotation,
     filter_body,
+    informer_order,
     nodes_to_find,
     passing_names,
 )
@@ -105,8 +106,9 @@ def measure_tree(tree: Path, *, nodes: int, percentage: int, pairs: int, log_lev
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        # The store's nodes carry no zone labels: one zone, so the snapshot lists them by name.
-        rotation = Rotation([f"node-{i:05d}" for i in range(nodes)], percentage)
+        # The store's nodes carry no zone labels: one zone, listed in the informer's order.
+        names = informer_order([f"node-{i:05d}" for i in range(nodes)], seed=nodes)
+        rotation = Rotation(names, percentage)
         pods = PodStream(seed=nodes)
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

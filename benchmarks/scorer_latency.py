@@ -74,6 +74,7 @@ from benchmarks.kube_requests import (
     PodStream,
     Rotation,
     filter_body,
+    informer_order,
     nodes_to_find,
     passing_names,
     snapshot_order,
@@ -393,7 +394,8 @@ class Requests:
 
     @classmethod
     def of(cls, nodes: Sequence[dict[str, Any]], mode: Mode, seed: int) -> Requests:
-        order = snapshot_order((n["metadata"]["name"], zone_key(n)) for n in nodes)
+        zones = {n["metadata"]["name"]: zone_key(n) for n in nodes}
+        order = snapshot_order((name, zones[name]) for name in informer_order(list(zones), seed))
         by_name = {n["metadata"]["name"]: n for n in nodes} if mode == "full" else None
         return cls(Rotation(order), PodStream(seed), by_name)
 

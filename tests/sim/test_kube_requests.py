@@ -10,11 +10,13 @@ from benchmarks.kube_requests import (
     PodStream,
     Rotation,
     filter_body,
+    informer_order,
     nodes_to_find,
     passing_names,
     snapshot_order,
     zone_key,
 )
+from benchmarks.window_check import compare
 
 
 @pytest.mark.parametrize(
@@ -101,3 +103,21 @@ def test_bodies_are_the_wire_format_and_prioritize_takes_the_filter_reply() -> N
     assert full["NodeNames"] is None
     assert passing_names(b'{"NodeNames":["b","a"],"FailedNodes":{}}') == ["b", "a"]
     assert passing_names(b'{"Nodes":{"items":[{"metadata":{"name":"a"}}]}}') == ["a"]
+
+
+def test_the_window_check_finds_the_model_in_requests_the_model_made() -> None:
+    zones = {f"n{i:03d}": "abc"[i % 3] for i in range(300)}
+    order = snapshot_order((n, zones[n]) for n in informer_order(list(zones), seed=3))
+    rotation = Rotation(order)
+    recorded = []
+    for _ in range(12):
+        window = rotation.window()
+        recorded += [{"verb": "filter", "names": window}, {"verb": "prioritize", "names": window}]
+    result = compare(zones, recorded)
+    assert result["window_sizes"] == {"median": 144, "min": 144, "max": 144}
+    assert result["window_overlaps_exact"] == "30 of 30"
+    assert result["windows_with_zones_in_turn"].split(" of ")[0] != "0"
+    assert result["prioritize_names_what_filter_passed"] == 12
+    # A rotation that does not move on is caught.
+    stuck = [{"verb": "filter", "names": order[:144]} for _ in range(4)]
+    assert compare(zones, stuck)["window_overlaps_exact"] == "0 of 6"
