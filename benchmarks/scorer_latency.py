@@ -290,7 +290,9 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
             return
         # Versions before the scorer's own HTTP server served with uvicorn (from a server.py
         # of their own, so the file's presence does not tell).
-        server = folder / "exporter_scheduler" / "server.py"
+        server = folder / "exporter_scheduler" / "edges" / "server.py"
+        if not server.exists():  # before the package had layers
+            server = folder / "exporter_scheduler" / "server.py"
         needs_uvicorn = not server.exists() or "import uvicorn" in server.read_text()
         if needs_uvicorn and importlib.util.find_spec("uvicorn") is None:
             print(

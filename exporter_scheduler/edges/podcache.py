@@ -6,7 +6,8 @@ pods themselves: a list + watch (`exporter_scheduler.edges.listwatch`) of the po
 and not finished, narrowed on the server by a field selector
 (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`: a pod that finishes leaves the
 selection, and the server sends it as DELETED). Pods that ask for none of the GPU resource are
-dropped as they are decoded; of the others only what a verdict reads is kept (`BoundPod`).
+dropped as they are decoded; of the others only what a verdict reads is kept (`BoundPod`),
+page by page as the first LIST arrives, so that no more than one page of decoded Pods is held.
 
 Each change of a node's pods is handed to the sinks (the names-only node store, which judges
 that node again for every active pod class; the full-node path reads `pods_of` per request).
@@ -330,12 +331,13 @@ class PodCache(ListWatch):
     def _list(self, **kwargs: Any) -> Any:
         return self._api.list_pod_for_all_namespaces(field_selector=FIELD_SELECTOR, **kwargs)
 
+    def _keep(self, items: list[Any]) -> list[Any]:
+        # Only the bound GPU pods, as records: the page's decoded objects go with the page.
+        kept = (bound_pod(item, resource=self.resource, keys=self.keys) for item in items)
+        return [pod for pod in kept if pod is not None]
+
     def _replace(self, items: list[Any]) -> None:
-        by_uid: dict[str, BoundPod] = {}
-        for item in items:
-            pod = bound_pod(item, resource=self.resource, keys=self.keys)
-            if pod is not None:
-                by_uid[pod.uid] = pod
+        by_uid: dict[str, BoundPod] = {pod.uid: pod for pod in items}
         by_node: dict[str, list[BoundPod]] = {}
         for pod in by_uid.values():
             by_node.setdefault(pod.node, []).append(pod)

@@ -180,8 +180,8 @@ def pod_list(*pods: dict[str, Any], resource_version: str = "290") -> bytes:
 
 
 def listed(cache: PodCache, *pods: dict[str, Any]) -> None:
-    """The loop's LIST: decoded as a page, then handed over whole."""
-    cache._replace(list(cache._page.decode(pod_list(*pods)).items or ()))
+    """The loop's LIST of one page: decoded, kept, then handed over."""
+    cache._replace(cache._keep(list(cache._page.decode(pod_list(*pods)).items or ())))
 
 
 def names(pods: Sequence[BoundPod]) -> list[str]:
@@ -551,6 +551,37 @@ class _Api:
         if isinstance(answer, Exception):
             raise answer
         return _ListResponse(answer)
+
+
+def test_a_paged_list_keeps_each_pages_gpu_pods_before_it_reads_the_next() -> None:
+    # A large cluster's LIST held decoded until its last page was the scorer's peak memory.
+    pages = [
+        json.loads(pod_list(pod_object("a"), pod_object("loader", gpus=0))),
+        json.loads(pod_list(pod_object("b", node_name="gpu-node-2"), resource_version="500")),
+    ]
+    pages[0]["metadata"]["continue"] = "page-2"
+    seen: list[tuple[str, object]] = []
+
+    class _Paged:
+        def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+            seen.append(("list", kwargs.get("_continue")))
+            return _ListResponse(json.dumps(pages.pop(0)).encode())
+
+    cache = PodCache(api=_Paged(), metrics=ScorerMetrics())
+    keep = cache._keep
+
+    def recording(items: list[Any]) -> list[Any]:
+        kept = keep(items)
+        seen.append(("keep", [pod.name for pod in kept]))
+        return kept
+
+    cache._keep = recording  # type: ignore[method-assign]
+    cache._relist()
+    assert seen == [("list", None), ("keep", ["a"]), ("list", "page-2"), ("keep", ["b"])]
+    assert names(cache.pods_of("gpu-node-1")) == ["a"]
+    assert names(cache.pods_of("gpu-node-2")) == ["b"]
+    assert len(cache) == 2
+    assert cache._resource_version == "500"
 
 
 def test_the_loop_turns_accounting_on_with_the_first_list_that_succeeds(
