@@ -115,8 +115,17 @@ class _Object(msgspec.Struct):
 
 
 class _PodList(msgspec.Struct):
+    """A LIST page: each Pod left as its raw JSON (a view of the page, not copied), so that
+    most pods, which ask for no GPU, are read once for their spec and never built whole."""
+
     metadata: _Meta | None = None
-    items: list[_Object] | None = None
+    items: list[msgspec.Raw] | None = None
+
+
+class _Placement(msgspec.Struct):
+    """What says whether a Pod holds GPUs on a node: its spec alone."""
+
+    spec: _Spec | None = None
 
 
 class _Event(msgspec.Struct):
@@ -125,6 +134,8 @@ class _Event(msgspec.Struct):
 
 
 _PAGE: Final = msgspec.json.Decoder(_PodList)
+_PLACEMENT: Final = msgspec.json.Decoder(_Placement)
+_OBJECT: Final = msgspec.json.Decoder(_Object)
 _EVENT: Final = msgspec.json.Decoder(_Event)
 _EMPTY: Final[PodsByNode] = MappingProxyType({})
 
@@ -332,9 +343,23 @@ class PodCache(ListWatch):
         return self._api.list_pod_for_all_namespaces(field_selector=FIELD_SELECTOR, **kwargs)
 
     def _keep(self, items: list[Any]) -> list[Any]:
-        # Only the bound GPU pods, as records: the page's decoded objects go with the page.
-        kept = (bound_pod(item, resource=self.resource, keys=self.keys) for item in items)
-        return [pod for pod in kept if pod is not None]
+        # Only the bound GPU pods, as records. Each raw Pod is first read for its spec; only a
+        # bound pod that asks for the resource is decoded whole (in a cluster that shares its
+        # GPU nodes with CPU work, most pods are not).
+        kept = []
+        for raw in items:
+            spec = _PLACEMENT.decode(raw).spec
+            if spec is None or not spec.nodeName:
+                continue
+            try:
+                if pod_gpu_request(spec, self.resource) <= 0:
+                    continue
+            except WireError:  # as `bound_pod` answers it
+                continue
+            pod = bound_pod(_OBJECT.decode(raw), resource=self.resource, keys=self.keys)
+            if pod is not None:
+                kept.append(pod)
+        return kept
 
     def _replace(self, items: list[Any]) -> None:
         by_uid: dict[str, BoundPod] = {pod.uid: pod for pod in items}
