@@ -105,6 +105,11 @@ class Rotation:
         kube-scheduler's own filter plugins; every node when None), moving the start on."""
         total = len(self.names)
         wanted = nodes_to_find(total, self.percentage)
+        if fits is None:  # every node passes: the next `wanted` names, around the list
+            start, self.start = self.start, (self.start + wanted) % total
+            end = start + wanted
+            tail = self.names[: end - total] if end > total else []
+            return [*self.names[start:end], *tail]
         passed: list[str] = []
         examined = 0
         while examined < total and len(passed) < wanted:
