@@ -19,24 +19,107 @@ Why these details:
   prefix are never named (other writers' annotations survive).
 * Each request has a connect and a read timeout, and urllib3's own retries are off: a hung API
   server costs one bounded wait per tick, and one attempt is one request (the limiter owns retries).
+* The client is imported with its generated packages (`kubernetes.client`, `.api`, `.models`)
+  resolved name by name on first use (`_import_client`): their `__init__` files import every API
+  and ~770 model classes, about 45 MiB of the agent's RSS, while the agent uses one API class and,
+  reading raw bodies, no model at all. Every name stays reachable, so nothing is lost.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import logging
+import re
 import socket
-from collections.abc import Mapping
+import sys
+import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import urllib3
-from kubernetes import client, config  # type: ignore[import-untyped]
-from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Keys, merge_patch
 
 log = logging.getLogger(__name__)
+
+# The client's generated packages whose `__init__` imports all of their modules.
+_NAME_BY_NAME: Final = ("kubernetes.client", "kubernetes.client.api", "kubernetes.client.models")
+# How a generated `__init__` names each class: `from kubernetes.client.models.v1_pod import V1Pod`.
+_FROM_IMPORT: Final = re.compile(r"^from ([\w.]+) import (\w+)$", re.MULTILINE)
+
+
+class _NameByNameLoader(importlib.abc.Loader):
+    """Runs none of a generated package's `__init__`: reads its imports as a table instead, and
+    imports the module behind a name when the name is first read (PEP 562 `__getattr__`)."""
+
+    def __init__(self, init_path: str) -> None:
+        self._init_path = init_path
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        source = Path(self._init_path).read_text(encoding="utf-8")
+        where = {name: origin for origin, name in _FROM_IMPORT.findall(source)}
+
+        def resolve(name: str) -> Any:
+            origin = where.get(name)
+            if origin is None:  # a submodule (`from kubernetes.client import rest`) or unknown
+                raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+            value = getattr(importlib.import_module(origin), name)
+            setattr(module, name, value)
+            return value
+
+        module.__getattr__ = resolve  # type: ignore[method-assign]
+
+
+class _NameByNameFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _NAME_BY_NAME:
+            return None
+        found = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if found is None or found.origin is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname,
+            found.origin,
+            loader=_NameByNameLoader(found.origin),
+            submodule_search_locations=found.submodule_search_locations,
+        )
+
+
+def _import_client() -> tuple[Any, Any, Any]:
+    """(`kubernetes.client`, `kubernetes.config`, `ApiException`), the generated packages
+    resolved name by name unless something imported the client whole before."""
+    finder = _NameByNameFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        from kubernetes import client, config  # type: ignore[import-untyped]  # noqa: PLC0415
+        from kubernetes.client.exceptions import (  # type: ignore[import-untyped]  # noqa: PLC0415
+            ApiException,
+        )
+    finally:
+        sys.meta_path.remove(finder)
+    return client, config, ApiException
+
+
+client, config, ApiException = _import_client()
+# What the agent uses of the client, resolved now: at start-up, not on the first write (an
+# image's precompiled bytecode covers them; a first use would compile CoreV1Api's 38,000 lines).
+_API_CLIENT: Final = client.ApiClient
+_CONFIGURATION: Final = client.Configuration
+_CORE_V1_API: Final = client.CoreV1Api
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 PARTIAL_METADATA_LIST: Final = (
@@ -243,9 +326,9 @@ class CredentialsMissingError(Exception):
     """No usable API configuration at start-up; the message says which one was tried."""
 
 
-def api_client_for(kubeconfig: str | None) -> client.ApiClient:
+def api_client_for(kubeconfig: str | None) -> Any:
     """An API client from a kubeconfig file, or from the pod's in-cluster ServiceAccount."""
-    configuration = client.Configuration()
+    configuration = _CONFIGURATION()
     try:
         if kubeconfig:
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
@@ -261,7 +344,7 @@ def api_client_for(kubeconfig: str | None) -> client.ApiClient:
         raise CredentialsMissingError(f"cannot load {where}: {exc}") from None
     # One attempt is one request: the limiter decides retries, with backoff.
     configuration.retries = False
-    return client.ApiClient(configuration)
+    return _API_CLIENT(configuration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,13 +358,13 @@ class NodeAnnotator:
 
     def __init__(
         self,
-        api_client: client.ApiClient,
+        api_client: Any,
         *,
         node_name: str,
         keys: Keys = DEFAULT_KEYS,
         timeouts: Timeouts = Timeouts(),
     ) -> None:
-        self._core = client.CoreV1Api(api_client)
+        self._core = _CORE_V1_API(api_client)
         self._api_client = api_client
         self.node_name = node_name
         self.keys = keys
@@ -423,7 +506,7 @@ class DraClient:
     """
 
     def __init__(
-        self, api_client: client.ApiClient, *, node_name: str, timeouts: Timeouts = Timeouts()
+        self, api_client: Any, *, node_name: str, timeouts: Timeouts = Timeouts()
     ) -> None:
         self._api_client = api_client
         self.node_name = node_name

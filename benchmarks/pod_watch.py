@@ -73,8 +73,12 @@ from loopback_cluster.control_plane import (
 from loopback_cluster.workload import ScorerProcess, apply, scorer_process
 
 NAMESPACES: Final = ("ml-training", "ml-research", "inference", "batch-eval", "data-prep")
-# One pod in GPU_POD_PERIOD asks for no GPU (data loaders, gateways): 20 %.
+# One pod in GPU_POD_PERIOD asks for no GPU (data loaders, gateways): 20 %, by default
+# (`--gpu-share` sets another share; clusters that share GPU nodes with CPU work have far more).
 GPU_POD_PERIOD: Final = 5
+DEFAULT_GPU_SHARE: Final = 1 - 1 / GPU_POD_PERIOD
+# The share is laid out over each run of this many consecutive pods.
+_SHARE_SLOTS: Final = 20
 # GPUs per GPU pod, cycled: mostly one, as inference and small jobs are.
 GPU_COUNTS: Final = (1, 1, 1, 1, 2, 2, 4, 8)
 # The fleet's pods were bound and started this long before the run: past every in-flight window.
@@ -98,6 +102,9 @@ class Config:
     duration_s: float = 120.0
     rounds: int = 3
     seed: int = 7
+    gpu_share: float = DEFAULT_GPU_SHARE
+    # A commit whose scorer also runs, with its Pod watch, beside the two (`before_watch`).
+    before: str | None = None
 
     def fleet(self) -> FleetConfig:
         """The node fleet and its annotation write rate, as the real-scheduler benchmark has it."""
@@ -118,8 +125,13 @@ class PodPlan:
     gpus: int
 
     @classmethod
-    def of(cls, index: int, nodes: int) -> PodPlan:
-        gpus = 0 if index % GPU_POD_PERIOD == GPU_POD_PERIOD - 1 else GPU_COUNTS[index % 8]
+    def of(cls, index: int, nodes: int, gpu_share: float = DEFAULT_GPU_SHARE) -> PodPlan:
+        # The pods without a GPU spread evenly over each run of slots (the default: every
+        # fifth pod, the last of each five).
+        without = round((1 - gpu_share) * _SHARE_SLOTS)
+        slot = index % _SHARE_SLOTS
+        loader = (slot + 1) * without // _SHARE_SLOTS > slot * without // _SHARE_SLOTS
+        gpus = 0 if loader else GPU_COUNTS[index % 8]
         # A multiplicative hash spreads consecutive pods over the nodes without a generator.
         node, _, _ = node_plan((index * 2_654_435_761) % nodes)
         kind = "worker" if gpus else "loader"
@@ -392,9 +404,16 @@ class WriteTally:
 class PodWriter:
     """Pod writes on a few keep-alive connections (a `KubeApi` per thread)."""
 
-    def __init__(self, plane: ControlPlane, nodes: int, tally: WriteTally) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        nodes: int,
+        tally: WriteTally,
+        gpu_share: float = DEFAULT_GPU_SHARE,
+    ) -> None:
         self._plane = plane
         self._nodes = nodes
+        self._gpu_share = gpu_share
         self.tally = tally
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="pod-writer")
@@ -420,7 +439,7 @@ class PodWriter:
         return self._pool.submit(self.write, op, index, now or datetime.now(UTC))
 
     def write(self, op: Op, index: int, now: datetime) -> None:
-        plan = PodPlan.of(index, self._nodes)
+        plan = PodPlan.of(index, self._nodes, self._gpu_share)
         path = f"/api/v1/namespaces/{plan.namespace}/pods"
         api = self._api()
         gpu = 1 if plan.gpus else 0
@@ -452,7 +471,7 @@ class PodWriter:
 
         def one(index: int) -> None:
             nonlocal done
-            plan = PodPlan.of(index, self._nodes)
+            plan = PodPlan.of(index, self._nodes, self._gpu_share)
             api = self._api()
             path = f"/api/v1/namespaces/{plan.namespace}/pods"
             pod = pod_object(plan)
@@ -683,6 +702,8 @@ class Round:
 
 
 SCORERS: Final = ("with_watch", "no_watch")
+# With `--before REF`: REF's scorer, with its Pod watch, in the same rounds.
+BEFORE: Final = "before_watch"
 
 
 def pod_list_held_at(log_text: str) -> datetime | None:
@@ -738,7 +759,7 @@ def start_to_ready(
         samples = _metrics(scorer)
         figures[name].pods_listed = samples.get("gpu_scorer_pod_cache_pods", 0.0)
         held = samples.get("gpu_scorer_pod_cache_ready")
-        if name == "with_watch" and held != 1:
+        if name != "no_watch" and held != 1:
             raise RuntimeError(f"gpu_scorer_pod_cache_ready is {held} after the LIST was logged")
     return figures
 
@@ -758,6 +779,7 @@ def measure_round(
     logs: Path,
     patcher: Patcher,
     progress: Callable[[str], None],
+    before_tree: Path | None = None,
 ) -> Round:
     gpu_pods_start = writer.tally.gpu_pods
     load_at_start = load_1m()
@@ -772,6 +794,14 @@ def measure_round(
             extra_args=["--no-pod-watch"],
         ),
     }
+    if before_tree is not None:
+        earlier = scorer_process(
+            logs, kubeconfig=plane.admin_kubeconfig, name=f"scorer-before-r{index}"
+        )
+        # `-P`: not this checkout's modules from the working directory, but the tree's.
+        earlier.argv.insert(1, "-P")
+        earlier.env = {"PYTHONPATH": str(before_tree)}
+        scorers[BEFORE] = earlier
     try:
         started_at = datetime.now(UTC)
         for scorer in scorers.values():
@@ -796,7 +826,7 @@ def measure_round(
         churn["patches_per_s"] = round((patcher.sent - patches_before) / churn["window_s"], 1)
         churn["load_1m"] = [load_at_start, load_1m()]
         for name, scorer in scorers.items():
-            after = _settled(scorer, gpu_pods_end if name == "with_watch" else 0)
+            after = _settled(scorer, 0 if name == "no_watch" else gpu_pods_end)
             sample = samples[name]
             mine = figures[name]
             mine.cpu_churn_s = sample.cpu_s - cpu_before[name]
@@ -878,12 +908,26 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
             "no_watch": _median(no_watch),
             "cost": _median(differences),
         }
+        if all(BEFORE in r["scorers"] for r in rounds) and rounds:
+            before = [r["scorers"][BEFORE][measure] for r in rounds]
+            summary[measure][BEFORE] = _median(before)
+            summary[measure]["before_cost"] = _median(
+                [
+                    None if a is None or b is None else a - b
+                    for a, b in zip(before, no_watch, strict=True)
+                ]
+            )
     return summary
 
 
 def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
+    # Not at the top: scorer_latency imports this checkout's modules, which a `--before`
+    # child must not share.
+    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+
     fleet = config.fleet()
     with (
+        source_tree(config.before) as before_tree,
         tempfile.TemporaryDirectory(prefix="pod-watch-") as scratch_dir,
         running_control_plane(Path(scratch_dir) / "plane") as plane,
     ):
@@ -902,7 +946,7 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                 )
         progress(f"{config.nodes:,} nodes registered in {time.monotonic() - started:.0f} s")
         tally = WriteTally()
-        writer = PodWriter(plane, config.nodes, tally)
+        writer = PodWriter(plane, config.nodes, tally, config.gpu_share)
         patcher = Patcher(plane, fleet)
         rounds: list[Round] = []
         try:
@@ -920,7 +964,7 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
             for index in range(config.rounds):
                 result = measure_round(
                     plane, writer, plan, config, index=index, logs=scratch / "logs",
-                    patcher=patcher, progress=progress,
+                    patcher=patcher, progress=progress, before_tree=before_tree,
                 )  # fmt: skip
                 rounds.append(result)
                 progress(_round_line(result))
@@ -1069,6 +1113,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration-s", type=float, default=defaults.duration_s, help="churn per round, seconds"
     )
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="fresh scorer pairs")
+    parser.add_argument(
+        "--before", metavar="REF", help="also run this commit's scorer, with its Pod watch"
+    )
+    parser.add_argument(
+        "--gpu-share",
+        type=float,
+        default=defaults.gpu_share,
+        help="share of the pods that ask for GPUs (default 0.8)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -1081,7 +1134,17 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
         parser.error("--churn-per-s and --duration-s must be positive")
     if args.pods < GPU_POD_PERIOD:
         parser.error(f"--pods: at least {GPU_POD_PERIOD}, so that some ask for no GPU")
-    return Config(args.nodes, args.pods, args.churn_per_s, args.duration_s, args.rounds)
+    if not 0 < args.gpu_share <= 1:
+        parser.error("--gpu-share: above 0, at most 1")
+    return Config(
+        args.nodes,
+        args.pods,
+        args.churn_per_s,
+        args.duration_s,
+        args.rounds,
+        gpu_share=args.gpu_share,
+        before=args.before,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

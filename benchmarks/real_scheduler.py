@@ -259,7 +259,10 @@ class Extender:
         wait_for(f"{self.process.name} to listen", listening, timeout_s=timeout_s)
 
 
-def extenders(plane: ControlPlane, logs: Path, modes: Sequence[str]) -> dict[str, Extender]:
+def extenders(
+    plane: ControlPlane, logs: Path, modes: Sequence[str], *, record: Path | None = None
+) -> dict[str, Extender]:
+    """Each mode's extender; `record`: the Python null extender writes the requests there."""
     made: dict[str, Extender] = {}
     for mode in modes:
         if mode == "none":
@@ -281,6 +284,7 @@ def extenders(plane: ControlPlane, logs: Path, modes: Sequence[str]) -> dict[str
             argv = [str(plane.spec.bin_dir / "null-extender"), f"--listen=127.0.0.1:{port}"]
         else:
             argv = [sys.executable, "-m", "benchmarks.null_extender", f"--port={port}"]
+            argv += [f"--record={record}"] if record is not None else []
         process = BinaryProcess(
             mode, argv, logs / f"{mode}.log", env={"PYTHONPATH": str(Path.cwd())}
         )
@@ -429,7 +433,9 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench(config: Config, *, progress: Callable[[str], None]) -> Iterator[Bench]:
+def bench(
+    config: Config, *, progress: Callable[[str], None], record: Path | None = None
+) -> Iterator[Bench]:
     with (
         tempfile.TemporaryDirectory(prefix="real-scheduler-") as scratch_dir,
         running_control_plane(Path(scratch_dir) / "plane") as plane,
@@ -445,7 +451,7 @@ def bench(config: Config, *, progress: Callable[[str], None]) -> Iterator[Bench]
                 namespace=NAMESPACE,
             )
         progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
-        made = extenders(plane, scratch / "logs", config.modes)
+        made = extenders(plane, scratch / "logs", config.modes, record=record)
         patcher = Patcher(plane, config)
         try:
             for extender in made.values():

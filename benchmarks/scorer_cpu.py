@@ -7,11 +7,12 @@ feels; wall time alone hides a thread hand-off or a syscall that another process
 One scorer process per tree (this checkout and, with `--before REF`, an export of REF) serves a
 names-only node store of `--nodes` nodes, one in ten above the utilization limit, so that every
 filter logs its rejections, as `gpu-scorer serve` does: JSON lines at INFO through
-`cli.configure_logging`, to /dev/null. One keep-alive connection sends a filter and then a
-prioritize for the names that passed, over moving windows of `--names` names, as
-kube-scheduler's Go client does. The figure is the process's user + system CPU (from /proc) over
-`--pairs` pairs, per pair. The trees alternate for `--rounds` rounds; the table gives medians and
-the ratio between the trees.
+`cli.configure_logging`, to /dev/null. One keep-alive connection sends what kube-scheduler sends
+(`benchmarks.kube_requests`): per pod, a fresh Pod object from a mix of classes, a filter of the
+next window of its rotation over the nodes (500 names at 5,000 nodes, each window starting where
+the last ended), then a prioritize of the names that filter passed. The figure is the process's
+user + system CPU (from /proc) over `--pairs` pairs, per pair. The trees alternate for
+`--rounds` rounds; the table gives medians and the ratio between the trees.
 
     python -m benchmarks.scorer_cpu --before HEAD~1
     python -m benchmarks.scorer_cpu --json
@@ -31,13 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.kube_requests import (
+    PodStream,
+    Rotation,
+    filter_body,
+    informer_order,
+    nodes_to_find,
+    passing_names,
+)
 from benchmarks.machine import machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
-POD: dict[str, Any] = {
-    "metadata": {"name": "p", "namespace": "default", "uid": "u"},
-    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-}
 WARM_PAIRS = 200
 
 
@@ -85,7 +90,7 @@ def _call(sock: socket.socket, path: bytes, body: bytes) -> bytes:
     return rest
 
 
-def measure_tree(tree: Path, *, nodes: int, names: int, pairs: int, log_level: str) -> float:
+def measure_tree(tree: Path, *, nodes: int, percentage: int, pairs: int, log_level: str) -> float:
     """Server CPU (us) per filter + prioritize pair of one fresh scorer process of `tree`."""
     proc = subprocess.Popen(
         [
@@ -101,25 +106,25 @@ def measure_tree(tree: Path, *, nodes: int, names: int, pairs: int, log_level: s
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
-        every = [f"node-{i:05d}" for i in range(nodes)] * 2
+        # The store's nodes carry no zone labels: one zone, listed in the informer's order.
+        names = informer_order([f"node-{i:05d}" for i in range(nodes)], seed=nodes)
+        rotation = Rotation(names, percentage)
+        pods = PodStream(seed=nodes)
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-            def pair(k: int) -> None:
-                start = (k * 37) % nodes
-                window = every[start : start + names]
-                body = {"Pod": POD, "Nodes": None, "NodeNames": window}
-                reply = json.loads(_call(sock, b"/filter", json.dumps(body).encode()))
-                if not reply["FailedNodes"]:
+            def pair() -> None:
+                the_pod = pods.next()
+                reply = _call(sock, b"/filter", filter_body(the_pod, rotation.window()))
+                if not json.loads(reply)["FailedNodes"]:
                     raise SystemExit("no node rejected: the log lines would not be measured")
-                body["NodeNames"] = reply["NodeNames"]
-                _call(sock, b"/prioritize", json.dumps(body).encode())
+                _call(sock, b"/prioritize", filter_body(the_pod, passing_names(reply)))
 
-            for k in range(WARM_PAIRS):
-                pair(k)
+            for _ in range(WARM_PAIRS):
+                pair()
             before_s = _cpu_s(proc.pid)
-            for k in range(pairs):
-                pair(WARM_PAIRS + k)
+            for _ in range(pairs):
+                pair()
             time.sleep(0.3)  # the log writer's last batch is the requests' CPU too
             used_s = _cpu_s(proc.pid) - before_s
         return used_s / pairs * 1e6
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     measure_tree(
                         tree,
                         nodes=args.nodes,
-                        names=args.names,
+                        percentage=args.percentage,
                         pairs=args.pairs,
                         log_level=args.log_level,
                     )
@@ -155,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_description(),
         "config": {
             "nodes": args.nodes,
-            "names": args.names,
+            "percentage_of_nodes_to_score": args.percentage,
+            "window_names": nodes_to_find(args.nodes, args.percentage),
             "pairs": args.pairs,
             "rounds": args.rounds,
             "log_level": args.log_level,
@@ -175,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scorer_cpu", description=__doc__)
     parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
     parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--names", type=int, default=500, help="names per filter request")
+    parser.add_argument(
+        "--percentage",
+        type=int,
+        default=0,
+        help="kube-scheduler's percentageOfNodesToScore (default 0: its adaptive share)",
+    )
     parser.add_argument("--pairs", type=int, default=1500, help="measured pairs per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--log-level", default="info")

@@ -10,6 +10,13 @@ machine hits all of them alike:
 - (full-node mode) a floor server: the do-nothing server plus msgspec's typed decode of the body
   into exactly what a verdict reads (each Node's name, annotations and managedFields).
 
+**Requests as kube-scheduler sends them** (`benchmarks.kube_requests`): one sample is one pod, a
+fresh Pod object drawn from a mix of classes (GPU counts, hints, namespaces), with the next window
+of names of kube-scheduler's rotation (at 5,000 nodes 500 names, each pod's window starting where
+the last one ended; full-node mode: those Nodes' objects); its filter, then its prioritize of the
+names the filter passed. No list and no pod comes twice in a row, so the scorer's index of a list
+and its memo of a pod class are as cold or warm as the real caller leaves them.
+
 **Server time** is a scorer's round trip minus the do-nothing server's round trip for the same
 request in the same sample (the median of those differences): everything the scorer adds to
 reading the request and sending the reply, HTTP parsing included. The handler time measured
@@ -33,9 +40,9 @@ per event with one and with four pod classes active.
     python -m benchmarks.scorer_latency --quick               # smoke run (seconds)
     python -m benchmarks.scorer_latency --per-gpu --gpus 4    # 8-GPU tables, a 4-GPU pod
 
-Targets: names-only filter server time during churn (100 node events/s) <= 0.3 ms at 500 names
-and <= 1.5 ms at 5,000 names, as medians; full-node filter server time <= 1.5 x the floor's at
-500 Nodes.
+Targets: names-only filter server time during churn (100 node events/s) <= 0.3 ms at 500 nodes
+and <= 1.5 ms at 5,000 nodes (windows of 230 and 500 names), as medians; full-node filter server
+time <= 1.5 x the floor's at 500 Nodes.
 """
 
 from __future__ import annotations
@@ -56,11 +63,23 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Final, Literal
 
+from benchmarks.kube_requests import (
+    POD_MIX,
+    PodClass,
+    PodStream,
+    Rotation,
+    filter_body,
+    informer_order,
+    nodes_to_find,
+    passing_names,
+    snapshot_order,
+    zone_key,
+)
 from benchmarks.machine import machine_description
 from gpu_contract.schema import GpuState, Health, NodeGpuState, encode
 from kube_standins.nodes import gpu_node, with_agent_write
@@ -205,11 +224,12 @@ class Child:
             raise RuntimeError(f"{self.name} {path}: HTTP {response.status}: {data[:200]!r}")
         return response.status, data
 
-    def timed_post(self, path: str, body: bytes) -> Interval:
-        """The round trip's (start, end), on the clock the children record theirs on."""
+    def timed_post(self, path: str, body: bytes) -> tuple[Interval, bytes]:
+        """The round trip's (start, end), on the clock the children record theirs on, and the
+        reply."""
         started = time.monotonic()
-        self.post(path, body)
-        return started, time.monotonic()
+        _, reply = self.post(path, body)
+        return (started, time.monotonic()), reply
 
 
 def _free_port() -> int:
@@ -270,7 +290,9 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
             return
         # Versions before the scorer's own HTTP server served with uvicorn (from a server.py
         # of their own, so the file's presence does not tell).
-        server = folder / "exporter_scheduler" / "server.py"
+        server = folder / "exporter_scheduler" / "edges" / "server.py"
+        if not server.exists():  # before the package had layers
+            server = folder / "exporter_scheduler" / "server.py"
         needs_uvicorn = not server.exists() or "import uvicorn" in server.read_text()
         if needs_uvicorn and importlib.util.find_spec("uvicorn") is None:
             print(
@@ -339,19 +361,62 @@ class Sampled:
     ended: float
 
 
+@dataclass
+class Requests:
+    """Each sample's requests as kube-scheduler sends them (`benchmarks.kube_requests`): a fresh
+    pod of the mix, the next window of names of the scheduler's rotation, and (full-node mode)
+    those Nodes' objects."""
+
+    rotation: Rotation
+    pods: PodStream
+    nodes: dict[str, dict[str, Any]] | None = None
+    windows: list[int] = field(default_factory=list)
+    passed: list[int] = field(default_factory=list)
+
+    def filter(self) -> tuple[dict[str, Any], bytes]:
+        """The next pod and its filter body."""
+        the_pod = self.pods.next()
+        window = self.rotation.window()
+        self.windows.append(len(window))
+        return the_pod, filter_body(the_pod, window, self.nodes)
+
+    def prioritize(self, the_pod: Mapping[str, Any], filter_reply: bytes) -> bytes:
+        """The prioritize body: the names (or Nodes) the filter passed, in its reply's order."""
+        passing = passing_names(filter_reply)
+        self.passed.append(len(passing))
+        return filter_body(the_pod, passing, self.nodes)
+
+    def summary(self) -> dict[str, Any]:
+        """What was sent: window sizes, names the filters passed (medians), pods."""
+        return {
+            "pods_sent": len(self.windows),
+            "window_names_median": statistics.median(self.windows),
+            "passed_names_median": statistics.median(self.passed) if self.passed else None,
+        }
+
+    @classmethod
+    def of(cls, nodes: Sequence[dict[str, Any]], mode: Mode, seed: int) -> Requests:
+        zones = {n["metadata"]["name"]: zone_key(n) for n in nodes}
+        order = snapshot_order((name, zones[name]) for name in informer_order(list(zones), seed))
+        by_name = {n["metadata"]["name"]: n for n in nodes} if mode == "full" else None
+        return cls(Rotation(order), PodStream(seed), by_name)
+
+
 def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
     scorers: Mapping[str, Child],
     nothing: Mapping[str, Child],
     floor: Child | None,
-    body: bytes,
+    requests: Requests,
     verbs: Sequence[str],
     samples: int,
     pods_per_s: float | None,
 ) -> Sampled:
-    """`samples` rounds: each verb on the do-nothing server, then on every scorer in turn.
+    """`samples` pods: each verb on the do-nothing server, then on every scorer in turn.
 
-    With `pods_per_s`, sample k starts at k / pods_per_s (at once when behind): one sample is one
-    pod's calls, so the scorers see the pod rate, and the watch thread the gaps, of a scheduler.
+    One sample is one pod's calls: its filter (a fresh pod, the next window of names), then its
+    prioritize of the names the first scorer's filter passed, every server getting the same bytes.
+    With `pods_per_s`, sample k starts at k / pods_per_s (at once when behind), so the scorers see
+    the pod rate, and the watch thread the gaps, of a scheduler.
     """
     server_s: dict[str, dict[str, list[float]]] = {
         label: {verb: [] for verb in verbs} for label in scorers
@@ -369,16 +434,20 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
         turn = list(scorers.items())
         if sample % 2:
             turn.reverse()
+        the_pod, body = requests.filter()
         for verb in verbs:
-            base_start, base_end = nothing[verb].timed_post(f"/{verb}", body)
+            (base_start, base_end), _ = nothing[verb].timed_post(f"/{verb}", body)
             base = base_end - base_start
+            replies: dict[str, bytes] = {}
             for label, child in turn:
-                trip = child.timed_post(f"/{verb}", body)
+                trip, replies[label] = child.timed_post(f"/{verb}", body)
                 server_s[label][verb].append(trip[1] - trip[0] - base)
                 round_trips[label][verb].append(trip)
             if floor is not None and verb == "filter":
-                floor_start, floor_end = floor.timed_post("/filter", body)
+                (floor_start, floor_end), _ = floor.timed_post("/filter", body)
                 floor_s.append(floor_end - floor_start - base)
+            if verb == "filter":
+                body = requests.prioritize(the_pod, replies[next(iter(scorers))])
     return Sampled(server_s, round_trips, floor_s, started, time.monotonic())
 
 
@@ -402,17 +471,24 @@ def measure(
     events_per_s: float = 100.0,
     pods_per_s: float = 100.0,
     per_gpu: bool = False,
-    gpus: int = 1,
+    gpus: int | None = None,
     quick: bool = False,
 ) -> dict[str, Any]:
     nodes = [build_node(i, per_gpu=per_gpu) for i in range(count)]
-    body = request_body(nodes, mode, pod(gpus=gpus))
+    # One rotation and one stream of pods for the whole row, priming included, as one
+    # scheduler's: every request is a new pod and the next window of names.
+    mix = POD_MIX if gpus is None else (PodClass(1.0, gpus, "ml"),)
+    requests = Requests.of(nodes, mode, seed=count)
+    requests.pods = PodStream(count, mix)
+    the_pod, body = requests.filter()
     row: dict[str, Any] = {
         "mode": mode,
         "nodes": count,
+        "window_names": nodes_to_find(count),
         "body_bytes": len(body),
         "per_gpu": per_gpu,
         "gpus": gpus,
+        "pod_classes": len(mix),
     }
     verbs = ("filter", "prioritize")
     names_only = mode == "names"
@@ -449,10 +525,12 @@ def measure(
             started.append(scorers[label])
         # The pod's class (names only: so that the node cache keeps its verdicts), and the
         # replies the do-nothing servers answer with.
-        replies = {verb: scorers["after"].post(f"/{verb}", body)[1] for verb in verbs}
+        filtered = scorers["after"].post("/filter", body)[1]
+        bodies = {"filter": body, "prioritize": requests.prioritize(the_pod, filtered)}
+        replies = {verb: scorers["after"].post(f"/{verb}", bodies[verb])[1] for verb in verbs}
         for label, child in scorers.items():
             for verb in verbs:
-                reply = child.post(f"/{verb}", body)[1]
+                reply = child.post(f"/{verb}", bodies[verb])[1]
                 if label != "after":
                     # The same Nodes, no churn yet: the versions should agree (recorded, not
                     # asserted: a change of scores between versions is not a benchmark error).
@@ -473,7 +551,7 @@ def measure(
             child.post("/filter", body)
 
         if not names_only:
-            sampled = run_samples(scorers, nothing, floor, body, verbs, samples, None)
+            sampled = run_samples(scorers, nothing, floor, requests, verbs, samples, None)
             for label, child in scorers.items():
                 handler, _ = _timings(child)
                 # The handler calls of the timed phase (after the priming ones), in call order.
@@ -486,6 +564,7 @@ def measure(
                 row[f"{label}_filter_over_floor"] = (
                     row[f"{label}_filter"]["median_ms"] / row["floor"]["median_ms"]
                 )
+            row |= requests.summary()
             return row
 
         assert apiserver is not None
@@ -493,7 +572,9 @@ def measure(
         for child in scorers.values():
             _timings(child)
         quiet_samples = max(5, samples // 5)
-        quiet = run_samples(scorers, nothing, None, body, ("filter",), quiet_samples, pods_per_s)
+        quiet = run_samples(
+            scorers, nothing, None, requests, ("filter",), quiet_samples, pods_per_s
+        )
         for label, child in scorers.items():
             handler, events = _timings(child)
             row[f"{label}_quiet"] = _ms(quiet.server_s[label]["filter"])
@@ -505,7 +586,7 @@ def measure(
         time.sleep(WARM_UP_S)
         for child in scorers.values():
             _timings(child)
-        sampled = run_samples(scorers, nothing, None, body, verbs, samples, pods_per_s)
+        sampled = run_samples(scorers, nothing, None, requests, verbs, samples, pods_per_s)
         window_s = sampled.ended - sampled.started
         for label, child in scorers.items():
             handler, events = _timings(child)
@@ -537,7 +618,7 @@ def measure(
         # The node cache's upkeep with four pod classes active (each kept), still live.
         for child in scorers.values():
             for hints in CLASS_PODS[1:]:
-                child.post("/filter", request_body(nodes, "names", pod(hints, gpus=gpus)))
+                child.post("/filter", request_body(nodes, "names", pod(hints, gpus=gpus or 1)))
             _timings(child)
         apiserver.command(cmd="churn", rate=events_per_s, seed=count + 1)
         time.sleep(classes_s)
@@ -550,6 +631,7 @@ def measure(
             if not spent:
                 raise RuntimeError(f"{label}: no watch event reached the node cache (4 classes)")
             row["classes_event_us"][label] = statistics.median(spent) * 1e6
+    row |= requests.summary()
     return row
 
 
@@ -563,7 +645,8 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {
                     "target": (
                         f"names-only filter server time <= {limit_ms} ms at {row['nodes']:,} "
-                        f"names during churn ({row['events_per_s_target']:g} node events/s)"
+                        f"nodes ({row['window_names']:,}-name windows, a fresh pod each) during "
+                        f"churn ({row['events_per_s_target']:g} node events/s)"
                     ),
                     "value": round(value, 3),
                     "limit": limit_ms,
@@ -651,7 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--per-gpu", action="store_true", help="Nodes carry the agent's per-GPU keys (8 GPUs)"
     )
-    parser.add_argument("--gpus", type=int, default=1, help="the pod's GPU request (default 1)")
+    parser.add_argument(
+        "--gpus", type=int, help="every pod asks this many GPUs (default: the pod mix)"
+    )
     args = parser.parse_args(argv)
     plan = QUICK_PLAN if args.quick else PLAN
     if args.only:

@@ -169,7 +169,11 @@ def render(bench: Mapping[str, Any], plotted: bool) -> str:
     return f"""{HEADING}
 
 Command: `{bench["command"]}`{f" (machine: {machine})" if machine else ""}. Every server runs in
-its own process on loopback and one client calls them in turn, sample after sample. **Server
+its own process on loopback and one client calls them in turn, sample after sample. Each sample is
+one pod as kube-scheduler sends it (`benchmarks/kube_requests.py`, checked against a real v1.36
+scheduler by `benchmarks.window_check`): a fresh Pod from a mix of classes, the next window of the
+scheduler's rotation over the nodes (230 names at 500 nodes, 500 at 5,000), its filter, then its
+prioritize of the names the filter passed; no list and no pod comes twice. **Server
 time** is a scorer's HTTP round trip minus the round trip of a do-nothing server (it reads the
 request and answers the scorer's own reply bytes) for the same request in the same sample, the
 median of those differences: everything the scorer adds to moving the bytes, HTTP parsing

@@ -107,8 +107,10 @@ class ListWatch:
 
     Hooks: `_list(**kwargs)` (the client's list call), `_page` and `_event` (msgspec decoders
     of a list page and of a watch event, whose object has `metadata.resourceVersion`),
-    `_replace(items)` after a full LIST, `_on_event(type, obj)` for each ADDED, MODIFIED or
-    DELETED, and `_on_failure(exc)` when a list or watch failed.
+    `_keep(items)` for each page as it arrives (what the cache keeps of its objects),
+    `_replace(kept)` after a full LIST with what `_keep` returned for every page,
+    `_on_event(type, obj)` for each ADDED, MODIFIED or DELETED, and `_on_failure(exc)` when a
+    list or watch failed.
     """
 
     kind: str = "object"
@@ -139,6 +141,12 @@ class ListWatch:
     # ------------------------------------------------------------------ hooks
     def _list(self, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def _keep(self, items: list[Any]) -> list[Any]:
+        """What the cache keeps of one LIST page's decoded objects (all of them, unless a cache
+        keeps less): called as each page arrives, so a page's objects are freed before the next
+        page is read."""
+        return items
 
     def _replace(self, items: list[Any]) -> None:
         raise NotImplementedError
@@ -250,8 +258,11 @@ class ListWatch:
                 page = self._page.decode(response.data)
             finally:
                 response.release_conn()
-            items.extend(page.items or ())
+            # Page by page: a large cluster's LIST (150,000 pods) decoded whole before any is
+            # dropped would be the process's peak memory, and CPython keeps most of a peak.
+            items.extend(self._keep(page.items or []))
             meta = page.metadata
+            del page  # before the next page is read and decoded
             resource_version = None if meta is None else meta.resourceVersion
             continue_token = None if meta is None else meta.continue_
             if not continue_token:

@@ -7,7 +7,8 @@ pods themselves: a list + watch (`exporter_scheduler.edges.listwatch`) of the po
 and not finished, narrowed on the server by a field selector
 (`spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed`: a pod that finishes leaves the
 selection, and the server sends it as DELETED). Pods that ask for none of the GPU resource are
-dropped as they are decoded; of the others only what a verdict reads is kept (`BoundPod`).
+dropped as they are decoded; of the others only what a verdict reads is kept (`BoundPod`),
+page by page as the first LIST arrives, so that no more than one page of decoded Pods is held.
 
 kube-scheduler also says where it expects an unbound pod to go, in `status.nominatedNodeName`:
 a gang member waiting at Permit for the rest of its gang, a pod whose PreBind takes time (a
@@ -135,8 +136,17 @@ class _Object(msgspec.Struct):
 
 
 class _PodList(msgspec.Struct):
+    """A LIST page: each Pod left as its raw JSON (a view of the page, not copied), so that
+    most pods, which ask for no GPU, are read once for their spec and never built whole."""
+
     metadata: _Meta | None = None
-    items: list[_Object] | None = None
+    items: list[msgspec.Raw] | None = None
+
+
+class _Placement(msgspec.Struct):
+    """What says whether a Pod holds GPUs on a node: its spec alone."""
+
+    spec: _Spec | None = None
 
 
 class _Event(msgspec.Struct):
@@ -145,6 +155,8 @@ class _Event(msgspec.Struct):
 
 
 _PAGE: Final = msgspec.json.Decoder(_PodList)
+_PLACEMENT: Final = msgspec.json.Decoder(_Placement)
+_OBJECT: Final = msgspec.json.Decoder(_Object)
 _EVENT: Final = msgspec.json.Decoder(_Event)
 _EMPTY: Final[PodsByNode] = MappingProxyType({})
 
@@ -394,12 +406,27 @@ class PodCache(ListWatch):
     def _list(self, **kwargs: Any) -> Any:
         return self._api.list_pod_for_all_namespaces(field_selector=FIELD_SELECTOR, **kwargs)
 
-    def _replace(self, items: list[Any]) -> None:
-        by_uid: dict[str, BoundPod] = {}
-        for item in items:
-            pod = bound_pod(item, resource=self.resource, keys=self.keys)
+    def _keep(self, items: list[Any]) -> list[Any]:
+        # Only the bound GPU pods, as records. Each raw Pod is first read for its spec; only a
+        # bound pod that asks for the resource is decoded whole (in a cluster that shares its
+        # GPU nodes with CPU work, most pods are not).
+        kept = []
+        for raw in items:
+            spec = _PLACEMENT.decode(raw).spec
+            if spec is None or not spec.nodeName:
+                continue
+            try:
+                if pod_gpu_request(spec, self.resource) <= 0:
+                    continue
+            except WireError:  # as `bound_pod` answers it
+                continue
+            pod = bound_pod(_OBJECT.decode(raw), resource=self.resource, keys=self.keys)
             if pod is not None:
-                by_uid[pod.uid] = pod
+                kept.append(pod)
+        return kept
+
+    def _replace(self, items: list[Any]) -> None:
+        by_uid: dict[str, BoundPod] = {pod.uid: pod for pod in items}
         by_node: dict[str, list[BoundPod]] = {}
         for pod in by_uid.values():
             by_node.setdefault(pod.node, []).append(pod)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -491,3 +493,28 @@ def test_pods_of_this_node_are_one_metadata_only_list(tmp_path: Path, status: in
     assert query["fieldSelector"] == [f"spec.nodeName={NODE}"]
     assert query["resourceVersion"] == ["0"]
     assert accept.startswith("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io")
+
+
+def test_the_client_is_imported_without_its_generated_modules_and_every_name_resolves() -> None:
+    # In a fresh interpreter: the agent's import of the client loads no model module (about
+    # 45 MiB of RSS), and a model, an API and the loader's names still resolve on first use.
+    probe = (
+        "import sys, agent.kube\n"
+        "models = [m for m in sys.modules if m.startswith('kubernetes.client.models.')]\n"
+        "assert not models, models\n"
+        "from kubernetes import client, config\n"
+        "from kubernetes.client import V1Pod, CoreV1Api, ApiClient, rest\n"
+        "import kubernetes.client.models as m\n"
+        "assert m.V1Node.__name__ == 'V1Node' and V1Pod.__module__.endswith('v1_pod')\n"
+        "assert CoreV1Api is agent.kube.client.CoreV1Api and callable(config.load_kube_config)\n"
+        "assert agent.kube.ApiException.__name__ == 'ApiException'\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert result.stdout.strip() == "ok", result.stderr

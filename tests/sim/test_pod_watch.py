@@ -222,3 +222,9 @@ def test_the_section_reports_the_cost_per_core_and_per_pod() -> None:
     row = next(line for line in section.splitlines() if line.startswith("| CPU during"))
     assert [c.strip() for c in row.strip("|").split("|")][1:] == ["13.0", "1.0", "12.0"]
     assert "| > 10,000 " in section  # a p99 past the histogram's last bucket
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.8, 1.0])
+def test_the_gpu_share_is_the_share_of_pods_that_ask_for_gpus(share: float) -> None:
+    plans = [PodPlan.of(i, 50, share) for i in range(1000)]
+    assert sum(p.gpus > 0 for p in plans) == round(1000 * share)

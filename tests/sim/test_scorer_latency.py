@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.kube_requests import nodes_to_find
 from benchmarks.scorer_latency import ROOT, churn_pool, measure, meeting, targets
 
 
@@ -39,7 +40,12 @@ def test_every_churn_write_is_a_later_version_of_its_node() -> None:
 
 def test_targets_are_the_medians_during_churn_and_the_floor_ratio() -> None:
     def names(nodes: int, ms: float) -> dict[str, object]:
-        row = {"mode": "names", "nodes": nodes, "events_per_s_target": 100.0}
+        row = {
+            "mode": "names",
+            "nodes": nodes,
+            "window_names": nodes_to_find(nodes),
+            "events_per_s_target": 100.0,
+        }
         return row | {"after_filter": {"median_ms": ms}}
 
     rows = [
@@ -50,6 +56,7 @@ def test_targets_are_the_medians_during_churn_and_the_floor_ratio() -> None:
     checks = targets(rows)
     assert [(c["limit"], c["met"]) for c in checks] == [(0.3, True), (1.5, False), (1.5, True)]
     assert "during churn (100 node events/s)" in checks[0]["target"]
+    assert "5,000 nodes (500-name windows" in checks[1]["target"]
 
 
 def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: Path) -> None:
@@ -73,3 +80,6 @@ def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: 
     assert row["after_quiet_events"] == 0  # quiet: no churn
     assert row["after_event_us"] > 0
     assert row["classes_event_us"]["after"] > 0
+    # Below 100 nodes kube-scheduler sends every node; one fresh pod per sample and priming.
+    assert row["window_names"] == row["window_names_median"] == 60
+    assert row["pods_sent"] == 1 + 5 + 12
