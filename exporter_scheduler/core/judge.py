@@ -14,14 +14,15 @@ and are rendered by `exporter_scheduler.serving.explain`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 import msgspec
 
 from exporter_scheduler.core.decoding import unreadable_status
-from exporter_scheduler.core.hints import ANY_MODEL, HintError
+from exporter_scheduler.core.hints import ANY_MODEL
 from exporter_scheduler.core.inflight import count_inflight
+from exporter_scheduler.core.overrides import NO_BLOCKS, Overrides
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import (
@@ -47,18 +48,26 @@ def evaluate(
     policy: Policy,
     *,
     pod_class: PodClass | None = None,
+    blocked: Mapping[str, str] | None = None,
 ) -> Evaluation:
     """Judge every node for `pod` at `now`. Never raises for any annotation content.
 
-    `pod_class` is `PodClass.of(pod, policy)` when the caller has it compiled already.
+    `pod_class` is `PodClass.of(pod, policy)` when the caller has it compiled already;
+    `blocked` is a spread cap's rejections (node name -> reason), applied with the other
+    overrides (`core.overrides`).
     """
     now = as_utc(now)
     c = pod_class if pod_class is not None else PodClass.of(pod, policy)
     verdicts = [judge_node(node, now, c) for node in nodes]
     until = valid_until(verdicts, now, c)
     chain = resolve_chain(c, *best_chain_ranks(verdicts)) if c.chain_active else None
-    if chain is not None and chain.not_preferred is not None:
-        verdicts = [reject_unkept_rank(v, chain) for v in verdicts]
+    overrides = Overrides(
+        hint=c.hint_problem,
+        chain=chain,
+        blocked=NO_BLOCKS if blocked is None else blocked,
+    )
+    if overrides.active:
+        verdicts = [overrides.apply(v) for v in verdicts]
     problem = c.hint_problem
     return Evaluation(
         verdicts=tuple(verdicts),
@@ -73,11 +82,11 @@ def evaluate(
 
 
 def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
-    """One node's verdict for pod class `c` at `now` (aware), before the model chain.
+    """One node's verdict for pod class `c` at `now` (aware), before the overrides (a bad
+    hint, the model chain, a spread cap: `core.overrides`).
 
     Steps: read the annotations, date them by both clocks, then either the missing-data
-    policy (data that cannot be judged) or the rules and the score; last, a pod whose hint is
-    invalid is rejected on every node (with everything else kept for the explanation).
+    policy (data that cannot be judged) or the rules and the score.
     """
     pre = node.predecoded
     decoded = pre[1] if pre is not None and pre[0] == c.prefix else c.decode(node.annotations)
@@ -116,8 +125,6 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
             )
         else:
             verdict = untimely(node.name, decoded, status, age_s, server_age_s, written, c)
-    if c.hint_problem is not None:
-        verdict = _rejected_for_hint(verdict, c.hint_problem)
     return verdict
 
 
@@ -188,23 +195,6 @@ def resolve_chain(
     return ChainOutcome(preference, threshold, chosen, basis, not_preferred)
 
 
-def reject_unkept_rank(verdict: NodeVerdict, chain: ChainOutcome) -> NodeVerdict:
-    """`verdict` after the chain: a passing node of a rank not kept is rejected (unresolvable)."""
-    rejection = chain.not_preferred
-    if rejection is None or not chain.rejects(verdict):
-        return verdict
-    return msgspec.structs.replace(
-        verdict,
-        passed=False,
-        reason=rejection.reason,
-        unresolvable=True,
-        score=0,
-        breakdown=None,
-        rules=verdict.rules._replace(model=rejection),
-        at_or_below_threshold=False,
-    )
-
-
 def _freshness(age_s: float, server_age_s: float | None, c: PodClass) -> DataStatus:
     """Clock checks, most specific first. updated-at is the node's clock at sampling; the
     managedFields time is the server's clock at the write that followed, so updated-at may not
@@ -216,15 +206,3 @@ def _freshness(age_s: float, server_age_s: float | None, c: PodClass) -> DataSta
     if age_s > c.stale_after_s or (server_age_s is not None and server_age_s > c.stale_after_s):
         return "stale"
     return "fresh"
-
-
-def _rejected_for_hint(verdict: NodeVerdict, problem: HintError) -> NodeVerdict:
-    return msgspec.structs.replace(
-        verdict,
-        passed=False,
-        reason=problem.reason,
-        unresolvable=True,
-        score=0,
-        breakdown=None,
-        at_or_below_threshold=False,
-    )

@@ -198,14 +198,6 @@ class ChainOutcome:
     def chosen(self) -> str | None:
         return None if self.chosen_rank is None else self.preference[self.chosen_rank]
 
-    def rejects(self, verdict: NodeVerdict) -> bool:
-        """A node that passed every rule but is of a rank the chain did not keep."""
-        return (
-            verdict.passed
-            and self.chosen_rank is not None
-            and verdict.model_rank != self.chosen_rank
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Evaluation:

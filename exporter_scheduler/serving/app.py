@@ -36,7 +36,6 @@ from exporter_scheduler.core.spread import (
     LabelsOf,
     SpreadCap,
     SpreadCheck,
-    block_evaluation,
     check_spread,
 )
 from exporter_scheduler.serving import wire
@@ -503,8 +502,8 @@ class ScorerApp:
         query: bytes,
     ) -> Response:
         nodes = self._nodes_of(request)
-        evaluation = evaluate(request.pod, nodes, now, pod_class.policy, pod_class=pod_class)
         spread: SpreadCheck | dict[str, str] | None = None
+        blocked: Mapping[str, str] | None = None
         if _capped(request, pod_class):
             if request.form == "names" and self.node_store is not None:
                 labelled = [(n.name, n.labels) for n in nodes]
@@ -514,7 +513,9 @@ class ScorerApp:
                 labels_of = {**self._seen_labels, **dict(labelled)}.get
             spread = self._spread_check(request, pod_class, labelled, labels_of)
             blocked = spread if isinstance(spread, dict) else spread.blocked
-            evaluation = block_evaluation(evaluation, blocked)
+        evaluation = evaluate(
+            request.pod, nodes, now, pod_class.policy, pod_class=pod_class, blocked=blocked
+        )
         document = explain(
             evaluation,
             request.pod,
