@@ -95,7 +95,6 @@ class Groups(Protocol):
 # Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
 # cannot be kept: its pods wait rather than exceed it.
 SPREAD_UNCOUNTED: Final = "spread group not counted (pod watch off)"
-_MAX_SEEN_LABELS: Final = 100_000
 
 
 def _capped(request: wire.ExtenderRequest, pod_class: PodClass) -> bool:
@@ -170,9 +169,6 @@ class ScorerApp:
         self.policies = PolicySet(policy, profiles)
         self.namespace_labels = namespace_labels
         self.groups = groups
-        # Full-node mode: the labels of Nodes seen in requests, for the domains of the nodes
-        # a spread group's pods run on (names-only mode reads them from the node store).
-        self._seen_labels: dict[str, Mapping[str, str]] = {}
         self._chosen: dict[str, Policy] = {}
         self._chosen_generation = -1
         # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
@@ -372,17 +368,7 @@ class ScorerApp:
             lambda record: wire.record_input(record, gpu_keys),
             pods_of=self.pods_of,
         )
-        if _capped(request, pod_class):
-            seen = self._seen_labels
-            nodes = []
-            for record in request.records:
-                name, labels = record.metadata.name, wire.record_labels(record)
-                nodes.append((name, labels))
-                if labels is not None:
-                    seen[name] = labels
-            if len(seen) > _MAX_SEEN_LABELS:
-                self._seen_labels = {}
-            self._apply_spread(request, pod_class, judgement, nodes, seen.get)
+        judgement.block(self._spread(request, pod_class)[1])
         if verb == "prioritize":
             return Response(200, judgement.prioritize_reply()), judgement
         failed, unresolvable = judgement.rejections()
@@ -392,46 +378,45 @@ class ScorerApp:
         self._count_and_log(request, pod_class, judgement, judged)
         return Response(200, parts), judgement
 
-    def _spread_check(
-        self,
-        request: wire.ExtenderRequest,
-        pod_class: PodClass,
-        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
-        labels_of: LabelsOf,
-    ) -> SpreadCheck | dict[str, str]:
-        """The pod's spread cap on `nodes`, or the reason every node fails when the cap cannot
-        be applied (a cap without the group label; no pod watch to count the group)."""
+    def _spread(
+        self, request: wire.ExtenderRequest, pod_class: PodClass
+    ) -> tuple[SpreadCheck | None, Mapping[str, str]]:
+        """The pod's spread cap over the request's nodes: the check (for the explanation) and
+        the nodes it rejects (name -> reason), one of the overrides (`core.overrides`).
+
+        The domains of the nodes the group's pods run on come from the node store in
+        names-only mode. A full-node request carries only its own Nodes' labels, and a verdict
+        depends on the request, the caches and the policy, never on an earlier request: a group
+        pod on a node outside the request counts by hostname (that label is the node's name),
+        and is otherwise uncounted (the explanation says how many)."""
+        if not _capped(request, pod_class):
+            return None, _NO_LABELS
+        store = self.node_store
+        nodes: list[tuple[str, Mapping[str, str] | None]]
+        if request.form == "names" and store is not None:
+            nodes = [(name, store.labels_of(name)) for name in request.node_names]
+            labels_of: LabelsOf = store.labels_of
+        else:
+            nodes = [(r.metadata.name, wire.record_labels(r)) for r in request.records]
+            labels_of = dict(nodes).get
         pod, hints = request.pod, pod_class.hints
-        prefix = pod_class.policy.keys.prefix
         assert hints.spread_max_per_domain is not None
         if pod.spread_group is None:
+            prefix = pod_class.policy.keys.prefix
             reason = f"invalid pod annotation {prefix}{SPREAD_MAX_PER_DOMAIN}"
-            return dict.fromkeys((name for name, _ in nodes), reason)
+            return None, dict.fromkeys((name for name, _ in nodes), reason)
         groups = self.groups
         if groups is None or not groups.active:
-            return dict.fromkeys((name for name, _ in nodes), SPREAD_UNCOUNTED)
+            return None, dict.fromkeys((name for name, _ in nodes), SPREAD_UNCOUNTED)
         cap = SpreadCap(
             pod.namespace,
             pod.spread_group,
             hints.spread_max_per_domain,
             hints.spread_topology_key or HOSTNAME_KEY,
         )
-        return check_spread(
-            cap, groups.group_pods(pod.namespace, pod.spread_group), nodes, labels_of
-        )
-
-    def _apply_spread(
-        self,
-        request: wire.ExtenderRequest,
-        pod_class: PodClass,
-        judgement: Judgement,
-        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
-        labels_of: LabelsOf,
-    ) -> None:
-        if not nodes:
-            return
-        check = self._spread_check(request, pod_class, nodes, labels_of)
-        judgement.block(check if isinstance(check, dict) else check.blocked)
+        group_pods = groups.group_pods(pod.namespace, pod.spread_group)
+        check = check_spread(cap, group_pods, nodes, labels_of)
+        return check, check.blocked
 
     def _names_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
@@ -443,10 +428,7 @@ class ScorerApp:
         )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
-        store = self.node_store
-        if _capped(request, pod_class):
-            nodes = [(name, store.labels_of(name)) for name in request.node_names]
-            self._apply_spread(request, pod_class, judgement, nodes, store.labels_of)
+        judgement.block(self._spread(request, pod_class)[1])
         replies = judgement.replies  # bytes made earlier from these same entries, if any
         body = None if replies is None else replies.get(verb)
         if body is None:
@@ -502,17 +484,7 @@ class ScorerApp:
         query: bytes,
     ) -> Response:
         nodes = self._nodes_of(request)
-        spread: SpreadCheck | dict[str, str] | None = None
-        blocked: Mapping[str, str] | None = None
-        if _capped(request, pod_class):
-            if request.form == "names" and self.node_store is not None:
-                labelled = [(n.name, n.labels) for n in nodes]
-                labels_of: LabelsOf = self.node_store.labels_of
-            else:
-                labelled = [(r.metadata.name, wire.record_labels(r)) for r in request.records]
-                labels_of = {**self._seen_labels, **dict(labelled)}.get
-            spread = self._spread_check(request, pod_class, labelled, labels_of)
-            blocked = spread if isinstance(spread, dict) else spread.blocked
+        spread, blocked = self._spread(request, pod_class)
         evaluation = evaluate(
             request.pod, nodes, now, pod_class.policy, pod_class=pod_class, blocked=blocked
         )
@@ -521,7 +493,7 @@ class ScorerApp:
             request.pod,
             now,
             pod_class.policy,
-            spread=spread if isinstance(spread, SpreadCheck) else None,
+            spread=spread,
         )
         output = parse_qs(query.decode("latin-1")).get("output", ["json"])[-1]
         if output == "text":
