@@ -27,10 +27,13 @@ from pydantic_settings import (
 )
 
 from exporter_scheduler.config.profiles import PolicySet, ProfileError, parse_profiles
+from exporter_scheduler.config.serving import (
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    TlsFiles,
+)
 from exporter_scheduler.core import policy as p
 from exporter_scheduler.core.policy import Policy as _Policy
-from exporter_scheduler.edges.server import DEFAULT_KEEP_ALIVE_S, TlsFiles
-from exporter_scheduler.serving.app import DEFAULT_MAX_BODY_BYTES
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError
 
 ENV_PREFIX: Final = "GPU_SCORER_"

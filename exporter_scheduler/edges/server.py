@@ -27,16 +27,14 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final, Literal, Protocol
 from urllib.parse import unquote
 
+from exporter_scheduler.config.serving import DEFAULT_KEEP_ALIVE_S, TlsFiles
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import Response
 
-# Longer than kube-scheduler's 90 s idle-connection timeout (Go's default transport).
-DEFAULT_KEEP_ALIVE_S: Final = 120
 # Once a request has started, the rest of it must arrive within this long.
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
 # More concurrent connections than a scheduler, its probes and a scraper need are refused (503).
@@ -50,13 +48,6 @@ _HEADS: dict[tuple[int, bytes, bytes | None, bool, bool], tuple[bytes, bytes]] =
 _MAX_HEADS: Final = 64
 
 log = logging.getLogger("exporter_scheduler.server")
-
-
-@dataclass(frozen=True, slots=True)
-class TlsFiles:
-    cert_file: str
-    key_file: str
-    client_ca_file: str | None = None
 
 
 class _TlsContexts:

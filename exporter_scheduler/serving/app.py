@@ -6,7 +6,7 @@
 
 kube-scheduler waits for every answer, so nothing here waits on anything: node data in
 names-only mode is the node store's, kept current by the watch thread, and log records go
-through a queue (`cli.configure_logging`). Every input gets a defined answer: an unusable body
+through a queue (`logs.configure_logging`). Every input gets a defined answer: an unusable body
 400 (413 from the HTTP edge), a bug while judging a fallback 200 that the scheduler can act on
 (`filter`: `Error` and no node passing; `prioritize`: neutral scores), a names-only request before
 the node cache's first LIST an `Error` rather than a blind verdict.
@@ -25,6 +25,7 @@ from typing import Final, Protocol
 from urllib.parse import parse_qs
 
 from exporter_scheduler.config.profiles import PolicySet, Profile
+from exporter_scheduler.config.serving import DEFAULT_MAX_BODY_BYTES
 from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.core.judge import evaluate
@@ -39,14 +40,12 @@ from exporter_scheduler.core.spread import (
     check_spread,
 )
 from exporter_scheduler.serving import wire
-from exporter_scheduler.serving.explain import explain, rejection_fields, render_text
+from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
-from exporter_scheduler.serving.nodestore import NodeStore, describe_pod_class
+from exporter_scheduler.serving.nodestore import NodeStore
 from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement, TallyKey
 
-# 5000 full Nodes of ~7 KB are ~38 MB; twice that leaves room for bigger Node objects
-# (many images, long annotations) without letting one request exhaust memory.
-DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
 # Namespaces whose chosen profile is remembered; beyond this the memo starts afresh.

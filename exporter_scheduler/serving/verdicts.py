@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
@@ -35,6 +35,8 @@ NO_RANK: Final = 1 << 30
 # A table's change log is halved when it holds this many times its entries.
 _LOG_MAX_FACTOR: Final = 8
 
+# What the owner of a table keeps per node list it was asked about (the node store's views).
+ViewT = TypeVar("ViewT")
 # (passed, unresolvable, reason, data_status): what the verdict counters read.
 TallyKey = tuple[bool, bool, str | None, str]
 
@@ -81,8 +83,9 @@ def all_hold(entries: Sequence[Entry], now_ts: float) -> bool:
     return latest_from <= now_ts < earliest_until
 
 
-class VerdictTable:
-    """One pod class's entries, by a key the owner chooses (a node name, or a node's content)."""
+class VerdictTable(Generic[ViewT]):
+    """One pod class's entries, by a key the owner chooses (a node name, or a node's content),
+    and the owner's views of node lists (`ViewT`: what it keeps per list; see `views`)."""
 
     __slots__ = (
         "_tally_lock",
@@ -107,7 +110,7 @@ class VerdictTable:
         # the caller) only looks at what changed since.
         self.changes: list[tuple[Hashable, Entry | None]] | None = [] if log_changes else None
         self.changes_base = 0
-        self.views: dict[bytes, object] = {}
+        self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
         # Bounds over every entry stored since the last `rebuild_window`: every entry in the
         # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
@@ -404,7 +407,7 @@ class ContentVerdicts:
 
     def __init__(self, max_classes: int = DEFAULT_CONTENT_CLASSES) -> None:
         self.max_classes = max_classes
-        self._tables: dict[Hashable, VerdictTable] = {}
+        self._tables: dict[Hashable, VerdictTable[None]] = {}
         self._lock = threading.Lock()
         self._uses = 0
 
@@ -444,7 +447,7 @@ class ContentVerdicts:
                 judged.append(verdict)
         return table.judgement(names, entries, len(judged)), judged  # type: ignore[arg-type]
 
-    def _table(self, pod_class: PodClass) -> VerdictTable:
+    def _table(self, pod_class: PodClass) -> VerdictTable[None]:
         self._uses += 1  # racy, and only orders the LRU
         table = self._tables.get(pod_class.key)
         if table is None:
