@@ -40,10 +40,19 @@ from exporter_scheduler.core.spread import (
     check_spread,
 )
 from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
+from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
 from exporter_scheduler.serving.nodestore import NodeStore
+from exporter_scheduler.serving.responses import (
+    TEXT,
+    Response,
+    bad_request,
+    method_not_allowed,
+    normalize_path_prefix,
+)
 from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement, TallyKey
 
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
@@ -52,12 +61,9 @@ _MAX_POD_CLASSES: Final = 256
 _MAX_NAMESPACES: Final = 4096
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 
-JSON: Final = b"application/json"
-TEXT: Final = b"text/plain; charset=utf-8"
 NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST pending)"
 
 Clock = Callable[[], datetime]
-Buffer = wire.Buffer
 PodsOf = Callable[[str], tuple[BoundPod, ...]]
 # A prioritize whose top score is shared by more nodes than this proposes none of them: the
 # scheduler's own scores pick among them, and counting the pod on each would hold them all.
@@ -105,43 +111,6 @@ log = logging.getLogger("exporter_scheduler.server")
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class Response:
-    """A status, a content type and the body as buffers to write in order (a full-node filter
-    reply is mostly slices of the request's own Node bytes, written without joining them)."""
-
-    __slots__ = ("allow", "content_type", "parts", "status")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes | Sequence[Buffer] = b"",
-        content_type: bytes = JSON,
-        *,
-        allow: bytes | None = None,
-    ) -> None:
-        self.status = status
-        self.parts: tuple[Buffer, ...] = (body,) if isinstance(body, bytes) else tuple(body)
-        self.content_type = content_type
-        self.allow = allow  # the `Allow` header of a 405
-
-    @property
-    def body(self) -> bytes:
-        """The whole body as one bytes object (tests, small replies)."""
-        parts = self.parts
-        if len(parts) == 1 and isinstance(parts[0], bytes):
-            return parts[0]
-        return b"".join(parts)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
-
-
-def normalize_path_prefix(prefix: str) -> str:
-    """`/` -> ``, `scheduler/` -> `/scheduler`: the part before `/filter`."""
-    stripped = prefix.strip().strip("/")
-    return f"/{stripped}" if stripped else ""
 
 
 class ScorerApp:
@@ -207,11 +176,11 @@ class ScorerApp:
 
     def handle_get(self, method: str, path: str) -> Response:
         if path in self._verbs:
-            return _method_not_allowed("POST")
+            return method_not_allowed("POST")
         if path not in ("/healthz", "/readyz", "/metrics"):
             return Response(404, wire.encode_json({"Error": f"no such path: {path[:200]}"}))
         if method not in ("GET", "HEAD"):
-            return _method_not_allowed("GET, HEAD")
+            return method_not_allowed("GET, HEAD")
         if path == "/healthz":
             return Response(200, b"ok\n", TEXT)
         if path == "/readyz":
@@ -267,10 +236,10 @@ class ScorerApp:
                 request = dataclasses.replace(request, node_names=names)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
-            return _bad_request(verb, str(exc))
+            return bad_request(verb, str(exc))
         if request.form == "names" and self.node_store is None:
             self.metrics.bad_requests.labels("names_without_node_cache").inc()
-            return _bad_request(
+            return bad_request(
                 verb,
                 "the request carries NodeNames (nodeCacheCapable: true) but the scorer runs "
                 "without --node-cache",
@@ -358,13 +327,13 @@ class ScorerApp:
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
         before for this class, the others judged, the chain, the reply."""
-        gpu_keys = wire.gpu_keys(request.keys)
+        gpu_fields = gpu_keys(request.keys)
         judgement, judged = self._full_node_verdicts.judge(
             pod_class,
             request.records,
             request.node_names,
             now,
-            lambda record: wire.record_input(record, gpu_keys),
+            lambda record: record_input(record, gpu_fields),
             pods_of=self.pods_of,
         )
         judgement.block(self._spread(request, pod_class)[1])
@@ -396,7 +365,7 @@ class ScorerApp:
             nodes = [(name, store.labels_of(name)) for name in request.node_names]
             labels_of: LabelsOf = store.labels_of
         else:
-            nodes = [(r.metadata.name, wire.record_labels(r)) for r in request.records]
+            nodes = [(r.metadata.name, record_labels(r)) for r in request.records]
             labels_of = dict(nodes).get
         pod, hints = request.pod, pod_class.hints
         assert hints.spread_max_per_domain is not None
@@ -604,18 +573,6 @@ def _log_request_rejections(
             }
         },
     )
-
-
-def _bad_request(verb: Verb, message: str) -> Response:
-    if verb == "filter":
-        # Shaped like an ExtenderFilterResult, so even a lenient reader sees `Error`.
-        return Response(400, wire.encode_filter_error(None, message))
-    return Response(400, wire.encode_json({"Error": message}))
-
-
-def _method_not_allowed(allowed: str) -> Response:
-    body = wire.encode_json({"Error": f"method not allowed; use {allowed}"})
-    return Response(405, body, allow=allowed.encode())
 
 
 class ObservabilityApp:

@@ -28,7 +28,8 @@ from exporter_scheduler.core.overrides import Overrides
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.records import ChainOutcome, NodeInput, NodeVerdict
 from exporter_scheduler.core.validity import validity_window
-from exporter_scheduler.serving.wire import NODE_CONTENT, encode_host_priority
+from exporter_scheduler.serving.nodeobjects import NODE_CONTENT
+from exporter_scheduler.serving.wire import encode_host_priority
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
 NO_RANK: Final = 1 << 30
