@@ -55,7 +55,11 @@ class Overrides(NamedTuple):
         if found is None:
             return verdict
         reason, model_rule = found
-        rules = verdict.rules if model_rule is None else verdict.rules._replace(model=model_rule)
+        rules = (
+            verdict.rules
+            if model_rule is None
+            else msgspec.structs.replace(verdict.rules, model=model_rule)
+        )
         return msgspec.structs.replace(
             verdict,
             passed=False,

@@ -9,6 +9,8 @@ and shared between nodes: judging a node then only compares integers and picks o
 
 from __future__ import annotations
 
+import msgspec
+
 from exporter_scheduler.core.decoding import Decoder
 from exporter_scheduler.core.hints import (
     NO_HINTS,
@@ -29,6 +31,7 @@ from exporter_scheduler.core.records import (
     PodInput,
     RuleOutcome,
     Rules,
+    ScoreBreakdown,
 )
 from exporter_scheduler.core.score import ScoreWeights
 
@@ -89,6 +92,7 @@ class PodClass:
         "policy",
         "prefix",
         "require_writer",
+        "score_memo",
         "skew_tolerance_s",
         "stale_after_s",
         "status_reason",
@@ -153,6 +157,8 @@ class PodClass:
         self.blind = policy.blind_device_plugin
         self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
         self.weights = ScoreWeights(self.temp_limit_c, self.w_util, self.w_frag, self.w_temp)
+        # The class's own scores, in front of the shared `score.score` cache (`rules.judge_fresh`).
+        self.score_memo: dict[tuple[int, float | None, int | None], ScoreBreakdown] = {}
         self.status_reason: dict[DataStatus, str] = {
             "missing": "gpu data missing",
             "invalid": "gpu data invalid",
@@ -242,8 +248,10 @@ class PodClass:
         )
         # Data that cannot be judged, under a preference chain: the model rule still reads
         # the node's model (see `rules.untimely`).
-        self.not_checked_listed = self.not_checked._replace(model=self.model_pass)
-        self.not_checked_unlisted = self.not_checked._replace(model=self.model_unlisted)
+        self.not_checked_listed = msgspec.structs.replace(self.not_checked, model=self.model_pass)
+        self.not_checked_unlisted = msgspec.structs.replace(
+            self.not_checked, model=self.model_unlisted
+        )
 
     @property
     def utilization_limit(self) -> float:

@@ -24,7 +24,7 @@ from exporter_scheduler.core.records import (
     RuleOutcome,
     Rules,
 )
-from exporter_scheduler.core.score import combine, fragmentation_headroom, score
+from exporter_scheduler.core.score import SCORE_MEMO_MAX, combine, fragmentation_headroom, score
 from gpu_contract.schema import DecodedAnnotations, Health, NodeGpuState
 
 
@@ -162,7 +162,14 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
         )
         below = c.chain_active and per_gpu.at_or_below_threshold
     else:
-        breakdown = score(utilization_bp, state.memory_fragmentation, temperature_c, c.weights)
+        key = (utilization_bp, state.memory_fragmentation, temperature_c)
+        memoised = c.score_memo.get(key)  # a dict lookup: half an lru_cache call
+        if memoised is None:
+            memoised = score(utilization_bp, state.memory_fragmentation, temperature_c, c.weights)
+            if len(c.score_memo) >= SCORE_MEMO_MAX:
+                c.score_memo.clear()
+            c.score_memo[key] = memoised
+        breakdown = memoised
         below = c.chain_active and utilization_bp <= c.threshold_bp
     return NodeVerdict(
         name=name,

@@ -16,7 +16,8 @@ from exporter_scheduler.core.records import BASIS_POINTS, MAX_SCORE, ScoreBreakd
 
 # Temperature headroom reaches its full value this many degrees below the limit.
 TEMPERATURE_HEADROOM_SPAN_C: Final = 40
-_SCORE_MEMO_MAX: Final = 65_536
+# Bounded, per memo: the shared cache here and each pod class's own dict in front of it.
+SCORE_MEMO_MAX: Final = 65_536
 
 
 class ScoreWeights(NamedTuple):
@@ -29,7 +30,7 @@ class ScoreWeights(NamedTuple):
     temperature: int
 
 
-@lru_cache(maxsize=_SCORE_MEMO_MAX)
+@lru_cache(maxsize=SCORE_MEMO_MAX)
 def score(
     utilization_bp: int,
     fragmentation: float | None,

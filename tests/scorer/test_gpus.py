@@ -255,7 +255,7 @@ def test_gpus_rule(  # noqa: PLR0917 (one parameter per column of the table)
     assert verdict.unresolvable is (unresolvable and not passed)
     if counted is None:
         assert verdict.gpus is None
-        assert verdict.rules[-1].outcome == "not-checked"
+        assert verdict.rules.gpus.outcome == "not-checked"
         return
     assert verdict.gpus is not None
     assert verdict.gpus.needed == the_pod.gpu_request
@@ -473,7 +473,7 @@ def test_passes_exactly_with_k_candidates_and_scores_the_best_k(
     check = verdict.gpus
     assert len(check.status) == len(table)
     assert check.candidates == check.status.count("candidate")
-    gpus_rule = verdict.rules[-1]
+    gpus_rule = verdict.rules.gpus
     fits = check.fit_bp is None or check.fit_bp >= round(policy.min_gpu_fit_probability * 10_000)
     assert gpus_rule.outcome == ("pass" if check.candidates >= k and fits else "fail")
     if check.candidates < k:
