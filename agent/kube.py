@@ -505,9 +505,7 @@ class DraClient:
     is success: the rule is gone either way).
     """
 
-    def __init__(
-        self, api_client: Any, *, node_name: str, timeouts: Timeouts = Timeouts()
-    ) -> None:
+    def __init__(self, api_client: Any, *, node_name: str, timeouts: Timeouts = Timeouts()) -> None:
         self._api_client = api_client
         self.node_name = node_name
         self._timeouts = timeouts

@@ -23,8 +23,8 @@ from typing import IO, Final
 import msgspec
 
 from exporter_scheduler.edges.server import HttpServer
-from exporter_scheduler.serving.app import Response
-from exporter_scheduler.serving.wire import Buffer
+from exporter_scheduler.serving.echo import Buffer
+from exporter_scheduler.serving.responses import Response
 
 
 class _Args(msgspec.Struct):

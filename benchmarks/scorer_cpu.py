@@ -7,7 +7,7 @@ feels; wall time alone hides a thread hand-off or a syscall that another process
 One scorer process per tree (this checkout and, with `--before REF`, an export of REF) serves a
 names-only node store of `--nodes` nodes, one in ten above the utilization limit, so that every
 filter logs its rejections, as `gpu-scorer serve` does: JSON lines at INFO through
-`cli.configure_logging`, to /dev/null. One keep-alive connection sends what kube-scheduler sends
+`logs.configure_logging`, to /dev/null. One keep-alive connection sends what kube-scheduler sends
 (`benchmarks.kube_requests`): per pod, a fresh Pod object from a mix of classes, a filter of the
 next window of its rotation over the nodes (500 names at 5,000 nodes, each window starting where
 the last ended), then a prioritize of the names that filter passed. The figure is the process's
@@ -50,12 +50,16 @@ def serve(tree: Path, nodes: int, log_level: str) -> None:
     """The scorer of `tree` on an ephemeral port (printed), until stdin closes."""
     sys.path.insert(0, str(tree))
     # By name: the modules of the tree under test, whose API may differ from this checkout's.
-    cli = importlib.import_module("exporter_scheduler.cli")
     http_server = importlib.import_module("exporter_scheduler.edges.server").HttpServer
     helpers = importlib.import_module("tests.scorer._http_helpers")
     gpu_node = importlib.import_module("tests.scorer.test_nodestore").gpu_node
 
-    writer = cli.configure_logging(log_level)
+    # The log writer's module: `logs` in this tree, `cli` in trees from before it moved.
+    try:
+        logs = importlib.import_module("exporter_scheduler.logs")
+    except ModuleNotFoundError:
+        logs = importlib.import_module("exporter_scheduler.cli")
+    writer = logs.configure_logging(log_level)
     store = helpers.store_of(
         gpu_node(f"node-{i:05d}", utilization=0.95 if i % 10 == 0 else 0.1) for i in range(nodes)
     )

@@ -289,11 +289,14 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
             yield None
             return
         # Versions before the scorer's own HTTP server served with uvicorn (from a server.py
-        # of their own, so the file's presence does not tell).
-        server = folder / "exporter_scheduler" / "edges" / "server.py"
-        if not server.exists():  # before the package had layers
-            server = folder / "exporter_scheduler" / "server.py"
-        needs_uvicorn = not server.exists() or "import uvicorn" in server.read_text()
+        # of their own, so the file's presence does not tell); later ones keep the server in
+        # the edges package.
+        package = folder / "exporter_scheduler"
+        server = next(
+            (p for p in (package / "edges" / "server.py", package / "server.py") if p.exists()),
+            None,
+        )
+        needs_uvicorn = server is None or "import uvicorn" in server.read_text()
         if needs_uvicorn and importlib.util.find_spec("uvicorn") is None:
             print(
                 f"--before {ref}: uvicorn is not installed; measuring this checkout only",

@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import Final
 
 import pytest
 
@@ -213,3 +214,158 @@ def test_imports_are_read_wherever_they_stand(source: str, expected: set[str]) -
 def test_a_circle_is_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+# ----------------------------------------------------------------------------- inside the scorer
+
+SCORER: Final = "exporter_scheduler"
+# The scorer's layers, lowest first, and which of the others each may import (besides itself):
+# the pure core stands alone; the settings read the core's policy; the log below the request
+# path that relies on it; the request path reads the core and the settings; the edges (HTTP,
+# list + watch) drive the request path; the command line wires everything.
+SCORER_LAYERS: Final[Mapping[str, frozenset[str]]] = {
+    "core": frozenset(),
+    "config": frozenset({"core"}),
+    "logs": frozenset(),
+    "serving": frozenset({"core", "config", "logs"}),
+    "edges": frozenset({"core", "config", "logs", "serving"}),
+    "cli": frozenset({"core", "config", "logs", "serving", "edges"}),
+    "__main__": frozenset({"cli"}),
+}
+# Modules that only the named ones may import (besides themselves): rendering explanations is
+# for the request path and the command line, not for a store that only logs.
+IMPORTED_ONLY_BY: Final[Mapping[str, frozenset[str]]] = {
+    f"{SCORER}.serving.explain": frozenset({f"{SCORER}.serving.app", f"{SCORER}.cli"}),
+}
+# Standard-library modules that only one scorer module may use: the log queue and its writer
+# thread live in the log module, whatever else starts them.
+SCORER_ONLY_IN: Final[Mapping[str, frozenset[str]]] = {
+    "logging.handlers": frozenset({f"{SCORER}.logs"}),
+    "queue": frozenset({f"{SCORER}.logs"}),
+}
+
+
+def layer_of(module: str) -> str | None:
+    """The scorer layer `module` belongs to (None: not a scorer module, or the package)."""
+    parts = module.split(".")
+    if parts[0] != SCORER or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """`module imports target` for each import across scorer layers that the layers forbid."""
+    wrong = []
+    for module, targets in graph.items():
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        allowed = SCORER_LAYERS.get(layer)
+        for target in targets:
+            other = layer_of(target)
+            if other is None or other == layer:
+                continue
+            if allowed is None or other not in allowed:
+                wrong.append(f"{module} imports {target}")
+    return sorted(wrong)
+
+
+def test_every_scorer_module_is_in_a_layer() -> None:
+    unplaced = {
+        name
+        for name in MODULES
+        if layer_of(name) is not None and layer_of(name) not in SCORER_LAYERS
+    }
+    assert unplaced == set()
+
+
+def test_the_scorer_layers_import_only_the_layers_below_them() -> None:
+    assert layer_violations(_graph(MODULES)) == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "target"),
+    [
+        pytest.param(f"{SCORER}.core.judge", f"{SCORER}.serving.wire", id="core reads serving"),
+        pytest.param(f"{SCORER}.core.judge", f"{SCORER}.config.settings", id="core reads config"),
+        pytest.param(
+            f"{SCORER}.config.settings", f"{SCORER}.serving.app", id="settings read a constant up"
+        ),
+        pytest.param(
+            f"{SCORER}.config.settings", f"{SCORER}.edges.server", id="settings read the server"
+        ),
+        pytest.param(f"{SCORER}.serving.app", f"{SCORER}.cli", id="request path reads the cli"),
+        pytest.param(f"{SCORER}.serving.app", f"{SCORER}.edges.server", id="serving reads edges"),
+        pytest.param(f"{SCORER}.logs", f"{SCORER}.serving.app", id="the log reads serving"),
+    ],
+)
+def test_an_import_up_the_layers_is_found(importer: str, target: str) -> None:
+    assert layer_violations({importer: {target}}) == [f"{importer} imports {target}"]
+
+
+def test_imports_down_the_layers_pass() -> None:
+    graph = {
+        f"{SCORER}.edges.server": {f"{SCORER}.serving.app", f"{SCORER}.config.serving"},
+        f"{SCORER}.serving.app": {f"{SCORER}.core.judge", f"{SCORER}.logs"},
+        f"{SCORER}.cli": {f"{SCORER}.edges.server"},
+    }
+    assert layer_violations(graph) == []
+
+
+def only_by_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    return sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if target in IMPORTED_ONLY_BY
+        and module != target
+        and module not in IMPORTED_ONLY_BY[target]
+    )
+
+
+def test_explanations_are_imported_only_where_they_are_rendered() -> None:
+    assert only_by_violations(_graph(MODULES)) == []
+    # The class of leak it catches: a store importing the explanation to log.
+    store = f"{SCORER}.serving.nodestore"
+    assert only_by_violations({store: {f"{SCORER}.serving.explain"}}) == [
+        f"{store} imports {SCORER}.serving.explain"
+    ]
+
+
+@pytest.mark.parametrize("stdlib", sorted(SCORER_ONLY_IN))
+def test_the_log_queue_lives_in_the_log_module(stdlib: str) -> None:
+    importers = {
+        name
+        for name, path in MODULES.items()
+        if layer_of(name) is not None and stdlib in imports_of(path.read_text(), name)
+    }
+    assert importers == SCORER_ONLY_IN[stdlib]
+
+
+def untyped_attributes(source: str) -> list[str]:
+    """`self.x` attributes annotated with `object` as a type argument (`dict[bytes, object]`):
+    a value stored for another module to read back, whose type only that module knows."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Attribute)):
+            continue
+        for part in ast.walk(node.annotation):
+            if isinstance(part, ast.Subscript) and any(
+                isinstance(arg, ast.Name) and arg.id == "object" for arg in ast.walk(part.slice)
+            ):
+                found.append(node.target.attr)
+                break
+    return found
+
+
+def test_no_scorer_attribute_is_typed_object() -> None:
+    found = {
+        f"{name}.{attribute}"
+        for name, path in MODULES.items()
+        if layer_of(name) is not None
+        for attribute in untyped_attributes(path.read_text())
+    }
+    assert found == set()
+    assert untyped_attributes(
+        "class T:\n    def f(self):\n        self.views: dict[bytes, object] = {}\n"
+    ) == ["views"]

@@ -27,39 +27,20 @@ from pydantic_settings import (
 )
 
 from exporter_scheduler.config.profiles import PolicySet, ProfileError, parse_profiles
-from exporter_scheduler.core.policy import (
-    MAX_TEMPERATURE_LIMIT_C,
-    MAX_WEIGHT,
-    MIN_TEMPERATURE_LIMIT_C,
+from exporter_scheduler.config.serving import (
+    DEFAULT_KEEP_ALIVE_S,
+    DEFAULT_MAX_BODY_BYTES,
+    TlsFiles,
 )
+from exporter_scheduler.core import policy as p
 from exporter_scheduler.core.policy import Policy as _Policy
-from exporter_scheduler.edges.server import DEFAULT_KEEP_ALIVE_S, TlsFiles
-from exporter_scheduler.serving.app import DEFAULT_MAX_BODY_BYTES
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError
 
 ENV_PREFIX: Final = "GPU_SCORER_"
-_DEFAULT_POLICY: Final = _Policy()
 
-# Settings a policy file may carry: what to decide, not how to serve.
-POLICY_FIELDS: Final = (
-    "annotation_prefix",
-    "utilization_limit",
-    "temperature_limit_c",
-    "stale_after_s",
-    "clock_skew_tolerance_s",
-    "managed_fields_lag_tolerance_s",
-    "missing_data",
-    "require_agent_writer",
-    "weight_utilization",
-    "weight_fragmentation",
-    "weight_temperature",
-    "gpu_resource_name",
-    "inflight_max_s",
-    "inflight_load_delay_s",
-    "inflight_gpu_load",
-    "min_gpu_fit_probability",
-    "blind_device_plugin",
-)
+# Settings a policy file may carry: what to decide, not how to serve. Each but the prefix (which
+# gives the policy its keys) is a `core.policy.Setting`, defined there once.
+POLICY_FIELDS: Final = ("annotation_prefix", *(s.name for s in p.POLICY_SETTINGS))
 
 # What a profile may override: the policy settings but the cluster-wide ones.
 _PROFILE_FIELDS: Final = tuple(f for f in POLICY_FIELDS if f != "annotation_prefix")
@@ -83,6 +64,18 @@ def env_name(field: str) -> str:
 def _source(field: str) -> str:
     """`field (--flag / ENV)`: where an operator sets it, for messages about two settings."""
     return f"{field} ({flag_name(field)} / {env_name(field)})"
+
+
+def _field(setting: p.Setting[Any]) -> Any:
+    """A policy setting's pydantic field: its default, bounds and help, from the one table."""
+    exclusive = setting.exclusive_minimum
+    return Field(
+        setting.default,
+        ge=None if exclusive else setting.minimum,
+        gt=setting.minimum if exclusive else None,
+        le=setting.maximum,
+        description=setting.help,
+    )
 
 
 def _finite(value: float) -> float:
@@ -137,118 +130,35 @@ class ScorerSettings(BaseSettings):
     # -- policy
     policy_file: Path | None = Field(None, description="YAML/JSON file with policy settings.")
     annotation_prefix: str = Field(DEFAULT_PREFIX, description="Prefix of the agent's annotations.")
-    utilization_limit: float = Field(
-        _DEFAULT_POLICY.utilization_limit,
-        ge=0.0,
-        le=1.0,
-        description="A node above this mean GPU utilization fails the filter.",
-    )
-    temperature_limit_c: int = Field(
-        _DEFAULT_POLICY.temperature_limit_c,
-        ge=MIN_TEMPERATURE_LIMIT_C,
-        le=MAX_TEMPERATURE_LIMIT_C,
-        description="A node whose hottest GPU is at or above this fails the filter.",
-    )
-    stale_after_s: float = Field(
-        _DEFAULT_POLICY.stale_after_s,
-        gt=0.0,
-        description="Data older than this is stale (default 3 x the agent's heartbeat).",
-    )
-    clock_skew_tolerance_s: float = Field(
-        _DEFAULT_POLICY.clock_skew_tolerance_s,
-        ge=0.0,
-        description="How far in the future updated-at may be before it counts as clock skew.",
-    )
-    managed_fields_lag_tolerance_s: float = Field(
-        _DEFAULT_POLICY.managed_fields_lag_tolerance_s,
-        ge=0.0,
-        description="How far updated-at may run ahead of the API server's write time.",
-    )
-    missing_data: Literal["lenient", "strict"] = Field(
-        _DEFAULT_POLICY.missing_data,
-        description="lenient: missing/stale data passes with score 0; strict: it fails.",
-    )
-    require_agent_writer: bool = Field(
-        _DEFAULT_POLICY.require_agent_writer,
-        description="Treat a Node's GPU annotations as unknown data (the missing-data policy) "
-        "unless its managedFields show the agent wrote them.",
-    )
-    weight_utilization: float = Field(
-        _DEFAULT_POLICY.weight_utilization,
-        ge=0.0,
-        le=MAX_WEIGHT,
-        description="Score weight of the utilization headroom (only the weights' ratios matter).",
-    )
-    weight_fragmentation: float = Field(
-        _DEFAULT_POLICY.weight_fragmentation,
-        ge=0.0,
-        le=MAX_WEIGHT,
-        description="Score weight of the fragmentation headroom (only the weights' ratios matter).",
-    )
-    weight_temperature: float = Field(
-        _DEFAULT_POLICY.weight_temperature,
-        ge=0.0,
-        le=MAX_WEIGHT,
-        description="Score weight of the temperature headroom (only the weights' ratios matter).",
-    )
-    gpu_resource_name: str = Field(
-        _DEFAULT_POLICY.gpu_resource_name, description="Extended resource a pod's GPUs are in."
-    )
+    utilization_limit: float = _field(p.UTILIZATION_LIMIT)
+    temperature_limit_c: int = _field(p.TEMPERATURE_LIMIT_C)
+    stale_after_s: float = _field(p.STALE_AFTER_S)
+    clock_skew_tolerance_s: float = _field(p.CLOCK_SKEW_TOLERANCE_S)
+    managed_fields_lag_tolerance_s: float = _field(p.MANAGED_FIELDS_LAG_TOLERANCE_S)
+    missing_data: p.MissingData = _field(p.MISSING_DATA)
+    require_agent_writer: bool = _field(p.REQUIRE_AGENT_WRITER)
+    weight_utilization: float = _field(p.WEIGHT_UTILIZATION)
+    weight_fragmentation: float = _field(p.WEIGHT_FRAGMENTATION)
+    weight_temperature: float = _field(p.WEIGHT_TEMPERATURE)
+    gpu_resource_name: str = _field(p.GPU_RESOURCE_NAME)
     # -- in-flight pods
     pod_watch: bool = Field(
         True,
         description="Watch GPU pods bound to nodes and count those the nodes' data cannot show "
         "yet (in-flight accounting; needs list/watch on pods, and credentials as --node-cache).",
     )
-    inflight_max_s: float = Field(
-        _DEFAULT_POLICY.inflight_max_s,
-        ge=0.0,
-        description="Longest a bound pod counts as in flight, whatever its node publishes.",
-    )
-    inflight_load_delay_s: float = Field(
-        _DEFAULT_POLICY.inflight_load_delay_s,
-        ge=0.0,
-        description="How long after a pod's containers run its load is taken to show in the "
-        "agent's utilization.",
-    )
-    inflight_gpu_load: float = Field(
-        _DEFAULT_POLICY.inflight_gpu_load,
-        ge=0.0,
-        le=1.0,
-        description="Utilization an in-flight pod adds per GPU unit, without its "
-        "expected-gpu-load hint.",
-    )
-    min_gpu_fit_probability: float = Field(
-        _DEFAULT_POLICY.min_gpu_fit_probability,
-        ge=0.0,
-        le=1.0,
-        description="Least chance that the k GPUs a blind device plugin hands out are all "
-        "candidates (nodes publishing allocations).",
-    )
+    inflight_max_s: float = _field(p.INFLIGHT_MAX_S)
+    inflight_load_delay_s: float = _field(p.INFLIGHT_LOAD_DELAY_S)
+    inflight_gpu_load: float = _field(p.INFLIGHT_GPU_LOAD)
+    min_gpu_fit_probability: float = _field(p.MIN_GPU_FIT_PROBABILITY)
     profiles: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Policy file only: tenant profiles, each a name, namespaces and/or a "
         "namespace-selector, and the policy settings it overrides (docs/scoring.md).",
     )
-    blind_device_plugin: bool = Field(
-        _DEFAULT_POLICY.blind_device_plugin,
-        description="Judge a node on the GPUs a load-blind device plugin could hand out; false "
-        "counts the best k (only for a load-aware GPU allocator).",
-    )
+    blind_device_plugin: bool = _field(p.BLIND_DEVICE_PLUGIN)
 
-    @field_validator(
-        "utilization_limit",
-        "stale_after_s",
-        "clock_skew_tolerance_s",
-        "managed_fields_lag_tolerance_s",
-        "weight_utilization",
-        "weight_fragmentation",
-        "weight_temperature",
-        "inflight_max_s",
-        "inflight_load_delay_s",
-        "inflight_gpu_load",
-        "min_gpu_fit_probability",
-    )
+    @field_validator(*(s.name for s in p.POLICY_SETTINGS if s.real))
     @classmethod
     def _no_nan(cls, value: float) -> float:
         return _finite(value)
@@ -294,22 +204,7 @@ class ScorerSettings(BaseSettings):
     def policy(self) -> _Policy:
         return _Policy(
             keys=Keys.for_prefix(self.annotation_prefix),
-            utilization_limit=self.utilization_limit,
-            temperature_limit_c=self.temperature_limit_c,
-            stale_after_s=self.stale_after_s,
-            clock_skew_tolerance_s=self.clock_skew_tolerance_s,
-            managed_fields_lag_tolerance_s=self.managed_fields_lag_tolerance_s,
-            missing_data=self.missing_data,
-            require_agent_writer=self.require_agent_writer,
-            weight_utilization=self.weight_utilization,
-            weight_fragmentation=self.weight_fragmentation,
-            weight_temperature=self.weight_temperature,
-            gpu_resource_name=self.gpu_resource_name,
-            inflight_max_s=self.inflight_max_s,
-            inflight_load_delay_s=self.inflight_load_delay_s,
-            inflight_gpu_load=self.inflight_gpu_load,
-            min_gpu_fit_probability=self.min_gpu_fit_probability,
-            blind_device_plugin=self.blind_device_plugin,
+            **{s.name: getattr(self, s.name) for s in p.POLICY_SETTINGS},
         )
 
     def policy_set(self) -> PolicySet:

@@ -9,117 +9,265 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 MissingData = Literal["lenient", "strict"]
+Unit = Literal["fraction", "C", "s", "weight", ""]
+T = TypeVar("T")
 
-# Bounds checked by `Policy.__post_init__`; exported so the settings layer and the docs agree.
-MIN_TEMPERATURE_LIMIT_C: Final = 1
-MAX_TEMPERATURE_LIMIT_C: Final = 150
 # Weights are used at a resolution of 0.001 (integer arithmetic keeps scores bit-for-bit
 # reproducible), so their sum must reach at least one such step.
 WEIGHT_RESOLUTION: Final = 0.001
-MAX_WEIGHT: Final = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Setting(Generic[T]):
+    """One policy setting, defined once: `Policy` takes its default and checks its bounds, the
+    scorer's settings (flags, environment, policy file) derive their field from it, and a test
+    holds the chart's values schema to it. `why` is the reason for the default."""
+
+    name: str
+    default: T
+    help: str  # one line, for flags, the environment and the docs
+    why: str = ""
+    unit: Unit = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # the minimum itself is not allowed
+    choices: tuple[str, ...] = ()
+
+    @property
+    def real(self) -> bool:
+        """A number that may have a fraction (checked finite)."""
+        return isinstance(self.default, float)
+
+    def check(self, value: object) -> None:
+        """Raise `ValueError` naming the setting and its bound when `value` breaks it."""
+        name, default = self.name, self.default
+        if self.choices:
+            if value not in self.choices:
+                allowed = " or ".join(repr(c) for c in self.choices)
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+        elif isinstance(default, str):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must not be empty")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"{name} must be an integer number of {_UNIT_WORDS[self.unit]}, got {value!r}"
+                )
+            self._check_bounds(value)
+        elif not _is_real(value):
+            raise ValueError(f"{name} {self._bound_text()}, got {value!r}")
+        else:
+            self._check_bounds(float(value))  # type: ignore[arg-type]
+
+    def _check_bounds(self, value: float) -> None:
+        low, high = self.minimum, self.maximum
+        if (low is not None and (value < low or (self.exclusive_minimum and value == low))) or (
+            high is not None and value > high
+        ):
+            shown = value if self.unit == "C" else repr(value)
+            raise ValueError(f"{self.name} {self._bound_text()}, got {shown}")
+
+    def _bound_text(self) -> str:
+        if self.unit == "fraction":
+            return "must be a fraction between 0 and 1"
+        if self.unit == "s":
+            bound = "greater than 0" if self.exclusive_minimum else "at least 0"
+            return f"must be a finite number of seconds {bound}"
+        return f"must be between {self.minimum:g} and {self.maximum:g}"
+
+
+_UNIT_WORDS: Final[dict[Unit, str]] = {"C": "degrees Celsius", "": "units"}
+
+
+def _weight(name: str, default: float, headroom: str) -> Setting[float]:
+    return Setting(
+        name,
+        default,
+        f"Score weight of the {headroom} headroom (only the weights' ratios matter).",
+        "The score is a weighted mean of three headrooms; utilization counts most.",
+        unit="weight",
+        minimum=0.0,
+        maximum=1000.0,
+    )
+
+
+# The policy's settings, in the order flags, the policy file and the docs list them.
+UTILIZATION_LIMIT: Final = Setting(
+    "utilization_limit",
+    0.90,
+    "A node above this mean GPU utilization fails the filter.",
+    "The original design's limit: room for a pod's load on a node not yet full.",
+    unit="fraction",
+    minimum=0.0,
+    maximum=1.0,
+)
+TEMPERATURE_LIMIT_C: Final = Setting(
+    "temperature_limit_c",
+    85,
+    "A node whose hottest GPU is at or above this fails the filter.",
+    "85 C sits below the slowdown (clock-throttling) temperature of current NVIDIA data-centre "
+    "GPUs, so a node is avoided before its GPUs start to throttle the work already there.",
+    unit="C",
+    minimum=1,
+    maximum=150,
+)
+STALE_AFTER_S: Final = Setting(
+    "stale_after_s",
+    180.0,
+    "Data older than this is stale (default 3 x the agent's heartbeat).",
+    "3 x the agent's 60 s heartbeat: two missed heartbeats are tolerated before data is stale.",
+    unit="s",
+    minimum=0.0,
+    exclusive_minimum=True,
+)
+CLOCK_SKEW_TOLERANCE_S: Final = Setting(
+    "clock_skew_tolerance_s",
+    30.0,
+    "How far in the future updated-at may be before it counts as clock skew.",
+    "`updated-at` this far in the scorer's future is still accepted (NTP-level drift).",
+    unit="s",
+    minimum=0.0,
+)
+MANAGED_FIELDS_LAG_TOLERANCE_S: Final = Setting(
+    "managed_fields_lag_tolerance_s",
+    30.0,
+    "How far updated-at may run ahead of the API server's write time.",
+    "updated-at (node clock, time of sampling) may run this far ahead of the API server's "
+    "record of the agent's last write (server clock, always after sampling).",
+    unit="s",
+    minimum=0.0,
+)
+MISSING_DATA: Final[Setting[MissingData]] = Setting(
+    "missing_data",
+    "lenient",
+    "lenient: missing/stale data passes with score 0; strict: it fails.",
+    "Unknown data is not bad data: a node whose agent is late still takes pods, last.",
+    choices=("lenient", "strict"),
+)
+REQUIRE_AGENT_WRITER: Final = Setting(
+    "require_agent_writer",
+    False,
+    "Treat a Node's GPU annotations as unknown data (the missing-data policy) unless its "
+    "managedFields show the agent wrote them.",
+    "Off by default; on in the chart with its GPU-data admission policy, where only the "
+    "agent's service account may write them at all (`judge.written_by_agent`).",
+)
+WEIGHT_UTILIZATION: Final = _weight("weight_utilization", 0.70, "utilization")
+WEIGHT_FRAGMENTATION: Final = _weight("weight_fragmentation", 0.15, "fragmentation")
+WEIGHT_TEMPERATURE: Final = _weight("weight_temperature", 0.15, "temperature")
+GPU_RESOURCE_NAME: Final = Setting(
+    "gpu_resource_name",
+    "nvidia.com/gpu",
+    "Extended resource a pod's GPUs are in.",
+    "NVIDIA's device plugin's resource.",
+)
+INFLIGHT_MAX_S: Final = Setting(
+    "inflight_max_s",
+    600.0,
+    "Longest a bound pod counts as in flight, whatever its node publishes.",
+    "Long enough for a GPU image's pull and start-up, short enough that a node whose agent "
+    "never shows the pod is not held for it long.",
+    unit="s",
+    minimum=0.0,
+)
+INFLIGHT_LOAD_DELAY_S: Final = Setting(
+    "inflight_load_delay_s",
+    60.0,
+    "How long after a pod's containers run its load is taken to show in the agent's utilization.",
+    "The agent's averaging window (one sample interval, 5 s) plus the start-up of a GPU "
+    "process (CUDA context, weights loaded to the GPU).",
+    unit="s",
+    minimum=0.0,
+)
+INFLIGHT_GPU_LOAD: Final = Setting(
+    "inflight_gpu_load",
+    1.0,
+    "Utilization an in-flight pod adds per GPU unit, without its expected-gpu-load hint.",
+    "A whole GPU busy, the conservative default (a time-sliced share sets its fraction in the "
+    "hint).",
+    unit="fraction",
+    minimum=0.0,
+    maximum=1.0,
+)
+MIN_GPU_FIT_PROBABILITY: Final = Setting(
+    "min_gpu_fit_probability",
+    0.75,
+    "Least chance that the k GPUs a blind device plugin hands out are all candidates (nodes "
+    "publishing allocations).",
+    "7 of 8 candidates pass a 1-GPU pod; 4 of 8 do not.",
+    unit="fraction",
+    minimum=0.0,
+    maximum=1.0,
+)
+BLIND_DEVICE_PLUGIN: Final = Setting(
+    "blind_device_plugin",
+    True,
+    "Judge a node on the GPUs a load-blind device plugin could hand out; false counts the best "
+    "k (only for a load-aware GPU allocator).",
+    "NVIDIA's device plugin picks by topology or in no defined order, blind to load.",
+)
+POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
+    UTILIZATION_LIMIT,
+    TEMPERATURE_LIMIT_C,
+    STALE_AFTER_S,
+    CLOCK_SKEW_TOLERANCE_S,
+    MANAGED_FIELDS_LAG_TOLERANCE_S,
+    MISSING_DATA,
+    REQUIRE_AGENT_WRITER,
+    WEIGHT_UTILIZATION,
+    WEIGHT_FRAGMENTATION,
+    WEIGHT_TEMPERATURE,
+    GPU_RESOURCE_NAME,
+    INFLIGHT_MAX_S,
+    INFLIGHT_LOAD_DELAY_S,
+    INFLIGHT_GPU_LOAD,
+    MIN_GPU_FIT_PROBABILITY,
+    BLIND_DEVICE_PLUGIN,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """What the scorer enforces. Every field has a safe default; see docs/scoring.md."""
+    """What the scorer enforces. Every field but `keys` and `profile` is a `Setting` of
+    `POLICY_SETTINGS`, which holds its default, bounds and reasons; see docs/scoring.md."""
 
     keys: Keys = DEFAULT_KEYS
-    # A node whose mean GPU utilization is above this fraction fails the filter.
-    utilization_limit: float = 0.90
-    # The hottest GPU at or above this temperature fails the filter. 85 C sits below the
-    # slowdown (clock-throttling) temperature of current NVIDIA data-centre GPUs, so a node
-    # is avoided before its GPUs start to throttle the work already there.
-    temperature_limit_c: int = 85
-    # 3 x the agent's 60 s heartbeat: two missed heartbeats are tolerated before data is stale.
-    stale_after_s: float = 180.0
-    # `updated-at` this far in the scorer's future is still accepted (NTP-level drift).
-    clock_skew_tolerance_s: float = 30.0
-    # How far `updated-at` (node clock, time of sampling) may run ahead of the API server's
-    # record of the agent's last write (server clock, always after sampling).
-    managed_fields_lag_tolerance_s: float = 30.0
-    missing_data: MissingData = "lenient"
-    # Treat GPU annotations as unknown data (the missing-data policy) unless managedFields shows
-    # the agent wrote them (`scoring.written_by_agent`). On in the chart with its GPU-data
-    # admission policy: then only the agent's service account may write them at all.
-    require_agent_writer: bool = False
-    # The score is a weighted mean of three headrooms; only the ratios between weights matter.
-    weight_utilization: float = 0.70
-    weight_fragmentation: float = 0.15
-    weight_temperature: float = 0.15
-    gpu_resource_name: str = "nvidia.com/gpu"
-    # -- in-flight pods (exporter_scheduler/core/inflight.py): GPU pods bound since the data
-    # Longest a bound pod counts as in flight, whatever the node publishes: long enough for a
-    # GPU image's pull and start-up, short enough that a node whose agent never shows the pod
-    # is not held for it long.
-    inflight_max_s: float = 600.0
-    # How long after every container of a pod runs its load is taken to show in the agent's
-    # utilization: the agent's averaging window (one sample interval, 5 s) plus the start-up
-    # of a GPU process (CUDA context, weights loaded to the GPU).
-    inflight_load_delay_s: float = 60.0
-    # Utilization one unit of an in-flight pod's GPU request is expected to add to a GPU, for
-    # pods without an `expected-gpu-load` hint: a whole GPU busy, the conservative default
-    # (a time-sliced share sets its fraction in the hint).
-    inflight_gpu_load: float = 1.0
-    # Where allocations are published, the device plugin hands a pod any k of its unallocated
-    # GPUs, blind to load: a node passes only when the chance that all k it hands out are
-    # candidates is at least this (7 of 8 candidates pass a 1-GPU pod; 4 of 8 do not).
-    min_gpu_fit_probability: float = 0.75
-    # The device plugin's choice of GPUs is blind to load (NVIDIA's picks by topology or in no
-    # defined order), so a node is judged on the GPUs it could hand out. False only where GPUs
-    # are assigned by their load (a load-aware allocator): the best k candidates are counted.
-    blind_device_plugin: bool = True
+    utilization_limit: float = UTILIZATION_LIMIT.default
+    temperature_limit_c: int = TEMPERATURE_LIMIT_C.default
+    stale_after_s: float = STALE_AFTER_S.default
+    clock_skew_tolerance_s: float = CLOCK_SKEW_TOLERANCE_S.default
+    managed_fields_lag_tolerance_s: float = MANAGED_FIELDS_LAG_TOLERANCE_S.default
+    missing_data: MissingData = MISSING_DATA.default
+    require_agent_writer: bool = REQUIRE_AGENT_WRITER.default
+    weight_utilization: float = WEIGHT_UTILIZATION.default
+    weight_fragmentation: float = WEIGHT_FRAGMENTATION.default
+    weight_temperature: float = WEIGHT_TEMPERATURE.default
+    gpu_resource_name: str = GPU_RESOURCE_NAME.default
+    inflight_max_s: float = INFLIGHT_MAX_S.default
+    inflight_load_delay_s: float = INFLIGHT_LOAD_DELAY_S.default
+    inflight_gpu_load: float = INFLIGHT_GPU_LOAD.default
+    min_gpu_fit_probability: float = MIN_GPU_FIT_PROBABILITY.default
+    blind_device_plugin: bool = BLIND_DEVICE_PLUGIN.default
     # The tenant profile this policy is (`exporter_scheduler.config.profiles`); `default` for the
     # top-level policy. Named in explanations, logs and the request metrics.
     profile: str = "default"
 
     def __post_init__(self) -> None:
-        _check_fraction("utilization_limit", self.utilization_limit)
-        if isinstance(self.temperature_limit_c, bool) or not isinstance(
-            self.temperature_limit_c, int
-        ):
-            raise ValueError(
-                f"temperature_limit_c must be an integer number of degrees Celsius, "
-                f"got {self.temperature_limit_c!r}"
-            )
-        if not MIN_TEMPERATURE_LIMIT_C <= self.temperature_limit_c <= MAX_TEMPERATURE_LIMIT_C:
-            raise ValueError(
-                f"temperature_limit_c must be between {MIN_TEMPERATURE_LIMIT_C} and "
-                f"{MAX_TEMPERATURE_LIMIT_C}, got {self.temperature_limit_c}"
-            )
-        _check_seconds("stale_after_s", self.stale_after_s, allow_zero=False)
-        _check_seconds("clock_skew_tolerance_s", self.clock_skew_tolerance_s, allow_zero=True)
-        _check_seconds(
-            "managed_fields_lag_tolerance_s",
-            self.managed_fields_lag_tolerance_s,
-            allow_zero=True,
-        )
-        if self.missing_data not in ("lenient", "strict"):
-            raise ValueError(
-                f"missing_data must be 'lenient' or 'strict', got {self.missing_data!r}"
-            )
-        for name, weight in (
-            ("weight_utilization", self.weight_utilization),
-            ("weight_fragmentation", self.weight_fragmentation),
-            ("weight_temperature", self.weight_temperature),
-        ):
-            if not _is_real(weight) or not 0.0 <= weight <= MAX_WEIGHT:
-                raise ValueError(f"{name} must be between 0 and {MAX_WEIGHT:g}, got {weight!r}")
+        for setting in POLICY_SETTINGS:
+            setting.check(getattr(self, setting.name))
         if sum(weight_milli(self)) == 0:
             raise ValueError(
                 "weight_utilization + weight_fragmentation + weight_temperature must be at "
                 f"least {WEIGHT_RESOLUTION} (weights are used to the nearest {WEIGHT_RESOLUTION})"
             )
-        _check_seconds("inflight_max_s", self.inflight_max_s, allow_zero=True)
-        _check_seconds("inflight_load_delay_s", self.inflight_load_delay_s, allow_zero=True)
-        _check_fraction("inflight_gpu_load", self.inflight_gpu_load)
-        _check_fraction("min_gpu_fit_probability", self.min_gpu_fit_probability)
-        if not self.gpu_resource_name.strip():
-            raise ValueError("gpu_resource_name must not be empty")
 
 
 def weight_milli(policy: Policy) -> tuple[int, int, int]:
@@ -137,17 +285,6 @@ def _is_real(value: object) -> bool:
         and not isinstance(value, bool)
         and math.isfinite(float(value))
     )
-
-
-def _check_fraction(name: str, value: float) -> None:
-    if not _is_real(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a fraction between 0 and 1, got {value!r}")
-
-
-def _check_seconds(name: str, value: float, *, allow_zero: bool) -> None:
-    if not _is_real(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = "at least 0" if allow_zero else "greater than 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
 
 
 def format_fraction_limit(value: float) -> str:

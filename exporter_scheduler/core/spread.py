@@ -12,22 +12,19 @@ The group's pods are those the Pod watch holds bound, and the scorer's own propo
 has just placed whose bind the watch has not shown yet, see `exporter_scheduler.core.inflight`): so
 two pods of a group decided within one burst see each other, and cannot both take the last slot.
 
-This is a cross-node step like the model chain, applied after the per-node verdicts: pure, a
-function of (the pod's cap, the group's bound pods, the nodes' labels).
+This is a cross-node step like the model chain, applied after the per-node verdicts with the
+other overrides (`core.overrides`): pure, a function of (the pod's cap, the group's bound pods,
+the nodes' labels).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-import msgspec
-
 from exporter_scheduler.core.inflight import BoundPod
-from exporter_scheduler.core.scoring import Evaluation
 
 HOSTNAME_KEY: Final = "kubernetes.io/hostname"
 
@@ -104,18 +101,3 @@ def check_spread(
         elif counts[domain] >= cap.max_per_domain:
             blocked[name] = cap.full_reason
     return SpreadCheck(cap, tuple(sorted(counts.items())), uncounted, tuple(domains), blocked)
-
-
-def block_evaluation(evaluation: Evaluation, blocked: Mapping[str, str]) -> Evaluation:
-    """`evaluation` with the passing nodes of `blocked` rejected (unresolvable), for `explain`."""
-    if not blocked:
-        return evaluation
-    verdicts = tuple(
-        msgspec.structs.replace(
-            v, passed=False, reason=blocked[v.name], unresolvable=True, score=0, breakdown=None
-        )
-        if v.passed and v.name in blocked
-        else v
-        for v in evaluation.verdicts
-    )
-    return dataclasses.replace(evaluation, verdicts=verdicts)

@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.core.scoring import NodeInput, predecode
+from exporter_scheduler.core.decoding import predecode
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, WatchExpiredError
 from exporter_scheduler.serving.metrics import ScorerMetrics
-from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
-from exporter_scheduler.serving.wire import (
+from exporter_scheduler.serving.nodeobjects import (
     agent_write_time,
     annotations_of,
     foreign_writer,
@@ -36,6 +36,7 @@ from exporter_scheduler.serving.wire import (
     gpu_keys,
     managed_fields_entry_type,
 )
+from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 __all__ = ["CacheTuning", "NodeCache", "WatchExpiredError"]

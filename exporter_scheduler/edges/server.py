@@ -20,23 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import ssl
 import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final, Literal, Protocol
 from urllib.parse import unquote
 
+from exporter_scheduler.config.serving import DEFAULT_KEEP_ALIVE_S, TlsFiles
+from exporter_scheduler.edges.tls import TlsContexts
 from exporter_scheduler.serving import wire
-from exporter_scheduler.serving.app import Response
+from exporter_scheduler.serving.echo import Buffer
+from exporter_scheduler.serving.responses import Response
 
-# Longer than kube-scheduler's 90 s idle-connection timeout (Go's default transport).
-DEFAULT_KEEP_ALIVE_S: Final = 120
 # Once a request has started, the rest of it must arrive within this long.
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
 # More concurrent connections than a scheduler, its probes and a scraper need are refused (503).
@@ -52,76 +51,13 @@ _MAX_HEADS: Final = 64
 log = logging.getLogger("exporter_scheduler.server")
 
 
-@dataclass(frozen=True, slots=True)
-class TlsFiles:
-    cert_file: str
-    key_file: str
-    client_ca_file: str | None = None
-
-
-class _TlsContexts:
-    """The server's SSL context, rebuilt when its files change on disk.
-
-    Mounted Secrets are updated in place when a certificate is renewed (cert-manager renews well
-    before expiry), so a long-running scorer must pick the new files up without a restart. The
-    files' modification times are looked at most every `check_every_s`, on a new connection; a
-    set of files that fails to load (caught mid-update) keeps the previous context.
-    """
-
-    def __init__(self, tls: TlsFiles, *, check_every_s: float = 30.0) -> None:
-        self._tls = tls
-        self._check_every_s = check_every_s
-        self._lock = threading.Lock()
-        self._stamp = self._mtimes()
-        self.context = tls_context(tls)
-        self._checked_at = time.monotonic()
-
-    def _mtimes(self) -> tuple[float, ...]:
-        tls = self._tls
-        paths = [tls.cert_file, tls.key_file] + ([tls.client_ca_file] if tls.client_ca_file else [])
-        stamps = []
-        for path in paths:
-            try:
-                stamps.append(os.stat(path).st_mtime)
-            except OSError:
-                stamps.append(-1.0)
-        return tuple(stamps)
-
-    def current(self) -> ssl.SSLContext:
-        now = time.monotonic()
-        if now - self._checked_at < self._check_every_s:
-            return self.context
-        with self._lock:
-            self._checked_at = now
-            stamp = self._mtimes()
-            if stamp != self._stamp:
-                try:
-                    self.context = tls_context(self._tls)
-                    self._stamp = stamp
-                    log.info("TLS certificate files changed; reloaded")
-                except (OSError, ssl.SSLError) as exc:
-                    log.warning("TLS certificate files changed but do not load yet: %s", exc)
-            return self.context
-
-
-def tls_context(tls: TlsFiles) -> ssl.SSLContext:
-    """A server context for the extender: the certificate, and a client CA when mutual TLS."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.client_ca_file:
-        # The scheduler's tlsConfig presents a client certificate; require and verify it.
-        context.load_verify_locations(tls.client_ca_file)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
 class HttpApp(Protocol):
     """What the edge serves: a `ScorerApp`, or `ObservabilityApp` on a metrics port."""
 
     @property
     def max_body_bytes(self) -> int: ...
 
-    def respond(self, method: str, path: str, query: bytes, body: wire.Buffer) -> Response: ...
+    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response: ...
 
     def body_too_large(self) -> Response: ...
 
@@ -158,7 +94,7 @@ class HttpServer:
         self.keep_alive_s = keep_alive_s
         self.request_timeout_s = request_timeout_s
         self.scheme: Literal["http", "https"] = "https" if tls else "http"
-        self._tls = _TlsContexts(tls, check_every_s=tls_check_every_s) if tls is not None else None
+        self._tls = TlsContexts(tls, check_every_s=tls_check_every_s) if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -524,7 +460,7 @@ class _Connection:
     def _write(
         self, response: Response, *, keep_alive: bool, head_only: bool, http10: bool = False
     ) -> None:
-        parts: Sequence[wire.Buffer] = response.parts
+        parts: Sequence[Buffer] = response.parts
         sock = self.sock
         if isinstance(sock, ssl.SSLSocket) and self._timeout_s != self.server.request_timeout_s:
             # One Python timeout for both directions: a reply is sent under the request's.
@@ -546,7 +482,7 @@ class _Connection:
             _send_all(sock, [head, *parts], len(head) + len(response))
 
 
-def _send_all(sock: socket.socket, buffers: list[wire.Buffer], total: int) -> None:
+def _send_all(sock: socket.socket, buffers: list[Buffer], total: int) -> None:
     """Write every buffer (`total` bytes) in order with as few `sendmsg` calls as the kernel
     allows: the kernel copies each byte once, straight from the buffers. A reply that fits the
     socket's send buffer goes in one call, with no view made of any buffer."""

@@ -1,12 +1,12 @@
 """The extender's request path: one body in, one reply out, in four stages and with no I/O.
 
-    decode (wire)  ->  pod class (scoring.PodClass, compiled once per class)
+    decode (wire)  ->  pod class (podclass.PodClass, compiled once per class)
                    ->  verdicts: full nodes: `evaluate`; names only: the node store's entries
                    ->  reply bytes, then the verdict counters and log lines
 
 kube-scheduler waits for every answer, so nothing here waits on anything: node data in
 names-only mode is the node store's, kept current by the watch thread, and log records go
-through a queue (`cli.configure_logging`). Every input gets a defined answer: an unusable body
+through a queue (`logs.configure_logging`). Every input gets a defined answer: an unusable body
 400 (413 from the HTTP edge), a bug while judging a fallback 200 that the scheduler can act on
 (`filter`: `Error` and no node passing; `prioritize`: neutral scores), a names-only request before
 the node cache's first LIST an `Error` rather than a blind verdict.
@@ -25,46 +25,45 @@ from typing import Final, Protocol
 from urllib.parse import parse_qs
 
 from exporter_scheduler.config.profiles import PolicySet, Profile
+from exporter_scheduler.config.serving import DEFAULT_MAX_BODY_BYTES
 from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
+from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.podclass import PodClass, PodClassKey, pod_class_key
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
-    NodeInput,
-    NodeVerdict,
-    PodClass,
-    PodClassKey,
-    evaluate,
-    pod_class_key,
-)
+from exporter_scheduler.core.records import NodeInput, NodeVerdict
 from exporter_scheduler.core.spread import (
     HOSTNAME_KEY,
     LabelsOf,
     SpreadCap,
     SpreadCheck,
-    block_evaluation,
     check_spread,
 )
 from exporter_scheduler.serving import wire
-from exporter_scheduler.serving.explain import explain, rejection_fields, render_text
+from exporter_scheduler.serving.echo import Buffer
+from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
-from exporter_scheduler.serving.nodestore import NodeStore, describe_pod_class
+from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
+from exporter_scheduler.serving.nodestore import NodeStore
+from exporter_scheduler.serving.responses import (
+    TEXT,
+    Response,
+    bad_request,
+    method_not_allowed,
+    normalize_path_prefix,
+)
 from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement, TallyKey
 
-# 5000 full Nodes of ~7 KB are ~38 MB; twice that leaves room for bigger Node objects
-# (many images, long annotations) without letting one request exhaust memory.
-DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
 # Namespaces whose chosen profile is remembered; beyond this the memo starts afresh.
 _MAX_NAMESPACES: Final = 4096
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 
-JSON: Final = b"application/json"
-TEXT: Final = b"text/plain; charset=utf-8"
 NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST pending)"
 
 Clock = Callable[[], datetime]
-Buffer = wire.Buffer
 PodsOf = Callable[[str], tuple[BoundPod, ...]]
 # A prioritize whose top score is shared by more nodes than this proposes none of them: the
 # scheduler's own scores pick among them, and counting the pod on each would hold them all.
@@ -101,7 +100,6 @@ class Groups(Protocol):
 # Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
 # cannot be kept: its pods wait rather than exceed it.
 SPREAD_UNCOUNTED: Final = "spread group not counted (pod watch off)"
-_MAX_SEEN_LABELS: Final = 100_000
 
 
 def _capped(request: wire.ExtenderRequest, pod_class: PodClass) -> bool:
@@ -113,43 +111,6 @@ log = logging.getLogger("exporter_scheduler.server")
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class Response:
-    """A status, a content type and the body as buffers to write in order (a full-node filter
-    reply is mostly slices of the request's own Node bytes, written without joining them)."""
-
-    __slots__ = ("allow", "content_type", "parts", "status")
-
-    def __init__(
-        self,
-        status: int,
-        body: bytes | Sequence[Buffer] = b"",
-        content_type: bytes = JSON,
-        *,
-        allow: bytes | None = None,
-    ) -> None:
-        self.status = status
-        self.parts: tuple[Buffer, ...] = (body,) if isinstance(body, bytes) else tuple(body)
-        self.content_type = content_type
-        self.allow = allow  # the `Allow` header of a 405
-
-    @property
-    def body(self) -> bytes:
-        """The whole body as one bytes object (tests, small replies)."""
-        parts = self.parts
-        if len(parts) == 1 and isinstance(parts[0], bytes):
-            return parts[0]
-        return b"".join(parts)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
-
-
-def normalize_path_prefix(prefix: str) -> str:
-    """`/` -> ``, `scheduler/` -> `/scheduler`: the part before `/filter`."""
-    stripped = prefix.strip().strip("/")
-    return f"/{stripped}" if stripped else ""
 
 
 class ScorerApp:
@@ -176,9 +137,6 @@ class ScorerApp:
         self.policies = PolicySet(policy, profiles)
         self.namespace_labels = namespace_labels
         self.groups = groups
-        # Full-node mode: the labels of Nodes seen in requests, for the domains of the nodes
-        # a spread group's pods run on (names-only mode reads them from the node store).
-        self._seen_labels: dict[str, Mapping[str, str]] = {}
         self._chosen: dict[str, Policy] = {}
         self._chosen_generation = -1
         # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
@@ -218,11 +176,11 @@ class ScorerApp:
 
     def handle_get(self, method: str, path: str) -> Response:
         if path in self._verbs:
-            return _method_not_allowed("POST")
+            return method_not_allowed("POST")
         if path not in ("/healthz", "/readyz", "/metrics"):
             return Response(404, wire.encode_json({"Error": f"no such path: {path[:200]}"}))
         if method not in ("GET", "HEAD"):
-            return _method_not_allowed("GET, HEAD")
+            return method_not_allowed("GET, HEAD")
         if path == "/healthz":
             return Response(200, b"ok\n", TEXT)
         if path == "/readyz":
@@ -278,10 +236,10 @@ class ScorerApp:
                 request = dataclasses.replace(request, node_names=names)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
-            return _bad_request(verb, str(exc))
+            return bad_request(verb, str(exc))
         if request.form == "names" and self.node_store is None:
             self.metrics.bad_requests.labels("names_without_node_cache").inc()
-            return _bad_request(
+            return bad_request(
                 verb,
                 "the request carries NodeNames (nodeCacheCapable: true) but the scorer runs "
                 "without --node-cache",
@@ -369,26 +327,16 @@ class ScorerApp:
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
         before for this class, the others judged, the chain, the reply."""
-        gpu_keys = wire.gpu_keys(request.keys)
+        gpu_fields = gpu_keys(request.keys)
         judgement, judged = self._full_node_verdicts.judge(
             pod_class,
             request.records,
             request.node_names,
             now,
-            lambda record: wire.record_input(record, gpu_keys),
+            lambda record: record_input(record, gpu_fields),
             pods_of=self.pods_of,
         )
-        if _capped(request, pod_class):
-            seen = self._seen_labels
-            nodes = []
-            for record in request.records:
-                name, labels = record.metadata.name, wire.record_labels(record)
-                nodes.append((name, labels))
-                if labels is not None:
-                    seen[name] = labels
-            if len(seen) > _MAX_SEEN_LABELS:
-                self._seen_labels = {}
-            self._apply_spread(request, pod_class, judgement, nodes, seen.get)
+        judgement.block(self._spread(request, pod_class)[1])
         if verb == "prioritize":
             return Response(200, judgement.prioritize_reply()), judgement
         failed, unresolvable = judgement.rejections()
@@ -398,46 +346,45 @@ class ScorerApp:
         self._count_and_log(request, pod_class, judgement, judged)
         return Response(200, parts), judgement
 
-    def _spread_check(
-        self,
-        request: wire.ExtenderRequest,
-        pod_class: PodClass,
-        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
-        labels_of: LabelsOf,
-    ) -> SpreadCheck | dict[str, str]:
-        """The pod's spread cap on `nodes`, or the reason every node fails when the cap cannot
-        be applied (a cap without the group label; no pod watch to count the group)."""
+    def _spread(
+        self, request: wire.ExtenderRequest, pod_class: PodClass
+    ) -> tuple[SpreadCheck | None, Mapping[str, str]]:
+        """The pod's spread cap over the request's nodes: the check (for the explanation) and
+        the nodes it rejects (name -> reason), one of the overrides (`core.overrides`).
+
+        The domains of the nodes the group's pods run on come from the node store in
+        names-only mode. A full-node request carries only its own Nodes' labels, and a verdict
+        depends on the request, the caches and the policy, never on an earlier request: a group
+        pod on a node outside the request counts by hostname (that label is the node's name),
+        and is otherwise uncounted (the explanation says how many)."""
+        if not _capped(request, pod_class):
+            return None, _NO_LABELS
+        store = self.node_store
+        nodes: list[tuple[str, Mapping[str, str] | None]]
+        if request.form == "names" and store is not None:
+            nodes = [(name, store.labels_of(name)) for name in request.node_names]
+            labels_of: LabelsOf = store.labels_of
+        else:
+            nodes = [(r.metadata.name, record_labels(r)) for r in request.records]
+            labels_of = dict(nodes).get
         pod, hints = request.pod, pod_class.hints
-        prefix = pod_class.policy.keys.prefix
         assert hints.spread_max_per_domain is not None
         if pod.spread_group is None:
+            prefix = pod_class.policy.keys.prefix
             reason = f"invalid pod annotation {prefix}{SPREAD_MAX_PER_DOMAIN}"
-            return dict.fromkeys((name for name, _ in nodes), reason)
+            return None, dict.fromkeys((name for name, _ in nodes), reason)
         groups = self.groups
         if groups is None or not groups.active:
-            return dict.fromkeys((name for name, _ in nodes), SPREAD_UNCOUNTED)
+            return None, dict.fromkeys((name for name, _ in nodes), SPREAD_UNCOUNTED)
         cap = SpreadCap(
             pod.namespace,
             pod.spread_group,
             hints.spread_max_per_domain,
             hints.spread_topology_key or HOSTNAME_KEY,
         )
-        return check_spread(
-            cap, groups.group_pods(pod.namespace, pod.spread_group), nodes, labels_of
-        )
-
-    def _apply_spread(
-        self,
-        request: wire.ExtenderRequest,
-        pod_class: PodClass,
-        judgement: Judgement,
-        nodes: Sequence[tuple[str, Mapping[str, str] | None]],
-        labels_of: LabelsOf,
-    ) -> None:
-        if not nodes:
-            return
-        check = self._spread_check(request, pod_class, nodes, labels_of)
-        judgement.block(check if isinstance(check, dict) else check.blocked)
+        group_pods = groups.group_pods(pod.namespace, pod.spread_group)
+        check = check_spread(cap, group_pods, nodes, labels_of)
+        return check, check.blocked
 
     def _names_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
@@ -449,10 +396,7 @@ class ScorerApp:
         )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
-        store = self.node_store
-        if _capped(request, pod_class):
-            nodes = [(name, store.labels_of(name)) for name in request.node_names]
-            self._apply_spread(request, pod_class, judgement, nodes, store.labels_of)
+        judgement.block(self._spread(request, pod_class)[1])
         replies = judgement.replies  # bytes made earlier from these same entries, if any
         body = None if replies is None else replies.get(verb)
         if body is None:
@@ -508,24 +452,16 @@ class ScorerApp:
         query: bytes,
     ) -> Response:
         nodes = self._nodes_of(request)
-        evaluation = evaluate(request.pod, nodes, now, pod_class.policy, pod_class=pod_class)
-        spread: SpreadCheck | dict[str, str] | None = None
-        if _capped(request, pod_class):
-            if request.form == "names" and self.node_store is not None:
-                labelled = [(n.name, n.labels) for n in nodes]
-                labels_of: LabelsOf = self.node_store.labels_of
-            else:
-                labelled = [(r.metadata.name, wire.record_labels(r)) for r in request.records]
-                labels_of = {**self._seen_labels, **dict(labelled)}.get
-            spread = self._spread_check(request, pod_class, labelled, labels_of)
-            blocked = spread if isinstance(spread, dict) else spread.blocked
-            evaluation = block_evaluation(evaluation, blocked)
+        spread, blocked = self._spread(request, pod_class)
+        evaluation = evaluate(
+            request.pod, nodes, now, pod_class.policy, pod_class=pod_class, blocked=blocked
+        )
         document = explain(
             evaluation,
             request.pod,
             now,
             pod_class.policy,
-            spread=spread if isinstance(spread, SpreadCheck) else None,
+            spread=spread,
         )
         output = parse_qs(query.decode("latin-1")).get("output", ["json"])[-1]
         if output == "text":
@@ -637,18 +573,6 @@ def _log_request_rejections(
             }
         },
     )
-
-
-def _bad_request(verb: Verb, message: str) -> Response:
-    if verb == "filter":
-        # Shaped like an ExtenderFilterResult, so even a lenient reader sees `Error`.
-        return Response(400, wire.encode_filter_error(None, message))
-    return Response(400, wire.encode_json({"Error": message}))
-
-
-def _method_not_allowed(allowed: str) -> Response:
-    body = wire.encode_json({"Error": f"method not allowed; use {allowed}"})
-    return Response(405, body, allow=allowed.encode())
 
 
 class ObservabilityApp:

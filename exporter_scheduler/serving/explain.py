@@ -2,8 +2,9 @@
 
 Filter reasons are deliberately uniform (they are counted by text in the pod's events), so the
 node's own values, the data's age by both clocks, each rule's outcome and the score's arithmetic
-are shown here instead: `gpu-scorer explain`, `POST <prefix>/explain` and the per-node log lines
-all come from `explain`. Output is deterministic: lists keep input order and nothing iterates a set.
+are shown here instead: `gpu-scorer explain` and `POST <prefix>/explain` come from `explain`
+(the per-node log lines from `serving.logfields`). Output is deterministic: lists keep input
+order and nothing iterates a set.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from typing import Any
 
 from exporter_scheduler.core.hints import HINT_NAMES
 from exporter_scheduler.core.policy import Policy, format_fraction_limit, weight_milli
-from exporter_scheduler.core.scoring import (
+from exporter_scheduler.core.records import (
     BASIS_POINTS,
-    TEMPERATURE_HEADROOM_SPAN_C,
     Evaluation,
     GpuStatus,
     NodeVerdict,
     PodInput,
     ScoreBreakdown,
 )
+from exporter_scheduler.core.score import TEMPERATURE_HEADROOM_SPAN_C
 from exporter_scheduler.core.spread import SpreadCheck
-from gpu_contract.schema import NodeGpuState, format_timestamp
+from gpu_contract.schema import NodeGpuState
 
 
 def _time(moment: datetime | None) -> str | None:
@@ -520,52 +521,3 @@ def _gpu_lines(gpus: dict[str, Any]) -> list[str]:
             f"{'-' if allocated is None else int(allocated):>5}  {verdict}".rstrip()
         )
     return lines
-
-
-def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
-    """The values a verdict read and the data's age, for a log line (unknown ones left out)."""
-    values: dict[str, object] = {}
-    state = verdict.inputs.state
-    if state is not None:
-        read = {
-            "health": state.health.value,
-            "utilization": state.utilization,
-            "temperature_c": state.temperature_c,
-            "memory_largest_free_mib": state.memory_largest_free_mib,
-            "gpu_model": state.gpu_model,
-            "updated_at": format_timestamp(state.updated_at),
-        }
-        values.update((k, v) for k, v in read.items() if v is not None)
-        if state.gpus:
-            values["per_gpu_utilization"] = [g.utilization for g in state.gpus]
-    check = verdict.gpus
-    if check is not None:
-        values["gpus_needed"] = check.needed
-        values["gpu_candidates"] = check.candidates
-        values["gpu_status"] = list(check.status)
-        if check.fit_bp is not None:
-            values["gpu_fit_probability"] = check.fit_bp / BASIS_POINTS
-    inflight = verdict.inflight
-    if inflight is not None and inflight.pods:
-        values["inflight_pods"] = [p.ref for p in inflight.pods]
-        values["inflight_allocation_gpus"] = inflight.allocation_gpus
-        values["inflight_load_gpus"] = inflight.load_gpus
-    if verdict.inputs.problems:
-        values["problems"] = list(verdict.inputs.problems)
-    if verdict.age_s is not None:
-        values["age_s"] = round(verdict.age_s, 3)
-    if verdict.server_age_s is not None:
-        values["server_age_s"] = round(verdict.server_age_s, 3)
-    return values
-
-
-def rejection_fields(verdict: NodeVerdict) -> dict[str, object]:
-    """A rejected node's log fields: its uniform reason, then the values it read."""
-    fields: dict[str, object] = {
-        "node": verdict.name,
-        "reason": verdict.reason or "",
-        "unresolvable": verdict.unresolvable,
-        "data_status": str(verdict.data_status),
-    }
-    fields.update(verdict_values(verdict))
-    return fields

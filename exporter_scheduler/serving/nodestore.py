@@ -3,7 +3,7 @@ with its encoded reply fragment, kept current off the request path.
 
 Writers (the node cache's watch thread for each event, its expiry timer when a verdict's time
 window ends) judge the changed node for every active pod class. A request then only looks its
-names up, resolves the model chain (the one cross-node step, `scoring.resolve_chain`) and joins
+names up, resolves the model chain (the one cross-node step, `judge.resolve_chain`) and joins
 the pre-encoded fragments. Replies are the bytes `evaluate` gives for the same node data at the
 same `now`, because an entry is a pure function of (node, class, time window) and a request uses
 an entry only while its window covers `now` (judging any other node itself).
@@ -37,8 +37,9 @@ from types import MappingProxyType
 from typing import Final
 
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
-from exporter_scheduler.core.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
-from exporter_scheduler.serving.explain import rejection_fields
+from exporter_scheduler.core.podclass import PodClass, PodClassKey
+from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
+from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
 log = logging.getLogger("exporter_scheduler.nodestore")
@@ -76,7 +77,7 @@ class NodeStore:
         # The GPU pods bound to each node (the pod watch's `set_pods`), merged into the node's
         # `NodeInput` whenever either changes, so that entries are judged with them.
         self._pods: dict[str, tuple[BoundPod, ...]] = {}
-        self._tables: dict[PodClassKey, VerdictTable] = {}
+        self._tables: dict[PodClassKey, VerdictTable[_View]] = {}
         self._lock = threading.Lock()
         self._synced = False
         self._uses = 0
@@ -141,7 +142,7 @@ class NodeStore:
         epoch = table.epoch  # read before anything of the table (see VerdictTable.store)
         seen = table.log_end()
         view = table.views.get(list_key) if list_key else None
-        if isinstance(view, _View):
+        if view is not None:
             patched = view.patched(table, seen)
             if (
                 patched is not None
@@ -177,14 +178,14 @@ class NodeStore:
             )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
 
-    def _table(self, pod_class: PodClass) -> VerdictTable:
+    def _table(self, pod_class: PodClass) -> VerdictTable[_View]:
         table = self._tables.get(pod_class.key)
         if table is not None:
             return table
         with self._lock:
             table = self._tables.get(pod_class.key)
             if table is None:
-                table = VerdictTable(pod_class, log_changes=True)
+                table = VerdictTable[_View](pod_class, log_changes=True)
                 while len(self._tables) >= self.max_classes:
                     oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
                     del self._tables[oldest]
@@ -193,7 +194,7 @@ class NodeStore:
 
     def _complete(
         self,
-        table: VerdictTable,
+        table: VerdictTable[_View],
         names: Sequence[str],
         entries: list[Entry | None],
         now: datetime,
@@ -338,7 +339,9 @@ class NodeStore:
             entry, verdict = table.judge(node, now, now_ts)
             self._store(table, node.name, entry, verdict)
 
-    def _store(self, table: VerdictTable, name: str, entry: Entry, verdict: NodeVerdict) -> None:
+    def _store(
+        self, table: VerdictTable[_View], name: str, entry: Entry, verdict: NodeVerdict
+    ) -> None:
         old = table.entries.get(name)
         table.store(name, entry)
         changed = old is None or not old.rejected or old.reason != entry.reason
@@ -390,7 +393,7 @@ class _View:
             self._positions = positions  # racy, and any thread builds the same index
         return positions
 
-    def patched(self, table: VerdictTable, log_end: int) -> _View | None:
+    def patched(self, table: VerdictTable[_View], log_end: int) -> _View | None:
         """This view with the entries stored since `seen` (up to `log_end`, read before), or
         None when that is no cheaper than looking every name up (or a node went away)."""
         changes = table.changes
@@ -459,12 +462,6 @@ def _same_data(a: NodeInput, b: NodeInput) -> bool:
         and a.foreign_writer == b.foreign_writer
         and a.pods == b.pods
     )
-
-
-def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
-    """The pod class in a log line: the hint annotations and the GPU request that define it."""
-    _, hints, gpu_request = pod_class.key
-    return {"profile": pod_class.policy.profile, "hints": dict(hints), "gpu_request": gpu_request}
 
 
 def _log_rejection(pod_class: PodClass, verdict: NodeVerdict) -> None:

@@ -17,28 +17,27 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_, ne
-from typing import Final
+from operator import attrgetter, eq, is_
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
 from exporter_scheduler.core.inflight import BoundPod
-from exporter_scheduler.core.scoring import (
-    ChainOutcome,
-    NodeInput,
-    NodeVerdict,
-    PodClass,
-    judge_node,
-    resolve_chain,
-    validity_window,
-)
-from exporter_scheduler.serving.wire import NODE_CONTENT, encode_host_priority
+from exporter_scheduler.core.judge import judge_node, resolve_chain
+from exporter_scheduler.core.overrides import Overrides
+from exporter_scheduler.core.podclass import PodClass
+from exporter_scheduler.core.records import ChainOutcome, NodeInput, NodeVerdict
+from exporter_scheduler.core.validity import validity_window
+from exporter_scheduler.serving.nodeobjects import NODE_CONTENT
+from exporter_scheduler.serving.wire import encode_host_priority
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
 NO_RANK: Final = 1 << 30
 # A table's change log is halved when it holds this many times its entries.
 _LOG_MAX_FACTOR: Final = 8
 
+# What the owner of a table keeps per node list it was asked about (the node store's views).
+ViewT = TypeVar("ViewT")
 # (passed, unresolvable, reason, data_status): what the verdict counters read.
 TallyKey = tuple[bool, bool, str | None, str]
 
@@ -85,8 +84,9 @@ def all_hold(entries: Sequence[Entry], now_ts: float) -> bool:
     return latest_from <= now_ts < earliest_until
 
 
-class VerdictTable:
-    """One pod class's entries, by a key the owner chooses (a node name, or a node's content)."""
+class VerdictTable(Generic[ViewT]):
+    """One pod class's entries, by a key the owner chooses (a node name, or a node's content),
+    and the owner's views of node lists (`ViewT`: what it keeps per list; see `views`)."""
 
     __slots__ = (
         "_tally_lock",
@@ -111,7 +111,7 @@ class VerdictTable:
         # the caller) only looks at what changed since.
         self.changes: list[tuple[Hashable, Entry | None]] | None = [] if log_changes else None
         self.changes_base = 0
-        self.views: dict[bytes, object] = {}
+        self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
         # Bounds over every entry stored since the last `rebuild_window`: every entry in the
         # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
@@ -207,7 +207,8 @@ class VerdictTable:
         counts: Mapping[int, int] | None = None,
         replies: dict[str, bytes] | None = None,
     ) -> Judgement:
-        """A request's verdicts from its entries (in request order): the chain resolved."""
+        """A request's verdicts from its entries (in request order): the chain resolved, the
+        overrides (a bad hint, the chain) read."""
         c = self.pod_class
         chain = None
         if c.chain_active:
@@ -218,10 +219,11 @@ class VerdictTable:
             chain = resolve_chain(
                 c, None if below == NO_RANK else below, None if passed == NO_RANK else passed
             )
+        overrides = Overrides(hint=c.hint_problem, chain=chain)
         return Judgement(
             names,
             entries,
-            chain,
+            overrides,
             self.tally_keys,
             judged,
             tally_ids=tally_ids,
@@ -231,21 +233,23 @@ class VerdictTable:
 
 
 class Judgement:
-    """One request's verdicts: the entries in request order, and the chain over them.
+    """One request's verdicts: the entries in request order, and what overrules them.
 
     A filter reads each entry once (its tally index: what the counters, the passing mask and the
     rejection maps all derive from, through the few distinct tally keys), because entries are
-    scattered in memory and every pass over them costs more than the work it does.
+    scattered in memory and every pass over them costs more than the work it does. What
+    overrules the node rules (a bad hint, the chain, a spread cap) is one `Overrides`, read once
+    per request into the nodes it rejects (`overruled`): every reply piece derives from that.
     """
 
     __slots__ = (
         "_counts",
         "_ids",
-        "blocked",
-        "chain",
+        "_overruled",
         "entries",
         "judged",
         "names",
+        "overrides",
         "replies",
         "tally_keys",
     )
@@ -254,7 +258,7 @@ class Judgement:
         self,
         names: Sequence[str],
         entries: list[Entry],
-        chain: ChainOutcome | None,
+        overrides: Overrides,
         tally_keys: list[TallyKey],
         judged: int,
         *,
@@ -267,96 +271,88 @@ class Judgement:
         # them (None: nothing to share); the caller fills it in.
         self.replies = replies
         self.entries = entries
-        self.chain = chain
+        self.overrides = overrides
         # A copy taken after the entries were read: it holds every index they carry.
         self.tally_keys = tally_keys[:]
         self.judged = judged  # entries this request had to judge itself
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
-        # Nodes a cross-node step after the chain rejects (a spread cap), with its reason.
-        self.blocked: Mapping[str, str] | None = None
+        self._overruled: list[tuple[int, str]] | None = None
+
+    @property
+    def chain(self) -> ChainOutcome | None:
+        return self.overrides.chain
 
     def block(self, blocked: Mapping[str, str]) -> None:
-        """Reject `blocked` nodes (name -> reason) that pass, as unresolvable. The replies made
+        """Add a spread cap's rejections (name -> reason) to the overrides. The replies made
         earlier from the same entries no longer apply."""
         if blocked:
-            self.blocked = blocked
+            self.overrides = self.overrides._replace(blocked=blocked)
+            self._overruled = None
             self.replies = None
-
-    def _chosen(self) -> int | None:
-        return None if self.chain is None else self.chain.chosen_rank
 
     def _tally_ids(self) -> list[int]:
         if self._ids is None:
             self._ids = list(map(TALLY, self.entries))
         return self._ids
 
+    def overruled(self) -> list[tuple[int, str]]:
+        """(index, reason) of the nodes the overrides reject, in request order."""
+        found = self._overruled
+        if found is None:
+            overrides = self.overrides
+            found = []
+            if overrides.active:
+                why = overrides.reason
+                for i, (e, name) in enumerate(zip(self.entries, self.names, strict=True)):
+                    reason = why(name, passed=e.passed, rank=e.passed_rank)
+                    if reason is not None:
+                        found.append((i, reason))
+            self._overruled = found
+        return found
+
     def passed_mask(self) -> list[bool]:
-        """Per node, in request order: does it pass, after the chain and any block."""
-        mask = self._chain_mask()
-        blocked = self.blocked
-        if blocked:
-            mask = [ok and name not in blocked for ok, name in zip(mask, self.names, strict=True)]
+        """Per node, in request order: does it pass, after the overrides."""
+        passed_by_id = [key[0] for key in self.tally_keys]
+        mask = list(map(passed_by_id.__getitem__, self._tally_ids()))
+        for i, _ in self.overruled():
+            mask[i] = False
         return mask
 
-    def _chain_mask(self) -> list[bool]:
-        chosen = self._chosen()
-        if chosen is None:
-            passed_by_id = [key[0] for key in self.tally_keys]
-            return list(map(passed_by_id.__getitem__, self._tally_ids()))
-        return list(map(eq, map(_PASSED_RANK, self.entries), repeat(chosen)))
-
-    def _newly_blocked(self) -> list[tuple[int, str]]:
-        """(index, reason) of the nodes that pass the chain but are blocked."""
-        blocked = self.blocked
-        if not blocked:
-            return []
-        return [
-            (i, blocked[name])
-            for i, (ok, name) in enumerate(zip(self._chain_mask(), self.names, strict=True))
-            if ok and name in blocked
-        ]
-
     def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
-        """`FailedNodes` and `FailedAndUnresolvableNodes`, after the chain."""
+        """`FailedNodes` and `FailedAndUnresolvableNodes`: the rules' rejections, then the
+        overrides' (unresolvable), each in request order."""
         keys, ids = self.tally_keys, self._tally_ids()
-        rejected_by_id = [not key[0] for key in keys]
+        rejected = [not key[0] for key in keys]
+        overruled = self.overruled()
+        if overruled:
+            rejected_here = list(map(rejected.__getitem__, ids))
+            for i, _ in overruled:
+                rejected_here[i] = False  # its reason is the override's
+        else:
+            rejected_here = list(map(rejected.__getitem__, ids))
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for name, i in compress(
-            zip(self.names, ids, strict=False), map(rejected_by_id.__getitem__, ids)
-        ):
+        for name, i in compress(zip(self.names, ids, strict=False), rejected_here):
             _, cannot_cure, reason, _ = keys[i]
             (unresolvable if cannot_cure else failed)[name] = reason or ""
-        chosen = self._chosen()
-        if chosen is not None:
-            reason = self._not_preferred()
-            for e in self._unkept(chosen):
-                unresolvable[e.node.name] = reason
-        for i, reason in self._newly_blocked():
-            unresolvable[self.names[i]] = reason
+        names = self.names
+        for i, reason in overruled:
+            unresolvable[names[i]] = reason
         return failed, unresolvable
 
     def prioritize_reply(self) -> bytes:
         """The bytes `wire.encode_prioritize_reply(evaluation.scores())` gives."""
-        entries, chosen = self.entries, self._chosen()
-        blocked = self.blocked
-        if chosen is None and not blocked:  # nothing to zero (every failed score is 0 already)
-            return b"[" + b",".join(map(_PRIORITY, entries)) + b"]"
-        zero = encode_host_priority
-        pieces = [
-            zero(e.node.name, 0)
-            if (chosen is not None and e.passed and e.passed_rank != chosen)
-            or (blocked and name in blocked)
-            else e.priority
-            for e, name in zip(entries, self.names, strict=True)
-        ]
+        entries = self.entries
+        pieces = list(map(_PRIORITY, entries))
+        for i, _ in self.overruled():
+            pieces[i] = encode_host_priority(entries[i].node.name, 0)
         return b"[" + b",".join(pieces) + b"]"
 
     def only_passed(self) -> str | None:
-        """The one node that passed, after the chain, if exactly one did: kube-scheduler then
-        binds the pod there without scoring."""
-        if self.chain is None and not self.blocked:
+        """The one node that passed, after the overrides, if exactly one did: kube-scheduler
+        then binds the pod there without scoring."""
+        if not self.overrides.active:
             # Counted from the few distinct tally keys first: the common answer (many pass)
             # costs no pass over the entries.
             keys = self.tally_keys
@@ -367,56 +363,31 @@ class Judgement:
         return passed[0] if len(passed) == 1 else None
 
     def top_scored(self, most: int) -> list[str]:
-        """The nodes with the highest score above 0 after the chain, if at most `most` share
-        it (more: the scheduler's own scores decide among them, so none is expected)."""
-        chosen = self._chosen()
-        blocked = self.blocked
+        """The nodes with the highest score above 0 after the overrides, if at most `most`
+        share it (more: the scheduler's own scores decide among them, so none is expected)."""
         scores = list(map(_SCORE, self.entries))  # in C: this runs on every prioritize
-        if chosen is not None or blocked:
-            for i, (e, name) in enumerate(zip(self.entries, self.names, strict=True)):
-                if (chosen is not None and e.passed and e.passed_rank != chosen) or (
-                    blocked and name in blocked
-                ):
-                    scores[i] = 0
+        for i, _ in self.overruled():
+            scores[i] = 0
         best = max(scores, default=0)
         if best <= 0 or scores.count(best) > most:
             return []
         return list(compress(self.names, map(eq, scores, repeat(best))))
 
     def tally(self) -> dict[TallyKey, int]:
-        """Node counts per `(passed, unresolvable, reason, data_status)`, after the chain."""
+        """Node counts per `(passed, unresolvable, reason, data_status)`, after the overrides."""
         keys = self.tally_keys
         by_id = self._counts if self._counts is not None else Counter(self._tally_ids())
         counts = {keys[i]: n for i, n in by_id.items() if n}
-        chosen = self._chosen()
-        if chosen is not None:
-            reason = self._not_preferred()
-            for e in self._unkept(chosen):
-                key = keys[e.tally]
-                counts[key] -= 1
-                moved = (False, True, reason, key[3])
-                counts[moved] = counts.get(moved, 0) + 1
-            counts = {k: n for k, n in counts.items() if n}
-        newly_blocked = self._newly_blocked()
-        if newly_blocked:
+        overruled = self.overruled()
+        if overruled:
             entries = self.entries
-            for i, reason in newly_blocked:
+            for i, reason in overruled:
                 key = keys[entries[i].tally]
                 counts[key] -= 1
                 moved = (False, True, reason, key[3])
                 counts[moved] = counts.get(moved, 0) + 1
             counts = {k: n for k, n in counts.items() if n}
         return counts
-
-    def _not_preferred(self) -> str:
-        rejection = None if self.chain is None else self.chain.not_preferred
-        return "" if rejection is None else rejection.reason or ""
-
-    def _unkept(self, chosen: int) -> list[Entry]:
-        """Passing entries of a rank the chain did not keep."""
-        entries = self.entries
-        others = compress(entries, map(ne, map(_PASSED_RANK, entries), repeat(chosen)))
-        return [e for e in others if e.passed]
 
 
 # Entries a full-node table holds before it starts afresh: every rewrite of a Node is a new
@@ -437,7 +408,7 @@ class ContentVerdicts:
 
     def __init__(self, max_classes: int = DEFAULT_CONTENT_CLASSES) -> None:
         self.max_classes = max_classes
-        self._tables: dict[Hashable, VerdictTable] = {}
+        self._tables: dict[Hashable, VerdictTable[None]] = {}
         self._lock = threading.Lock()
         self._uses = 0
 
@@ -477,7 +448,7 @@ class ContentVerdicts:
                 judged.append(verdict)
         return table.judgement(names, entries, len(judged)), judged  # type: ignore[arg-type]
 
-    def _table(self, pod_class: PodClass) -> VerdictTable:
+    def _table(self, pod_class: PodClass) -> VerdictTable[None]:
         self._uses += 1  # racy, and only orders the LRU
         table = self._tables.get(pod_class.key)
         if table is None:

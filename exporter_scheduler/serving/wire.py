@@ -4,10 +4,9 @@ kube-scheduler posts `ExtenderArgs` (Go type `k8s.io/kube-scheduler/extender/v1`
 the keys are `Pod`, `Nodes` and `NodeNames`) and reads `ExtenderFilterResult` or a
 `HostPriorityList` back. A request with full Node objects is ~7 KB per node, so it is read in one
 typed pass that builds only what a verdict reads (each Node's name, its annotations under the
-prefix, its `managedFields` entries' manager and time) and skips the rest in C. A full-node filter
-reply echoes the passing Nodes byte for byte; their places in the body are found by each Node's
-opening as kube-scheduler (Go's encoding/json) writes it, so the echo needs no second parse, and a
-body laid out any other way is read the general way (every Node delimited, then decoded).
+prefix, its `managedFields` entries' manager and time: `serving.nodeobjects`) and skips the rest
+in C. A full-node filter reply echoes the passing Nodes byte for byte (`serving.echo` finds them in
+the body).
 
 Replies are deterministic bytes: maps are written with sorted keys and nodes in request order, so
 the same request at the same `now` gives the same reply.
@@ -19,20 +18,23 @@ import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from itertools import compress, groupby, starmap
+from itertools import compress, starmap
 from operator import attrgetter
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from exporter_scheduler.core.hints import SPREAD_GROUP_LABEL
-from exporter_scheduler.core.scoring import ForeignWriter, NodeInput, PodInput
-from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, Keys, parse_timestamp
-
-# What a reply body may be made of: buffers written in order.
-Buffer = bytes | bytearray | memoryview | msgspec.Raw
+from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.serving.echo import (
+    Buffer,
+    NodeEcho,
+    SpanEcho,
+    raw_echo,
+)
+from exporter_scheduler.serving.nodeobjects import NodeTypes, node_types, record_input
+from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 # --------------------------------------------------------------------------- request structs
 # Field names are the Kubernetes JSON names; everything not named here is skipped by msgspec.
@@ -65,157 +67,25 @@ class _Pod(msgspec.Struct):
     spec: _PodSpec | None = None
 
 
-class _Owned(msgspec.Struct, frozen=True, gc=False):
-    """A field a manager owns (`{}` in fieldsV1): only its presence is read."""
-
-
-class _ManagedTypes:
-    """`metadata.managedFields` entries typed for one annotation prefix: who changed the Node,
-    the server's time of it, and which of the contract's annotation keys that manager owns
-    (fieldsV1 `f:metadata.f:annotations.f:<key>`; everything else in fieldsV1 is skipped).
-    Frozen, so a Node's entries stay part of its hashable verdict inputs."""
-
-    def __init__(self, keys: Keys) -> None:
-        names = {f.name.lower(): f"f:{keys[f]}" for f in Field}
-        owned = msgspec.defstruct(
-            "OwnedAnnotations",
-            [(name, _Owned | UnsetType, UNSET) for name in names],
-            rename=names,
-            frozen=True,
-            gc=False,
-        )
-        fields_metadata = msgspec.defstruct(
-            "FieldsMetadata",
-            [("annotations", owned | None, None)],
-            rename={"annotations": "f:annotations"},
-            frozen=True,
-            gc=False,
-        )
-        fields_v1 = msgspec.defstruct(
-            "FieldsV1",
-            [("metadata", fields_metadata | None, None)],
-            rename={"metadata": "f:metadata"},
-            frozen=True,
-            gc=False,
-        )
-        self.entry = msgspec.defstruct(
-            "ManagedFieldsEntry",
-            [
-                ("manager", str | None, None),
-                ("time", str | None, None),
-                ("fieldsV1", fields_v1 | None, None),
-            ],
-            frozen=True,
-            gc=False,
-        )
-
-
-def managed_fields_entry_type(keys: Keys) -> Any:
-    """The struct a `metadata.managedFields` entry decodes to (see `_ManagedTypes`)."""
-    return _managed_types(keys.prefix).entry
-
-
-@functools.cache
-def _managed_types(prefix: str) -> _ManagedTypes:
-    return _ManagedTypes(Keys.for_prefix(prefix))
-
-
-class _NodeTypes:
-    """The typed view of a Node for one annotation prefix: its annotations under the prefix
-    become a frozen (hashable) struct, so a Node's verdict inputs are one hashable tuple."""
-
-    def __init__(self, keys: Keys) -> None:
-        fields = [(f.name.lower(), str | UnsetType, UNSET) for f in Field]
-        self.gpu_fields = tuple(keys[f] for f in Field)
-        gpu = msgspec.defstruct(
-            "GpuAnnotations",
-            fields,
-            rename={f.name.lower(): keys[f] for f in Field},
-            frozen=True,
-            gc=False,
-        )
-        meta = msgspec.defstruct(
-            "NodeMeta",
-            [
-                ("name", str | None, None),
-                # Only delimited: decoded by `record_labels` when a spread cap needs them.
-                ("labels", msgspec.Raw | UnsetType, UNSET),
-                ("annotations", gpu | None, None),
-                ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
-            ],
-            gc=False,
-        )
-        # The other members are only delimited (kept raw), to find the Node in the body.
-        node = msgspec.defstruct(
-            "Node",
-            [
-                ("kind", msgspec.Raw | UnsetType, UNSET),
-                ("apiVersion", msgspec.Raw | UnsetType, UNSET),
-                ("metadata", meta | None, None),
-                ("spec", msgspec.Raw | UnsetType, UNSET),
-                ("status", msgspec.Raw | UnsetType, UNSET),
-            ],
-            gc=False,
-        )
-        node_list = msgspec.defstruct("NodeList", [("items", list[node] | None, None)])  # type: ignore[valid-type]
-        args = msgspec.defstruct(
-            "ExtenderArgs",
-            [
-                ("Pod", _Pod | UnsetType | None, UNSET),
-                ("Nodes", node_list | UnsetType | None, UNSET),
-                # Kept raw too: its bytes name the node list (`ExtenderRequest.node_names_json`).
-                ("NodeNames", msgspec.Raw | UnsetType, UNSET),
-            ],
-        )
-        self.gpu_annotations = gpu
-        self.args: msgspec.json.Decoder[Any] = msgspec.json.Decoder(args)
-        self.node: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node)
-        self.node_list: msgspec.json.Decoder[Any] = msgspec.json.Decoder(node_list)
-
-
-@functools.cache
-def _node_types(prefix: str) -> _NodeTypes:
-    return _NodeTypes(Keys.for_prefix(prefix))
-
-
-def gpu_keys(keys: Keys) -> tuple[str, ...]:
-    """The annotation keys a record holds, in the order of its fields (`record_input`)."""
-    return _node_types(keys.prefix).gpu_fields
-
-
-def gpu_annotations_type(keys: Keys) -> Any:
-    """The struct a Node's annotations under the prefix decode to (the rest are skipped)."""
-    return _node_types(keys.prefix).gpu_annotations
-
-
-def annotations_of(gpu: Any, gpu_fields: Sequence[str]) -> dict[str, str]:
-    """A decoded annotations struct as the mapping the contract reads."""
-    if gpu is None:
-        return {}
-    values = msgspec.structs.astuple(gpu)
-    return {k: v for k, v in zip(gpu_fields, values, strict=True) if v is not UNSET}
-
-
-# A Node's verdict inputs, hashable: (name, GPU annotations, managedFields entries).
-NODE_CONTENT: Final = attrgetter("metadata.name", "metadata.annotations", "metadata.managedFields")
-
-
-class _RawNodeList(msgspec.Struct):
-    # Each item stays raw (only delimited), for the echo of a body not laid out as Go writes.
-    items: list[msgspec.Raw] | None = None
-
-
-class _RawArgs(msgspec.Struct):
-    Pod: msgspec.Raw | UnsetType = UNSET
-    Nodes: _RawNodeList | UnsetType | None = UNSET
-
-
-_RAW_ARGS_DECODER: Final = msgspec.json.Decoder(_RawArgs)
-_RAW_NODES_DECODER: Final = msgspec.json.Decoder(_RawNodeList)
-_RAW_DECODER: Final = msgspec.json.Decoder(msgspec.Raw)
 _POD_DECODER: Final = msgspec.json.Decoder(_Pod)
 _NAMES_DECODER: Final = msgspec.json.Decoder(tuple[str, ...] | None)
 _TOP_LEVEL_DECODER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+@functools.cache
+def _args_decoder(prefix: str) -> msgspec.json.Decoder[Any]:
+    """`ExtenderArgs` typed for one annotation prefix (its Nodes as `nodeobjects` reads them)."""
+    args = msgspec.defstruct(
+        "ExtenderArgs",
+        [
+            ("Pod", _Pod | UnsetType | None, UNSET),
+            ("Nodes", node_types(prefix).node_list_struct | UnsetType | None, UNSET),
+            # Kept raw too: its bytes name the node list (`ExtenderRequest.node_names_json`).
+            ("NodeNames", msgspec.Raw | UnsetType, UNSET),
+        ],
+    )
+    return msgspec.json.Decoder(args)
+
 
 # --------------------------------------------------------------------------- decoded request
 
@@ -260,41 +130,13 @@ class ExtenderRequest:
     @property
     def nodes(self) -> tuple[NodeInput, ...]:
         """The full-node form's Nodes as scorer inputs (built on each call)."""
-        gpu_fields = _node_types(self.keys.prefix).gpu_fields
+        gpu_fields = node_types(self.keys.prefix).gpu_fields
         return tuple(record_input(r, gpu_fields) for r in self.records)
 
     @property
     def raw_nodes(self) -> tuple[Buffer, ...]:
         """Each Node's bytes as sent (full-node form, when asked for)."""
         return () if self.echo is None else self.echo.items()
-
-
-def record_input(record: Any, gpu_fields: Sequence[str]) -> NodeInput:
-    """A decoded Node record as the scorer's input."""
-    meta = record.metadata
-    annotations = annotations_of(meta.annotations, gpu_fields)
-    entries = meta.managedFields
-    return NodeInput(
-        meta.name,
-        annotations,
-        agent_write_time(entries),
-        foreign_writer=foreign_writer(entries),
-    )
-
-
-_LABELS: Final = msgspec.json.Decoder(dict[str, str] | None)
-
-
-def record_labels(record: Any) -> dict[str, str] | None:
-    """A decoded Node record's labels (None when unreadable: then the node's domain is
-    unknown, which a spread cap treats as a node without the label)."""
-    raw = record.metadata.labels
-    if raw is UNSET:
-        return {}
-    try:
-        return _LABELS.decode(raw) or {}
-    except msgspec.DecodeError:
-        return None
 
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
@@ -366,61 +208,13 @@ def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
     )
 
 
-class ManagedFieldsLike(Protocol):
-    """A `metadata.managedFields` entry: who changed the object, and the server's time of it."""
-
-    @property
-    def manager(self) -> str | None: ...
-
-    @property
-    def time(self) -> str | None: ...
-
-
-def agent_write_time(entries: Sequence[ManagedFieldsLike] | None) -> datetime | None:
-    """The API server's time of the agent's last change: the newest entry of its field manager.
-
-    There can be more than one entry for the manager (an `Update` and an `Apply`, or a status
-    subresource); the newest is the last time the server accepted a change from the agent.
-    """
-    newest: datetime | None = None
-    for entry in entries or ():
-        if entry.manager != FIELD_MANAGER or entry.time is None:
-            continue
-        moment = parse_timestamp(entry.time)
-        if moment is not None and (newest is None or moment > newest):
-            newest = moment
-    return newest
-
-
-def foreign_writer(entries: Sequence[Any] | None) -> ForeignWriter | None:
-    """The field manager other than the agent that owns one of the contract's annotation keys,
-    with the server's time of its last change (the newest such manager); None when none does.
-
-    An owner is the manager that last changed a key's value (an `Update` that sets the same
-    value takes nothing over), so this is who may have set GPU data behind the agent's back.
-    """
-    found: ForeignWriter | None = None
-    for entry in entries or ():
-        if entry.manager == FIELD_MANAGER:
-            continue
-        fields = entry.fieldsV1
-        metadata = None if fields is None else fields.metadata
-        owned = None if metadata is None else metadata.annotations
-        if owned is None or all(v is UNSET for v in msgspec.structs.astuple(owned)):
-            continue
-        moment = None if entry.time is None else parse_timestamp(entry.time)
-        if found is None or (moment is not None and (found.time is None or moment > found.time)):
-            found = ForeignWriter(entry.manager or "", moment)
-    return found
-
-
 def node_input_from_json(data: bytes | msgspec.Raw, *, keys: Keys = DEFAULT_KEYS) -> NodeInput:
     """Decode one Node object into the scorer's input (its annotations under the prefix)."""
-    types = _node_types(keys.prefix)
+    types = node_types(keys.prefix)
     return record_input(_node_record(types, data, "$"), types.gpu_fields)
 
 
-def _node_record(types: _NodeTypes, data: Buffer, where: str) -> Any:
+def _node_record(types: NodeTypes, data: Buffer, where: str) -> Any:
     try:
         record = types.node.decode(data)
     except msgspec.DecodeError as exc:
@@ -445,7 +239,7 @@ def _check_named(records: Sequence[Any], where: str | None = None) -> tuple[str,
     raise WireError("bad_node", f"{at} has no metadata.name")
 
 
-def _case_folded_args(body: Buffer, types: _NodeTypes) -> tuple[Any, Any, Any, Buffer | None]:
+def _case_folded_args(body: Buffer, types: NodeTypes) -> tuple[Any, Any, Any, Buffer | None]:
     """Slow path: `ExtenderArgs` keys in any casing (`pod`, `nodeNames`), as Go accepts them.
     Returns (pod, node list, names, the Nodes value's bytes)."""
     try:
@@ -508,9 +302,9 @@ def decode_args(
     delimited (`node_names_json`), for a caller that has seen the same bytes before
     (`decode_node_names` reads them).
     """
-    types = _node_types(keys.prefix)
+    types = node_types(keys.prefix)
     try:
-        args = types.args.decode(body)
+        args = _args_decoder(keys.prefix).decode(body)
     except msgspec.ValidationError as exc:
         raise WireError("wrong_type", _msg(exc)) from None
     except msgspec.DecodeError as exc:
@@ -539,159 +333,15 @@ def decode_args(
         node_echo: NodeEcho | None = None
         if echo and records:
             if not folded:
-                node_echo = _SpanEcho.find(body, records)
+                node_echo = SpanEcho.find(body, records)
             if node_echo is None:
-                node_echo = _raw_echo(body if nodes_raw is None else nodes_raw, nodes_raw is None)
+                node_echo = raw_echo(body if nodes_raw is None else nodes_raw, nodes_raw is None)
         return ExtenderRequest(
             pod_input, "nodes", node_names, records=records, echo=node_echo, keys=keys
         )
     if names is not UNSET and names is not None:
         return ExtenderRequest(pod_input, "names", names, names_json, keys=keys)
     return ExtenderRequest(pod_input, "none", keys=keys)
-
-
-# --------------------------------------------------------------------------- the Nodes' bytes
-
-
-class NodeEcho(Protocol):
-    """Where each Node's bytes are in the request, for the filter reply's echo."""
-
-    def items(self) -> tuple[Buffer, ...]: ...
-
-    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
-        """The passing Nodes' bytes, comma-separated, as buffers to write in order."""
-        ...
-
-
-class _SpanEcho:
-    """Each Node's place in the body, found by its opening as Go's encoding/json writes it:
-    `{` [`"kind":..,"apiVersion":..,`] `"metadata":{"name":"<name>"`, one after the other."""
-
-    __slots__ = ("body", "ends", "starts")
-
-    def __init__(self, body: memoryview, starts: list[int], ends: list[int]) -> None:
-        self.body = body
-        self.starts = starts
-        self.ends = ends
-
-    @classmethod
-    def find(cls, body: Buffer, records: Sequence[Any]) -> _SpanEcho | None:
-        """The places, or None when the body is not laid out as expected (read it generally).
-
-        Checked as it goes: each opening must follow the previous Node's closing `},` (the first
-        one the items' `[`), with the name the typed decode read for that Node, and the last
-        Node must end exactly where the items do (`]},"NodeNames":null}`), verified by
-        delimiting it. A v1.Node has no member named `metadata` below its top level, so in a
-        body kube-scheduler wrote, the opening of Node i+1 can only be found where it begins.
-        """
-        if not isinstance(body, bytes | bytearray):
-            return None
-        find = body.find
-        encode = _ENCODER.encode
-        starts: list[int] = []
-        at = 0
-        for record in records:
-            pattern = b'"metadata":{"name":' + encode(record.metadata.name)
-            found = find(pattern, at)
-            if found < 0:
-                return None
-            start = found - 1
-            if record.kind is not UNSET or record.apiVersion is not UNSET:
-                opening = _type_meta_opening(record)
-                start = found - len(opening)
-                if body[start:found] != opening:
-                    return None
-            elif body[start] != 0x7B:  # "{"
-                return None
-            if starts:
-                if body[start - 2 : start] != b"},":
-                    return None
-            elif body[start - 1] != 0x5B:  # "["
-                return None
-            starts.append(start)
-            # The next Node begins after this one's spec and status at least: no need to scan
-            # them (about half of a Node's bytes).
-            at = found + len(pattern)
-            if record.spec is not UNSET:
-                at += len(record.spec)
-            if record.status is not UNSET:
-                at += len(record.status)
-        if not body.endswith(_ITEMS_END):
-            return None
-        view = memoryview(body)
-        last_end = len(body) - len(_ITEMS_END)  # where the items' `]` is
-        try:
-            _RAW_DECODER.decode(view[starts[-1] : last_end])  # exactly one JSON value
-        except msgspec.DecodeError:
-            return None
-        ends = [s - 1 for s in starts[1:]]
-        ends.append(last_end)
-        return cls(view, starts, ends)
-
-    def items(self) -> tuple[Buffer, ...]:
-        body = self.body
-        return tuple(body[s:e] for s, e in zip(self.starts, self.ends, strict=True))
-
-    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
-        # Consecutive passing Nodes are one slice of the body (their commas included), so the
-        # reply is a few slices, not one piece per node.
-        body, starts, ends = self.body, self.starts, self.ends
-        runs: list[Buffer] = []
-        index = 0
-        for passing, group in groupby(passed):
-            count = sum(1 for _ in group)
-            if passing:
-                runs.append(body[starts[index] : ends[index + count - 1]])
-            index += count
-        return _comma_separated(runs)
-
-
-# The body's end after the items, as kube-scheduler writes a full-node request.
-_ITEMS_END: Final = b']},"NodeNames":null}'
-
-
-def _type_meta_opening(record: Any) -> bytes:
-    """`{"kind":K,"apiVersion":A,` as Go writes a Node with its TypeMeta set (either may be
-    omitted)."""
-    opening = b"{"
-    if record.kind is not UNSET:
-        opening += b'"kind":' + bytes(record.kind) + b","
-    if record.apiVersion is not UNSET:
-        opening += b'"apiVersion":' + bytes(record.apiVersion) + b","
-    return opening
-
-
-class _RawEcho:
-    """Each Node delimited by a second, untyped pass (a body not laid out as Go writes it)."""
-
-    __slots__ = ("raws",)
-
-    def __init__(self, raws: list[msgspec.Raw]) -> None:
-        self.raws = raws
-
-    def items(self) -> tuple[Buffer, ...]:
-        return tuple(self.raws)
-
-    def parts(self, passed: Sequence[bool]) -> list[Buffer]:
-        return _comma_separated(list(compress(self.raws, passed)))
-
-
-def _raw_echo(data: Buffer, whole_body: bool) -> _RawEcho:
-    # The typed decode has accepted the same bytes, so this cannot fail.
-    if whole_body:
-        nodes = _RAW_ARGS_DECODER.decode(data).Nodes
-        raws = [] if not isinstance(nodes, _RawNodeList) else nodes.items or []
-    else:
-        raws = _RAW_NODES_DECODER.decode(data).items or []
-    return _RawEcho(raws)
-
-
-def _comma_separated(pieces: list[Buffer]) -> list[Buffer]:
-    if len(pieces) < 2:
-        return pieces
-    out: list[Buffer] = [b","] * (2 * len(pieces) - 1)
-    out[::2] = pieces
-    return out
 
 
 # --------------------------------------------------------------------------- replies

@@ -17,14 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter_scheduler.cli import (
-    BatchedLogWriter,
-    JsonLogFormatter,
-    _FieldsQueueHandler,
-    build_parser,
-    main,
-)
+from exporter_scheduler.cli import build_parser, main
 from exporter_scheduler.config.settings import flag_name, settings_fields
+from exporter_scheduler.logs import BatchedLogWriter, FieldsQueueHandler, JsonLogFormatter
 from tests.scorer._http_helpers import FIXTURES, gpu_annotations
 
 UTIL = "gpu-scheduler.example.com/utilization"
@@ -153,7 +148,7 @@ def test_json_log_lines_carry_the_fields() -> None:
 
 def test_queued_records_keep_fields_and_traceback() -> None:
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    handler = _FieldsQueueHandler(records)
+    handler = FieldsQueueHandler(records)
     try:
         raise ValueError("boom")
     except ValueError as exc:

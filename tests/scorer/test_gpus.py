@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
+from exporter_scheduler.core.records import (
     BASIS_POINTS,
     NodeInput,
     NodeVerdict,
     PodInput,
     ScoreBreakdown,
-    evaluate,
 )
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health
 from tests.scorer.scoring_builders import (
@@ -255,7 +255,7 @@ def test_gpus_rule(  # noqa: PLR0917 (one parameter per column of the table)
     assert verdict.unresolvable is (unresolvable and not passed)
     if counted is None:
         assert verdict.gpus is None
-        assert verdict.rules[-1].outcome == "not-checked"
+        assert verdict.rules.gpus.outcome == "not-checked"
         return
     assert verdict.gpus is not None
     assert verdict.gpus.needed == the_pod.gpu_request
@@ -392,7 +392,7 @@ def test_old_readers_keep_working_on_per_gpu_nodes() -> None:
 
 def test_verdicts_depend_on_k_so_the_pod_class_carries_it() -> None:
     policy = Policy()
-    from exporter_scheduler.core.scoring import PodClass  # noqa: PLC0415
+    from exporter_scheduler.core.podclass import PodClass  # noqa: PLC0415
 
     assert PodClass.of(pod(gpus=4), policy).key != PodClass.of(pod(gpus=5), policy).key
     four = evaluate(pod(gpus=4), [FOUR_IDLE_FOUR_SATURATED], NOW, policy)
@@ -473,7 +473,7 @@ def test_passes_exactly_with_k_candidates_and_scores_the_best_k(
     check = verdict.gpus
     assert len(check.status) == len(table)
     assert check.candidates == check.status.count("candidate")
-    gpus_rule = verdict.rules[-1]
+    gpus_rule = verdict.rules.gpus
     fits = check.fit_bp is None or check.fit_bp >= round(policy.min_gpu_fit_probability * 10_000)
     assert gpus_rule.outcome == ("pass" if check.candidates >= k and fits else "fail")
     if check.candidates < k:

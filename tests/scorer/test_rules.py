@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, NodeVerdict
+from exporter_scheduler.core.records import NodeInput, NodeVerdict
 from gpu_contract.schema import Field, Health
 from tests.scorer.scoring_builders import NOW, STRICT, node, one, pod, run
 
@@ -107,7 +107,7 @@ def test_rule(
     _check(verdict, passed=passed, reason=reason, unresolvable=unresolvable)
     # Timely data: the rules ran (utilization may still be absent, as on an unavailable node).
     assert verdict.data_status in ("fresh", "missing")
-    assert verdict.rules[0].outcome != "not-checked"
+    assert verdict.rules.health.outcome != "not-checked"
 
 
 STRICT_RULE_CASES = [

@@ -16,7 +16,16 @@ from exporter_scheduler.config.settings import (
     load_settings,
     read_policy_file,
 )
-from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.policy import (
+    GPU_RESOURCE_NAME,
+    MISSING_DATA,
+    POLICY_SETTINGS,
+    STALE_AFTER_S,
+    TEMPERATURE_LIMIT_C,
+    UTILIZATION_LIMIT,
+    Policy,
+    Setting,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +49,51 @@ def test_every_policy_field_is_a_setting() -> None:
     policy_fields = {f.name for f in dataclasses.fields(Policy)} - {"keys", "profile"}
     assert policy_fields | {"annotation_prefix"} == set(POLICY_FIELDS)
     assert set(POLICY_FIELDS) <= set(ScorerSettings.model_fields)
+
+
+def test_policy_fields_come_from_the_settings_table_in_order() -> None:
+    policy_fields = [f.name for f in dataclasses.fields(Policy)]
+    assert policy_fields == ["keys", *(s.name for s in POLICY_SETTINGS), "profile"]
+    assert ("annotation_prefix", *(s.name for s in POLICY_SETTINGS)) == POLICY_FIELDS
+
+
+@pytest.mark.parametrize("setting", POLICY_SETTINGS, ids=lambda s: s.name)
+def test_each_setting_derives_its_default_bounds_and_help(setting: Setting[Any]) -> None:
+    field = ScorerSettings.model_fields[setting.name]
+    assert field.default == setting.default == getattr(Policy(), setting.name)
+    assert field.description == setting.help
+    assert setting.why, "every default carries its reason"
+    bounds = {
+        name: getattr(m, name)
+        for m in field.metadata
+        for name in ("ge", "gt", "le")
+        if getattr(m, name, None) is not None
+    }
+    low = "gt" if setting.exclusive_minimum else "ge"
+    expected = {
+        name: value
+        for name, value in ((low, setting.minimum), ("le", setting.maximum))
+        if value is not None
+    }
+    assert bounds == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        pytest.param(UTILIZATION_LIMIT, 1.5, id="fraction above 1"),
+        pytest.param(TEMPERATURE_LIMIT_C, 0, id="temperature below its minimum"),
+        pytest.param(TEMPERATURE_LIMIT_C, 80.5, id="temperature not whole"),
+        pytest.param(STALE_AFTER_S, 0.0, id="stale at its exclusive minimum"),
+        pytest.param(MISSING_DATA, "lax", id="missing data not a choice"),
+        pytest.param(GPU_RESOURCE_NAME, " ", id="resource name empty"),
+    ],
+)
+def test_policy_and_settings_refuse_the_same_bounds(setting: Setting[Any], value: Any) -> None:
+    with pytest.raises(ValueError, match=setting.name):
+        Policy(**{setting.name: value})
+    with pytest.raises(SettingsError, match=setting.name):
+        load_settings({setting.name: value})
 
 
 def test_precedence_flags_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

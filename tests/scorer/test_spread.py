@@ -18,7 +18,7 @@ import pytest
 
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.core.spread import HOSTNAME_KEY, SpreadCap, check_spread
 from exporter_scheduler.edges.podcache import PodCache
 from exporter_scheduler.serving.app import ScorerApp
@@ -459,9 +459,10 @@ def test_a_zone_cap_reads_the_node_labels(names_only: bool) -> None:
         "unresolvable": {"n0": full, "n1": full},
     }
     # Only n2 passed: kube-scheduler binds there without scoring, so the scorer counts the
-    # pod in zone b at once, and the next pod of the group finds no zone left.
-    got = stack.filter(group_pod("after", cap="1", key=ZONE), ["n2", "n0"])
-    assert got["unresolvable"] == {"n0": full, "n2": full}
+    # pod in zone b at once, and the next pod of the group finds no zone left. (The request
+    # carries n1, where the first pod runs: full-node mode knows only the request's labels.)
+    got = stack.filter(group_pod("after", cap="1", key=ZONE), ["n2", "n0", "n1"])
+    assert got["unresolvable"] == {"n0": full, "n1": full, "n2": full}
     # A node without the label fails under its own reason.
     unzoned = cluster(names_only, cache=synced_cache(), labels={"n0": {ZONE: "a"}})
     got = unzoned.filter(group_pod("bare", cap="1", key=ZONE), ["n0", "n1"])
@@ -473,9 +474,7 @@ def test_explain_shows_the_cap_and_the_counts(names_only: bool) -> None:
     labels = {"n0": {ZONE: "a"}, "n1": {ZONE: "a"}, "n2": {ZONE: "b"}}
     cache = synced_cache(bound_object("a", "n0"), bound_object("b", "n2"))
     stack = cluster(names_only, cache=cache, labels=labels)
-    # Full-node mode remembers the labels of the Nodes it has seen in requests.
-    stack.filter(group_pod("warm-up", cap="1", key=ZONE))
-    document = stack.explain(group_pod("asked", cap="1", key=ZONE), ["n1", "n2", "hot"])
+    document = stack.explain(group_pod("asked", cap="1", key=ZONE), ["n0", "n1", "n2", "hot"])
     full = "spread group at most 1 per topology.kubernetes.io/zone"
     assert document["spread"] == {
         "group": "train",
@@ -484,9 +483,10 @@ def test_explain_shows_the_cap_and_the_counts(names_only: bool) -> None:
         "topology_key": ZONE,
         "counts": {"a": 1, "b": 1},
         "uncounted_pods": 0,
-        "domains": {"n1": "a", "n2": "b", "hot": None},
+        "domains": {"n0": "a", "n1": "a", "n2": "b", "hot": None},
         "blocked": {
             "hot": "node has no topology.kubernetes.io/zone label",
+            "n0": full,
             "n1": full,
             "n2": full,
         },
@@ -495,6 +495,7 @@ def test_explain_shows_the_cap_and_the_counts(names_only: bool) -> None:
         n["name"]: (n["verdict"], n["reason"], n["unresolvable"]) for n in document["nodes"]
     }
     assert verdicts == {
+        "n0": ("fail", full, True),
         "n1": ("fail", full, True),
         "n2": ("fail", full, True),
         # A node failing a rule of its own keeps that reason.
@@ -641,27 +642,48 @@ def test_a_tie_at_the_top_holds_every_tied_node(names_only: bool) -> None:
 # ----------------------------------------------------------------------------- labels by mode
 
 
-def test_full_node_mode_remembers_the_labels_of_nodes_seen_in_requests() -> None:
-    """A group pod's node need not be in the request (filtered out by kube-scheduler for its
-    own reasons); its zone is known if the scorer saw that Node in an earlier request."""
+@dataclass(frozen=True)
+class HistoryCase:
+    name: str
+    # Earlier requests: (verb, pod name, nodes). Their pods are capped in another group, so
+    # that what they propose counts for that group only.
+    earlier: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+HISTORIES = [
+    HistoryCase("none", ()),
+    HistoryCase("a filter carrying the group pod's node", (("filter", "x", ("n0",)),)),
+    HistoryCase("a filter carrying every node", (("filter", "y", ("n0", "n1", "n2", "hot")),)),
+    HistoryCase(
+        "a prioritize and an explain",
+        (("prioritize", "z", ("n0", "n2")), ("explain", "w", ("n0", "n1"))),
+    ),
+]
+
+
+@pytest.mark.parametrize("names_only", MODES)
+def test_the_same_request_gets_the_same_reply_after_any_history(names_only: bool) -> None:
+    """A verdict depends on the request, the caches and the policy, never on earlier
+    requests: full-node mode knows the labels of the request's own Nodes only."""
     labels = {"n0": {ZONE: "a"}, "n1": {ZONE: "a"}, "n2": {ZONE: "b"}}
-    full = "spread group at most 1 per topology.kubernetes.io/zone"
-
-    def stack_with_member() -> Cluster:
-        return cluster(False, cache=synced_cache(bound_object("a", "n0")), labels=labels)
-
-    never_seen = stack_with_member()
     pod = group_pod("next", cap="1", key=ZONE)
-    assert never_seen.filter(pod, ["n1", "n2"])["passed"] == ["n1", "n2"]
-    assert never_seen.explain(pod, ["n1", "n2"])["spread"]["uncounted_pods"] == 1
-
-    seen = stack_with_member()
-    seen.filter(group_pod("earlier", cap="1", key=ZONE), ["n0"])
-    assert seen.filter(pod, ["n1", "n2"]) == {
-        "passed": ["n2"],
-        "failed": {},
-        "unresolvable": {"n1": full},
-    }
+    replies = {}
+    for history in HISTORIES:
+        stack = cluster(names_only, cache=synced_cache(bound_object("a", "n0")), labels=labels)
+        for verb, name, nodes in history.earlier:
+            earlier = group_pod(name, group="other", cap="1", key=ZONE)
+            stack.app.handle(verb, stack.body(earlier, nodes))  # type: ignore[arg-type]
+        replies[history.name] = stack.app.handle("filter", stack.body(pod, ["n1", "n2"])).body
+    assert len(set(replies.values())) == 1, replies
+    # The group pod runs on n0, in zone a: the node cache knows it; a full-node request
+    # that does not carry n0 cannot.
+    passed = json.loads(replies["none"])
+    names = (
+        passed["NodeNames"]
+        if names_only
+        else [item["metadata"]["name"] for item in passed["Nodes"]["items"]]
+    )
+    assert names == (["n2"] if names_only else ["n1", "n2"])
 
 
 def test_names_only_mode_reads_the_labels_from_the_node_cache() -> None:

@@ -30,8 +30,8 @@ from benchmarks.pod_watch import (
     status_kib,
     summarize_rounds,
 )
-from exporter_scheduler.cli import JsonLogFormatter
 from exporter_scheduler.edges.podcache import PodCache
+from exporter_scheduler.logs import JsonLogFormatter
 from exporter_scheduler.serving.metrics import ScorerMetrics
 
 

@@ -1,0 +1,67 @@
+"""What a log line says of a verdict: the fields of a rejected node and of a pod class.
+
+Kept apart from the explanation so that whoever logs a rejection (the names-only node store
+when it judges a node, the request path for the Nodes a request judged) reads the same fields
+without depending on the module that renders explanations.
+"""
+
+from __future__ import annotations
+
+from exporter_scheduler.core.podclass import PodClass
+from exporter_scheduler.core.records import BASIS_POINTS, NodeVerdict
+from gpu_contract.schema import format_timestamp
+
+
+def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
+    """The pod class in a log line: the hint annotations and the GPU request that define it."""
+    _, hints, gpu_request = pod_class.key
+    return {"profile": pod_class.policy.profile, "hints": dict(hints), "gpu_request": gpu_request}
+
+
+def verdict_values(verdict: NodeVerdict) -> dict[str, object]:
+    """The values a verdict read and the data's age, for a log line (unknown ones left out)."""
+    values: dict[str, object] = {}
+    state = verdict.inputs.state
+    if state is not None:
+        read = {
+            "health": state.health.value,
+            "utilization": state.utilization,
+            "temperature_c": state.temperature_c,
+            "memory_largest_free_mib": state.memory_largest_free_mib,
+            "gpu_model": state.gpu_model,
+            "updated_at": format_timestamp(state.updated_at),
+        }
+        values.update((k, v) for k, v in read.items() if v is not None)
+        if state.gpus:
+            values["per_gpu_utilization"] = [g.utilization for g in state.gpus]
+    check = verdict.gpus
+    if check is not None:
+        values["gpus_needed"] = check.needed
+        values["gpu_candidates"] = check.candidates
+        values["gpu_status"] = list(check.status)
+        if check.fit_bp is not None:
+            values["gpu_fit_probability"] = check.fit_bp / BASIS_POINTS
+    inflight = verdict.inflight
+    if inflight is not None and inflight.pods:
+        values["inflight_pods"] = [p.ref for p in inflight.pods]
+        values["inflight_allocation_gpus"] = inflight.allocation_gpus
+        values["inflight_load_gpus"] = inflight.load_gpus
+    if verdict.inputs.problems:
+        values["problems"] = list(verdict.inputs.problems)
+    if verdict.age_s is not None:
+        values["age_s"] = round(verdict.age_s, 3)
+    if verdict.server_age_s is not None:
+        values["server_age_s"] = round(verdict.server_age_s, 3)
+    return values
+
+
+def rejection_fields(verdict: NodeVerdict) -> dict[str, object]:
+    """A rejected node's log fields: its uniform reason, then the values it read."""
+    fields: dict[str, object] = {
+        "node": verdict.name,
+        "reason": verdict.reason or "",
+        "unresolvable": verdict.unresolvable,
+        "data_status": str(verdict.data_status),
+    }
+    fields.update(verdict_values(verdict))
+    return fields
