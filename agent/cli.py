@@ -34,11 +34,11 @@ from agent.daemon import (
     start_jitter_s,
     stop_on_signals,
 )
+from agent.dra_api import DraClient
 from agent.http import HealthServer
 from agent.kube import (
     ApiError,
     CredentialsMissingError,
-    DraClient,
     NodeAnnotator,
     Timeouts,
     api_client_for,

@@ -33,7 +33,14 @@ from typing import Any, Final
 
 import pynvml  # type: ignore[import-untyped]  # NVIDIA ships no type information
 
-from agent.records import GpuProcesses, GpuReading, NodeReading, SourceUnavailable
+from agent.records import (
+    MIG_UUID_REFRESH_READS,
+    GpuMemo,
+    GpuProcesses,
+    GpuReading,
+    NodeReading,
+    SourceUnavailable,
+)
 
 _MIB: Final = 1024 * 1024
 
@@ -65,8 +72,6 @@ _ABSENT: Final = frozenset(
 _NO_SAMPLE_BUFFER: Final = frozenset(
     {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
 )
-# About a minute at the default 5 s sample interval.
-_MIG_UUID_REFRESH_READS: Final = 12
 _SAMPLE_VALUE_FIELDS: Final = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -131,25 +136,6 @@ def _unavailable_message(error: pynvml.NVMLError) -> str:
 
 
 @dataclass(slots=True)
-class _GpuMemo:
-    """What a source remembers about one GPU between ticks, keyed by UUID."""
-
-    last_sample_us: int = 0
-    samples_unsupported: bool = False
-    # Per-process utilization samples: the newest timestamp read, and whether the GPU has none.
-    last_process_sample_us: int = 0
-    process_samples_unsupported: bool = False
-    # GPU instance profiles (id, memory MiB) of a MIG-enabled GPU: fixed while MIG stays on.
-    mig_profiles: tuple[tuple[int, int], ...] | None = None
-    # MIG slot -> (the MIG device's total memory in MiB, its UUID). A MIG device's UUID is fixed
-    # for its life, so it is read once, not every tick; an empty slot or a different size means a
-    # new device. Re-read every `_MIG_UUID_REFRESH_READS` reads, for a device destroyed and
-    # re-created with the same profile between two ticks.
-    mig_uuids: dict[int, tuple[int, str]] = field(default_factory=dict)
-    mig_uuid_reads: int = 0
-
-
-@dataclass(slots=True)
 class _Tick:
     errors: list[str] = field(default_factory=list)
 
@@ -167,7 +153,7 @@ class NvmlSource:
         self._inits = 0
         self._closed = False
         self._needs_init = False
-        self._memo: dict[str, _GpuMemo] = {}
+        self._memo: dict[str, GpuMemo] = {}
         self._temperature_v_missing = False
         self._memory_v2_missing = False
         self._tick = _Tick()
@@ -297,7 +283,7 @@ class NvmlSource:
         # UUIDs key the per-GPU memory because indexes can change; without one, the index is
         # the best key there is for this tick.
         key = str(uuid) if uuid else f"index-{index}"
-        memo = self._memo.setdefault(key, _GpuMemo())
+        memo = self._memo.setdefault(key, GpuMemo())
         name = self._field("name", index, problems, pynvml.nvmlDeviceGetName, handle)
         utilization = self._utilization(handle, index, memo, problems)
         total_mib, free_mib = self._memory(handle, index, problems)
@@ -327,7 +313,7 @@ class NvmlSource:
         )
 
     def _utilization(
-        self, handle: Any, index: int, memo: _GpuMemo, problems: list[str]
+        self, handle: Any, index: int, memo: GpuMemo, problems: list[str]
     ) -> float | None:
         if not memo.samples_unsupported:
             try:
@@ -362,7 +348,7 @@ class NvmlSource:
             return None
         return min(1.0, max(0.0, int(rates.gpu) / 100.0))
 
-    def _processes(self, handle: Any, memo: _GpuMemo) -> GpuProcesses:
+    def _processes(self, handle: Any, memo: GpuMemo) -> GpuProcesses:
         """The GPU's processes: memory per pid, and SM-busy samples per pid since the last tick.
 
         Neither part makes the GPU degraded: per-process data only refines the pods' figures,
@@ -401,7 +387,7 @@ class NvmlSource:
                 found[pid] = max(found.get(pid) or 0, mib)
         return tuple(sorted(found.items()))
 
-    def _process_samples(self, handle: Any, memo: _GpuMemo) -> tuple[tuple[int, float], ...] | None:
+    def _process_samples(self, handle: Any, memo: GpuMemo) -> tuple[tuple[int, float], ...] | None:
         if memo.process_samples_unsupported:
             return None
         try:
@@ -512,7 +498,7 @@ class NvmlSource:
         return bool(int(current) == pynvml.NVML_DEVICE_MIG_ENABLE)
 
     def _mig_free_mib(
-        self, handle: Any, index: int, memo: _GpuMemo, problems: list[str]
+        self, handle: Any, index: int, memo: GpuMemo, problems: list[str]
     ) -> tuple[int | None, int | None, tuple[str, ...]]:
         """(free, largest single allocation, MIG device UUIDs) of a MIG-enabled GPU, MiB.
 
@@ -526,7 +512,7 @@ class NvmlSource:
         The UUIDs (which the kubelet names MIG devices by) come from the same device handles.
         """
         memo.mig_uuid_reads += 1
-        if memo.mig_uuid_reads >= _MIG_UUID_REFRESH_READS:
+        if memo.mig_uuid_reads >= MIG_UUID_REFRESH_READS:
             memo.mig_uuid_reads = 0
             memo.mig_uuids.clear()
         uuids: list[str] = []
@@ -575,7 +561,7 @@ class NvmlSource:
         slot: int,
         total_mib: int,
         *,
-        memo: _GpuMemo,
+        memo: GpuMemo,
         index: int,
         problems: list[str],
     ) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +124,27 @@ class SourceUnavailable(RuntimeError):  # noqa: N818  (the name is part of the i
     The message is one line an operator can act on; the agent exits non-zero on it, so the kubelet
     backs off instead of the pod spinning.
     """
+
+
+# About a minute at the default 5 s sample interval.
+MIG_UUID_REFRESH_READS: Final = 12
+
+
+@dataclass(slots=True)
+class GpuMemo:
+    """What the NVML source remembers about one GPU between ticks, keyed by UUID (kept here,
+    beside the readings, because it holds no NVML handle: only numbers and UUIDs)."""
+
+    last_sample_us: int = 0
+    samples_unsupported: bool = False
+    # Per-process utilization samples: the newest timestamp read, and whether the GPU has none.
+    last_process_sample_us: int = 0
+    process_samples_unsupported: bool = False
+    # GPU instance profiles (id, memory MiB) of a MIG-enabled GPU: fixed while MIG stays on.
+    mig_profiles: tuple[tuple[int, int], ...] | None = None
+    # MIG slot -> (the MIG device's total memory in MiB, its UUID). A MIG device's UUID is fixed
+    # for its life, so it is read once, not every tick; an empty slot or a different size means a
+    # new device. Re-read every `MIG_UUID_REFRESH_READS` reads, for a device destroyed and
+    # re-created with the same profile between two ticks.
+    mig_uuids: dict[int, tuple[int, str]] = field(default_factory=dict)
+    mig_uuid_reads: int = 0

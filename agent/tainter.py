@@ -37,7 +37,8 @@ from agent.dra import (
     taint_failed,
     taint_written,
 )
-from agent.kube import ApiError, DraApi, DraApiMissing, ForbiddenError, NotFoundError
+from agent.dra_api import DraApi, DraApiMissing
+from agent.kube import ApiError, ForbiddenError, NotFoundError
 from agent.metrics import AgentMetrics
 from agent.records import NodeReading
 
@@ -55,7 +56,7 @@ class DraState(StrEnum):
 
 
 class DraApiClient(Protocol):
-    """What the tainter needs from `agent.kube.DraClient` (tests pass a fake)."""
+    """What the tainter needs from `agent.dra_api.DraClient` (tests pass a fake)."""
 
     def discover(self) -> DraApi: ...
     def node_uid(self) -> str | None: ...

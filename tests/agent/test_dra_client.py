@@ -16,12 +16,10 @@ import pytest
 from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
 from agent.dra import DraDevice, TaintKind, rule_body
+from agent.dra_api import DraApi, DraApiMissing, DraClient
 from agent.kube import (
     ApiError,
     ConflictError,
-    DraApi,
-    DraApiMissing,
-    DraClient,
     ForbiddenError,
     ServerError,
     Timeouts,

@@ -17,11 +17,10 @@ from kubernetes.client.exceptions import ApiException  # type: ignore[import-unt
 
 from agent.daemon import Agent
 from agent.dra import TaintKind, TaintPolicy
+from agent.dra_api import DraApi, DraApiMissing
 from agent.kube import (
     ApiError,
     ConflictError,
-    DraApi,
-    DraApiMissing,
     ForbiddenError,
     NotFoundError,
     ServerError,

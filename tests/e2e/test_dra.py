@@ -26,7 +26,8 @@ import pytest
 
 from agent.daemon import Agent
 from agent.dra import TaintPolicy
-from agent.kube import DraClient, ForbiddenError, api_client_for
+from agent.dra_api import DraClient
+from agent.kube import ForbiddenError, api_client_for
 from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.simulated import SimulatedSource

@@ -279,7 +279,9 @@ def synced_cache(*pods: Mapping[str, Any]) -> PodCache:
     """A pod cache after its first LIST (in-flight accounting on) holding `pods`."""
     cache = PodCache()
     page = {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "400"}}
-    cache._replace(cache._page.decode(json.dumps({**page, "items": list(pods)})).items or [])
+    cache._replace(
+        cache._keep(cache._page.decode(json.dumps({**page, "items": list(pods)})).items or [])
+    )
     assert cache.active
     return cache
 

@@ -19,7 +19,7 @@ def test_a_small_run_measures_both_trees_with_rejections_logged() -> None:
     if probe.returncode != 0:
         pytest.skip("not a git checkout")
     args = argparse.Namespace(
-        before="HEAD", nodes=200, names=50, pairs=40, rounds=2, log_level="info"
+        before="HEAD", nodes=200, percentage=0, pairs=40, rounds=2, log_level="info"
     )
     result = scorer_cpu.run(args)
     assert set(result["cpu_us_per_pair"]) == {"before (HEAD)", "this checkout"}
