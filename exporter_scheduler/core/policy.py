@@ -22,6 +22,8 @@ MAX_TEMPERATURE_LIMIT_C: Final = 150
 # reproducible), so their sum must reach at least one such step.
 WEIGHT_RESOLUTION: Final = 0.001
 MAX_WEIGHT: Final = 1000.0
+# 16 TiB per GPU, the bound of the pods' memory hints (`hints.MAX_GPU_MEMORY_MIB`).
+MAX_GPU_MEMORY_MIB: Final = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,18 @@ class Policy:
     # defined order), so a node is judged on the GPUs it could hand out. False only where GPUs
     # are assigned by their load (a load-aware allocator): the best k candidates are counted.
     blind_device_plugin: bool = True
+    # -- the pod's own load (exporter_scheduler/core/ownload.py): a GPU is a candidate only if
+    # its load plus the load the pod will add stays within the limit, and the score reads the
+    # headroom left after it. False judges GPUs by their load now (more GPUs pushed over the
+    # limit once pods run; fewer pods wait).
+    own_load: bool = True
+    # The utilization a pod adds per GPU when neither its hint nor its workload's running pods
+    # say: the mean utilization per GPU of the placement simulation's pods (docs/scoring.md,
+    # "The pod's own load", for the sweep behind it).
+    own_load_gpu_load: float = 0.30
+    # Memory a pod's processes hold per GPU when neither hint nor learned figure says: none
+    # (a pod that needs memory free says so with `min-gpu-memory-mib`).
+    own_load_gpu_memory_mib: int = 0
     # The tenant profile this policy is (`exporter_scheduler.config.profiles`); `default` for the
     # top-level policy. Named in explanations, logs and the request metrics.
     profile: str = "default"
@@ -118,6 +132,16 @@ class Policy:
         _check_seconds("inflight_load_delay_s", self.inflight_load_delay_s, allow_zero=True)
         _check_fraction("inflight_gpu_load", self.inflight_gpu_load)
         _check_fraction("min_gpu_fit_probability", self.min_gpu_fit_probability)
+        _check_fraction("own_load_gpu_load", self.own_load_gpu_load)
+        if (
+            isinstance(self.own_load_gpu_memory_mib, bool)
+            or not isinstance(self.own_load_gpu_memory_mib, int)
+            or not 0 <= self.own_load_gpu_memory_mib <= MAX_GPU_MEMORY_MIB
+        ):
+            raise ValueError(
+                f"own_load_gpu_memory_mib must be a whole number of MiB between 0 and "
+                f"{MAX_GPU_MEMORY_MIB}, got {self.own_load_gpu_memory_mib!r}"
+            )
         if not self.gpu_resource_name.strip():
             raise ValueError("gpu_resource_name must not be empty")
 

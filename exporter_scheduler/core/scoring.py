@@ -33,6 +33,7 @@ from exporter_scheduler.core.hints import (
     parse_hints,
 )
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod, InFlight, count_inflight
+from exporter_scheduler.core.ownload import Learned, OwnLoad, own_load
 from exporter_scheduler.core.policy import (
     Policy,
     format_fraction_limit,
@@ -131,6 +132,9 @@ class PodInput:
     uid: str = ""
     # The pod's `<prefix>spread-group` label: the group its spread cap counts (spread.py).
     spread_group: str | None = None
+    # What the running pods of its workload use per GPU (`ownload.learn`), from the scorer's
+    # watches; None when nothing is learned. Part of the pod's class (`pod_class_key`).
+    learned: Learned | None = None
 
 
 class RuleOutcome(msgspec.Struct, frozen=True, gc=False):
@@ -251,6 +255,9 @@ class Evaluation:
     # Verdicts are a pure function of (pod, nodes, now, policy); for the same pod, nodes and
     # policy, every `now` in [this evaluation's `now`, `valid_until`) gives the same verdicts.
     valid_until: datetime | None = None
+    # The pod's own load the verdicts counted per GPU, and its sources; None when the policy
+    # does not count it.
+    own_load: OwnLoad | None = None
 
     def passed_names(self) -> list[str]:
         return [v.name for v in self.verdicts if v.passed]
@@ -326,14 +333,22 @@ class _Decoder:
 # ----------------------------------------------------------------------------- the pod class
 
 # What makes two pods the same for every verdict: the policy (by identity), the pod's
-# annotations under the prefix (its hints; nothing else of the pod is read) and its GPU request.
-PodClassKey = tuple[int, tuple[tuple[str, str], ...], int]
+# annotations under the prefix (its hints), its GPU request, and its workload's learned figures.
+PodClassKey = tuple[int, tuple[tuple[str, str], ...], int, tuple[int | None, int | None] | None]
 
 
 def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
     prefix = policy.keys.prefix
     hints = tuple(sorted((k, v) for k, v in pod.annotations.items() if k.startswith(prefix)))
-    return (id(policy), hints, pod.gpu_request)
+    learned = pod.learned
+    # The learned figures (already rounded to their steps), not their sample counts: a class
+    # changes only when a figure does, so cached verdicts stay exact and few.
+    figures = (
+        None
+        if learned is None or not policy.own_load
+        else (learned.utilization_bp, learned.memory_mib)
+    )
+    return (id(policy), hints, pod.gpu_request, figures)
 
 
 class PodClass:
@@ -376,6 +391,8 @@ class PodClass:
         "model_skip",
         "model_unlisted",
         "not_checked",
+        "own",
+        "own_bp",
         "patterns",
         "policy",
         "prefix",
@@ -405,7 +422,9 @@ class PodClass:
         parsed = parse_hints(pod.annotations, policy.keys)
         problem = parsed if isinstance(parsed, HintError) else None
         hints = NO_HINTS if isinstance(parsed, HintError) else parsed
-        return cls(pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request)
+        return cls(
+            pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request, learned=pod.learned
+        )
 
     def __init__(
         self,
@@ -414,6 +433,8 @@ class PodClass:
         hints: PodHints,
         hint_problem: HintError | None,
         gpu_request: int,
+        *,
+        learned: Learned | None = None,
     ) -> None:
         self.key = key
         self.policy = policy
@@ -437,7 +458,27 @@ class PodClass:
         self.skew_tolerance_s = policy.clock_skew_tolerance_s
         self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
         self.require_writer = policy.require_agent_writer
-        self.min_memory_mib = hints.min_gpu_memory_mib
+        # The pod's own load (ownload.py): None when the policy does not count it, or the
+        # pod holds no GPU to add it to (such pods reach the scorer only in tests and tools).
+        self.own = (
+            own_load(
+                hints.expected_gpu_load,
+                hints.expected_gpu_memory_mib,
+                learned,
+                policy.own_load_gpu_load,
+                policy.own_load_gpu_memory_mib,
+            )
+            if policy.own_load and gpu_request > 0
+            else None
+        )
+        self.own_bp = 0 if self.own is None else self.own.utilization_bp
+        # The memory a GPU must have free: the pod's `min-gpu-memory-mib`, or the memory its
+        # processes will hold, whichever is more (None: not checked).
+        need_mib = hints.min_gpu_memory_mib
+        own_mib = 0 if self.own is None else self.own.memory_mib
+        if own_mib > 0 and (need_mib is None or own_mib > need_mib):
+            need_mib = own_mib
+        self.min_memory_mib = need_mib
         self.inflight_max_s = policy.inflight_max_s
         self.inflight_load_delay_s = policy.inflight_load_delay_s
         self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
@@ -484,7 +525,7 @@ class PodClass:
             if lenient
             else RuleOutcome("temperature", "fail", temp_limit, "gpu temperature unknown", True)
         )
-        mem_limit = None if hints.min_gpu_memory_mib is None else f"{hints.min_gpu_memory_mib}MiB"
+        mem_limit = None if need_mib is None else f"{need_mib}MiB"
         self.mem_skip = RuleOutcome("memory", "not-checked")
         self.mem_pass = RuleOutcome("memory", "pass", mem_limit)
         self.mem_fail = RuleOutcome(
@@ -614,6 +655,7 @@ def evaluate(
         c.utilization_limit,
         now,
         valid_until,
+        c.own,
     )
 
 
@@ -906,6 +948,13 @@ def _judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on 
                 added_bp = inflight.load_bp // max(state.gpu_count or 1, 1)
                 utilization_bp = min(BASIS_POINTS, utilization_bp + added_bp)
                 judged_utilization = utilization_bp / BASIS_POINTS
+            if c.own_bp:
+                # The pod's own load on the k GPUs it gets, in the node's mean over its GPUs.
+                node_gpus = max(state.gpu_count or 1, 1)
+                own_gpus = min(c.gpu_request, node_gpus)
+                added_bp = c.own_bp * own_gpus // node_gpus
+                utilization_bp = min(BASIS_POINTS, utilization_bp + added_bp)
+                judged_utilization = utilization_bp / BASIS_POINTS
             util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
     if failed is None and util.outcome == "fail":
         failed = util
@@ -1050,6 +1099,10 @@ def _judge_gpus(
     """
     k = c.gpu_request
     limit_bp, threshold_bp = c.limit_bp, c.threshold_bp
+    # The pod's own load: a GPU is a candidate only if it stays within the limit under it,
+    # and its headroom is what is left after it.
+    own_bp = c.own_bp
+    fit_limit_bp = limit_bp - own_bp
     temp_limit_c = c.temp_limit_c
     min_mib = c.min_memory_mib
     strict = not c.lenient
@@ -1086,7 +1139,7 @@ def _judge_gpus(
             allocated_n += 1
             add("allocated" if allocated else "not-offered")
             continue
-        if u_bp > limit_bp:
+        if u_bp > fit_limit_bp:
             hot_util += 1
             add("utilization")
             continue
@@ -1104,7 +1157,7 @@ def _judge_gpus(
             add("memory")
             continue
         add("candidate")
-        util_headroom = 0 if u_bp < 0 else BASIS_POINTS - u_bp
+        util_headroom = 0 if u_bp < 0 else max(0, BASIS_POINTS - u_bp - own_bp)
         ranked.append(
             (
                 -(w_util * util_headroom + w_temp * temp_headroom),
