@@ -37,7 +37,7 @@ from exporter_scheduler.config.settings import (
     load_settings,
     settings_fields,
 )
-from exporter_scheduler.core.scoring import evaluate
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ObservabilityApp, ScorerApp

@@ -2,7 +2,7 @@
 
 What it compares, on the same pods, nodes, background load and seeds:
 
-- ``per-gpu``: the scorer's real filter and scores (`exporter_scheduler.core.scoring.evaluate`) with
+- ``per-gpu``: the scorer's real filter and scores (`exporter_scheduler.core.judge.evaluate`) with
   its defaults, fed the annotations each node's agent last *wrote* (real `aggregate` with the
   kubelet's allocations, real write limiter, real `encode`), so the scorer sees data as stale as
   it would be in a cluster, never the truth; multi-GPU pods get the k-GPU rule on the per-GPU
@@ -82,8 +82,9 @@ from exporter_scheduler.core.hints import (
     MODEL_PREFERENCE,
 )
 from exporter_scheduler.core.inflight import BASIS_POINTS, NO_PODS, BoundPod
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, PodInput, evaluate
+from exporter_scheduler.core.records import NodeInput, PodInput
 from fleet_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
 

@@ -46,7 +46,7 @@ class Policy:
     managed_fields_lag_tolerance_s: float = 30.0
     missing_data: MissingData = "lenient"
     # Treat GPU annotations as unknown data (the missing-data policy) unless managedFields shows
-    # the agent wrote them (`scoring.written_by_agent`). On in the chart with its GPU-data
+    # the agent wrote them (`judge.written_by_agent`). On in the chart with its GPU-data
     # admission policy: then only the agent's service account may write them at all.
     require_agent_writer: bool = False
     # The score is a weighted mean of three headrooms; only the ratios between weights matter.

@@ -27,7 +27,7 @@ from typing import Final
 import msgspec
 
 from exporter_scheduler.core.inflight import BoundPod
-from exporter_scheduler.core.scoring import Evaluation
+from exporter_scheduler.core.records import Evaluation
 
 HOSTNAME_KEY: Final = "kubernetes.io/hostname"
 

@@ -24,7 +24,8 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.core.scoring import NodeInput, predecode
+from exporter_scheduler.core.decoding import predecode
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, WatchExpiredError
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now

@@ -1,6 +1,6 @@
 """The extender's request path: one body in, one reply out, in four stages and with no I/O.
 
-    decode (wire)  ->  pod class (scoring.PodClass, compiled once per class)
+    decode (wire)  ->  pod class (podclass.PodClass, compiled once per class)
                    ->  verdicts: full nodes: `evaluate`; names only: the node store's entries
                    ->  reply bytes, then the verdict counters and log lines
 
@@ -27,15 +27,10 @@ from urllib.parse import parse_qs
 from exporter_scheduler.config.profiles import PolicySet, Profile
 from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
+from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.podclass import PodClass, PodClassKey, pod_class_key
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
-    NodeInput,
-    NodeVerdict,
-    PodClass,
-    PodClassKey,
-    evaluate,
-    pod_class_key,
-)
+from exporter_scheduler.core.records import NodeInput, NodeVerdict
 from exporter_scheduler.core.spread import (
     HOSTNAME_KEY,
     LabelsOf,

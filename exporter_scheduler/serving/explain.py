@@ -15,15 +15,15 @@ from exporter_scheduler.core.hints import HINT_NAMES
 from exporter_scheduler.core.ownload import OwnLoad
 from exporter_scheduler.core.ownload import describe as describe_own_load
 from exporter_scheduler.core.policy import Policy, format_fraction_limit, weight_milli
-from exporter_scheduler.core.scoring import (
+from exporter_scheduler.core.records import (
     BASIS_POINTS,
-    TEMPERATURE_HEADROOM_SPAN_C,
     Evaluation,
     GpuStatus,
     NodeVerdict,
     PodInput,
     ScoreBreakdown,
 )
+from exporter_scheduler.core.score import TEMPERATURE_HEADROOM_SPAN_C
 from exporter_scheduler.core.spread import SpreadCheck
 from gpu_contract.schema import NodeGpuState, format_timestamp
 

@@ -17,8 +17,9 @@ from typing import Final, Protocol, get_args
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import DataStatus, NodeInput, PodInput, evaluate
+from exporter_scheduler.core.records import DataStatus, NodeInput, PodInput
 
 DATA_STATUSES: Final[tuple[DataStatus, ...]] = get_args(DataStatus)
 NODES_BY_STATUS: Final = "gpu_scorer_node_cache_data_nodes"

@@ -3,7 +3,7 @@ with its encoded reply fragment, kept current off the request path.
 
 Writers (the node cache's watch thread for each event, its expiry timer when a verdict's time
 window ends) judge the changed node for every active pod class. A request then only looks its
-names up, resolves the model chain (the one cross-node step, `scoring.resolve_chain`) and joins
+names up, resolves the model chain (the one cross-node step, `judge.resolve_chain`) and joins
 the pre-encoded fragments. Replies are the bytes `evaluate` gives for the same node data at the
 same `now`, because an entry is a pure function of (node, class, time window) and a request uses
 an entry only while its window covers `now` (judging any other node itself).
@@ -37,7 +37,8 @@ from types import MappingProxyType
 from typing import Final
 
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
-from exporter_scheduler.core.scoring import NodeInput, NodeVerdict, PodClass, PodClassKey, as_utc
+from exporter_scheduler.core.podclass import PodClass, PodClassKey
+from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
 from exporter_scheduler.serving.explain import rejection_fields
 from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 

@@ -23,15 +23,10 @@ from typing import Final
 import msgspec
 
 from exporter_scheduler.core.inflight import BoundPod
-from exporter_scheduler.core.scoring import (
-    ChainOutcome,
-    NodeInput,
-    NodeVerdict,
-    PodClass,
-    judge_node,
-    resolve_chain,
-    validity_window,
-)
+from exporter_scheduler.core.judge import judge_node, resolve_chain
+from exporter_scheduler.core.podclass import PodClass
+from exporter_scheduler.core.records import ChainOutcome, NodeInput, NodeVerdict
+from exporter_scheduler.core.validity import validity_window
 from exporter_scheduler.serving.wire import NODE_CONTENT, encode_host_priority
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.

@@ -28,7 +28,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from exporter_scheduler.core.hints import SPREAD_GROUP_LABEL
-from exporter_scheduler.core.scoring import ForeignWriter, NodeInput, PodInput
+from exporter_scheduler.core.records import ForeignWriter, NodeInput, PodInput
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Field, Keys, parse_timestamp
 
 # What a reply body may be made of: buffers written in order.

@@ -34,7 +34,7 @@ from exporter_scheduler.config.settings import (
     settings_fields,
 )
 from exporter_scheduler.config.settings import load_settings as load_scorer_settings
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp

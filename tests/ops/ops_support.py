@@ -21,7 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from agent.metrics import AgentMetrics
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodedata import NodeDataCollector
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import HttpApp, HttpServer, TlsFiles
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.nodestore import NodeStore

@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from agent.aggregate import aggregate
 from agent.records import DeviceAllocations, GpuReading, NodeReading
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import Evaluation, NodeInput, NodeVerdict, PodInput, evaluate
+from exporter_scheduler.core.records import Evaluation, NodeInput, NodeVerdict, PodInput
 from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
 
 NOW = datetime(2026, 11, 30, 14, 0, 0, tzinfo=UTC)

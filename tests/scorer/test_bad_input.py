@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.core import scoring
+from exporter_scheduler.core import judge
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.serving import verdicts
 from exporter_scheduler.serving.metrics import ERROR_VERBS
@@ -147,7 +147,7 @@ def test_an_internal_error_is_never_a_500(verb: Any, monkeypatch: pytest.MonkeyP
         raise RuntimeError("bug")
 
     # Every verdict, in both modes and in explanations, comes from `judge_node`.
-    monkeypatch.setattr(scoring, "judge_node", explode)
+    monkeypatch.setattr(judge, "judge_node", explode)
     monkeypatch.setattr(verdicts, "judge_node", explode)
     app = make_app()
     response = app.handle(verb, args_body(pod(), [node("a"), node("b")]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from tests.scorer.scoring_builders import A100, T4, V100, node, pod, run
 
 A100_FIRST = "gpu model not preferred (A100 available)"

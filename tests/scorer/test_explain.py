@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.decoding import decode_values
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, PodInput, clear_decode_cache, evaluate
+from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.core.score import score as memoised_score
 from exporter_scheduler.serving.explain import explain, render_text
 from gpu_contract.schema import FIELD_MANAGER, Field, Health, parse_timestamp
 from tests.fixture_paths import SCHEDULER_FIXTURES
@@ -53,7 +56,8 @@ def _mixed_nodes() -> list[NodeInput]:
 
 def test_explanation_is_byte_identical_for_the_same_input() -> None:
     the_pod = pod(preference="A100,V100", fallback="0.80", min_memory_mib="20000")
-    clear_decode_cache()
+    decode_values.cache_clear()
+    memoised_score.cache_clear()
     first = _dump(the_pod, _mixed_nodes())
     second = _dump(the_pod, _mixed_nodes())
     assert first == second

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.serving.app import NOT_READY_ERROR, ScorerApp
 from tests.scorer._http_helpers import (
     args_body,

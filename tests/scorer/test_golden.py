@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import evaluate
 from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache
 from exporter_scheduler.edges.podcache import PodCache
 from exporter_scheduler.serving import wire

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
+from exporter_scheduler.core.records import (
     BASIS_POINTS,
     NodeInput,
     NodeVerdict,
     PodInput,
     ScoreBreakdown,
-    evaluate,
 )
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health
 from tests.scorer.scoring_builders import (
@@ -392,7 +392,7 @@ def test_old_readers_keep_working_on_per_gpu_nodes() -> None:
 
 def test_verdicts_depend_on_k_so_the_pod_class_carries_it() -> None:
     policy = Policy(own_load=False)
-    from exporter_scheduler.core.scoring import PodClass  # noqa: PLC0415
+    from exporter_scheduler.core.podclass import PodClass  # noqa: PLC0415
 
     assert PodClass.of(pod(gpus=4), policy).key != PodClass.of(pod(gpus=5), policy).key
     four = evaluate(pod(gpus=4), [FOUR_IDLE_FOUR_SATURATED], NOW, policy)

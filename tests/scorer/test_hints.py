@@ -14,7 +14,7 @@ from exporter_scheduler.core.hints import (
     model_rank,
     parse_hints,
 )
-from exporter_scheduler.core.scoring import PodInput
+from exporter_scheduler.core.records import PodInput
 from gpu_contract.schema import Keys
 from tests.scorer.scoring_builders import PREFIX, node, pod, run
 

@@ -26,18 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod, InFlight, count_inflight
+from exporter_scheduler.core.judge import evaluate, judge_node
+from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
-    Evaluation,
-    GpuStatus,
-    NodeInput,
-    NodeVerdict,
-    PodClass,
-    PodInput,
-    evaluate,
-    judge_node,
-    validity_window,
-)
+from exporter_scheduler.core.records import Evaluation, GpuStatus, NodeInput, NodeVerdict, PodInput
+from exporter_scheduler.core.validity import validity_window
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.explain import explain, render_text

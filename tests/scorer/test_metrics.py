@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodedata import NodeDataCollector
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodedata import OLDEST_AGE, NodeDataCollector, summarize

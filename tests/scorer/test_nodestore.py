@@ -25,8 +25,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.decoding import predecode
+from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, PodClass, PodInput, evaluate, predecode
+from exporter_scheduler.core.records import NodeInput, PodInput
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.ownload import (
     Learned,
     UsageSample,
@@ -16,8 +17,9 @@ from exporter_scheduler.core.ownload import (
     own_load,
     quantile_nearest_rank,
 )
+from exporter_scheduler.core.podclass import PodClass, pod_class_key
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, PodClass, PodInput, evaluate, pod_class_key
+from exporter_scheduler.core.records import NodeInput, PodInput
 from exporter_scheduler.serving.explain import explain, render_text
 from gpu_contract.schema import Field
 from tests.scorer.scoring_builders import NOW, PREFIX, Gpu, gpu_node, node, pod, run, runs

@@ -27,7 +27,7 @@ from exporter_scheduler.config.profiles import (
 )
 from exporter_scheduler.config.settings import POLICY_FIELDS, SettingsError, load_settings
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.listwatch import WatchExpiredError
 from exporter_scheduler.edges.namespacecache import NamespaceCache
 from exporter_scheduler.serving.app import ScorerApp

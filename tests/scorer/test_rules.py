@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, NodeVerdict
+from exporter_scheduler.core.records import NodeInput, NodeVerdict
 from gpu_contract.schema import Field, Health
 from tests.scorer.scoring_builders import NOW, STRICT, node, one, pod, run
 

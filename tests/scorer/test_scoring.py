@@ -8,8 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.decoding import decode_values
+from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, ScoreBreakdown, clear_decode_cache, evaluate
+from exporter_scheduler.core.records import NodeInput, ScoreBreakdown
+from exporter_scheduler.core.score import score as memoised_score
 from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState
 from tests.scorer.scoring_builders import NOW, PREFIX, node, one, pod, run
 
@@ -124,7 +127,8 @@ def test_scores_follow_input_order_with_duplicate_names() -> None:
 
 def test_same_input_same_output_regardless_of_decode_cache() -> None:
     nodes = [node(f"n{i}", utilization=i / 20, temperature_c=40 + i) for i in range(20)]
-    clear_decode_cache()
+    decode_values.cache_clear()
+    memoised_score.cache_clear()
     cold = run(nodes)
     warm = run(nodes)
     assert cold == warm

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import DEFAULT_KEEP_ALIVE_S, HttpServer, TlsFiles
 from exporter_scheduler.serving.app import ObservabilityApp, normalize_path_prefix
 from tests.scorer._http_helpers import (

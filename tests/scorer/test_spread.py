@@ -18,7 +18,7 @@ import pytest
 
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.core.spread import HOSTNAME_KEY, SpreadCap, check_spread
 from exporter_scheduler.edges.podcache import PodCache
 from exporter_scheduler.serving.app import ScorerApp

@@ -14,15 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.judge import evaluate, judge_node
+from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import (
-    NodeInput,
-    PodClass,
-    PodInput,
-    evaluate,
-    judge_node,
-    validity_window,
-)
+from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.core.validity import validity_window
 from tests.scorer.scoring_builders import (
     NOW,
     Gpu,

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from exporter_scheduler.core.judge import evaluate, written_by_agent
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.scoring import NodeInput, PodInput, evaluate, written_by_agent
+from exporter_scheduler.core.records import NodeInput, PodInput
 from exporter_scheduler.edges.nodecache import NodeCache
 from exporter_scheduler.serving.wire import node_input_from_json
 from gpu_contract.schema import DEFAULT_KEYS, Field, Health, NodeGpuState, encode
