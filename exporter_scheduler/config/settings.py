@@ -59,6 +59,9 @@ POLICY_FIELDS: Final = (
     "inflight_gpu_load",
     "min_gpu_fit_probability",
     "blind_device_plugin",
+    "own_load",
+    "own_load_gpu_load",
+    "own_load_gpu_memory_mib",
 )
 
 # What a profile may override: the policy settings but the cluster-wide ones.
@@ -230,6 +233,44 @@ class ScorerSettings(BaseSettings):
         description="Policy file only: tenant profiles, each a name, namespaces and/or a "
         "namespace-selector, and the policy settings it overrides (docs/scoring.md).",
     )
+    own_load: bool = Field(
+        _DEFAULT_POLICY.own_load,
+        description="Count the load a pod will add (hint, else learned from its workload's "
+        "running pods, else own-load-gpu-load) when judging each GPU; false judges GPUs by "
+        "their load now.",
+    )
+    own_load_gpu_load: float = Field(
+        _DEFAULT_POLICY.own_load_gpu_load,
+        ge=0.0,
+        le=1.0,
+        description="Utilization a pod adds per GPU when neither its expected-gpu-load hint "
+        "nor its workload's running pods say.",
+    )
+    own_load_gpu_memory_mib: int = Field(
+        _DEFAULT_POLICY.own_load_gpu_memory_mib,
+        ge=0,
+        le=16 * 1024 * 1024,
+        description="GPU memory a pod's processes hold per GPU when neither its "
+        "expected-gpu-memory-mib hint nor its workload's running pods say (0: not checked).",
+    )
+    own_load_min_samples: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Per-GPU samples of a workload's running pods below which its learned "
+        "load is not trusted (the default applies).",
+    )
+    own_load_max_age_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="Samples of a workload's pods older than this no longer count.",
+    )
+    own_load_max_workloads: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Workloads whose load is kept (least recently sampled dropped first).",
+    )
     blind_device_plugin: bool = Field(
         _DEFAULT_POLICY.blind_device_plugin,
         description="Judge a node on the GPUs a load-blind device plugin could hand out; false "
@@ -248,6 +289,8 @@ class ScorerSettings(BaseSettings):
         "inflight_load_delay_s",
         "inflight_gpu_load",
         "min_gpu_fit_probability",
+        "own_load_gpu_load",
+        "own_load_max_age_s",
     )
     @classmethod
     def _no_nan(cls, value: float) -> float:
@@ -310,6 +353,9 @@ class ScorerSettings(BaseSettings):
             inflight_gpu_load=self.inflight_gpu_load,
             min_gpu_fit_probability=self.min_gpu_fit_probability,
             blind_device_plugin=self.blind_device_plugin,
+            own_load=self.own_load,
+            own_load_gpu_load=self.own_load_gpu_load,
+            own_load_gpu_memory_mib=self.own_load_gpu_memory_mib,
         )
 
     def policy_set(self) -> PolicySet:

@@ -70,6 +70,8 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
     provisional: bool = False
     # Its `<prefix>spread-group` label: the group a spread cap counts it in (spread.py).
     group: str | None = None
+    # Its workload (`workload.workload_of`): whose load its usage teaches (ownload.py).
+    workload: str | None = None
 
     @property
     def ref(self) -> str:

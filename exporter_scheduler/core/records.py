@@ -91,6 +91,9 @@ class PodInput:
     uid: str = ""
     # The pod's `<prefix>spread-group` label: the group its spread cap counts (spread.py).
     spread_group: str | None = None
+    # Its workload (`workload.workload_of`): the key its learned load is looked up by. No
+    # verdict reads it (`learned` is what counts).
+    workload: str | None = None
     # What the running pods of its workload use per GPU (`ownload.learn`), from the scorer's
     # watches; None when nothing is learned. Part of the pod's class (`pod_class_key`).
     learned: Learned | None = None

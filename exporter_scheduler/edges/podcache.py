@@ -38,6 +38,7 @@ from exporter_scheduler.core.hints import (
     parse_hints,
 )
 from exporter_scheduler.core.inflight import BASIS_POINTS, NO_PODS, PROVISIONAL_MAX_S, BoundPod
+from exporter_scheduler.core.workload import Owner, workload_of
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.wire import PodSpec, WireError, pod_gpu_request
@@ -88,6 +89,12 @@ class _Spec(PodSpec):
     nodeName: str | None = None  # noqa: N815
 
 
+class _OwnerReference(msgspec.Struct):
+    kind: str = ""
+    name: str = ""
+    controller: bool | None = None
+
+
 class _Meta(msgspec.Struct):
     name: str | None = None
     namespace: str | None = None
@@ -96,6 +103,7 @@ class _Meta(msgspec.Struct):
     creationTimestamp: str | None = None  # noqa: N815
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
+    ownerReferences: list[_OwnerReference] | None = None  # noqa: N815
     # PodList only: the token for the next page (`continue` is a Python keyword).
     continue_: str | None = msgspec.field(default=None, name="continue")
 
@@ -189,7 +197,17 @@ def bound_pod(obj: Any, *, resource: str, keys: Keys = DEFAULT_KEYS) -> BoundPod
         gpu_load_bp=load_bp,
         memory_mib=memory_mib,
         group=(meta.labels or {}).get(keys.prefix + SPREAD_GROUP_LABEL),
+        workload=_workload(meta, keys.prefix),
     )
+
+
+def _workload(meta: _Meta, prefix: str) -> str | None:
+    owners = [
+        Owner(owner.kind, owner.name, bool(owner.controller))
+        for owner in meta.ownerReferences or ()
+    ]
+    key = workload_of(meta.namespace or "", meta.labels, owners, meta.annotations, prefix)
+    return None if key is None else sys.intern(key)
 
 
 class PodCache(ListWatch):

@@ -28,6 +28,7 @@ from exporter_scheduler.config.profiles import PolicySet, Profile
 from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.ownload import Learned
 from exporter_scheduler.core.podclass import PodClass, PodClassKey, pod_class_key
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput, NodeVerdict
@@ -82,6 +83,12 @@ class Placements(Protocol):
     def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None: ...
 
     def forget(self, uid: str) -> None: ...
+
+
+class LearnedLoads(Protocol):
+    """Each workload's learned load per GPU (serving/workloads.py): a read, no I/O."""
+
+    def learned_for(self, workload: str | None, now: datetime) -> Learned | None: ...
 
 
 class Groups(Protocol):
@@ -164,6 +171,7 @@ class ScorerApp:
         profiles: tuple[Profile, ...] = (),
         namespace_labels: NamespaceLabels | None = None,
         groups: Groups | None = None,
+        workloads: LearnedLoads | None = None,
     ) -> None:
         # The top-level policy; a pod whose namespace a tenant profile matches gets that
         # profile's policy instead (`_policy_for`).
@@ -179,6 +187,9 @@ class ScorerApp:
         # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
         # them in the node store). None without a pod watch.
         self.pods_of = pods_of
+        # What each workload's running pods use per GPU (serving/workloads.py), learned by the
+        # watches; None: no learning (each pod's own load is its hint or the default).
+        self.workloads = workloads
         # Within a burst the next pod's filter can come before the previous pod's bind is in
         # the watch: each decision is recorded as a provisional placement (see inflight.py).
         self.placements = placements
@@ -238,7 +249,7 @@ class ScorerApp:
             return self._not_ready(verb, request, started)
         now = self.clock()
         try:
-            pod_class = self._pod_class(request)
+            pod_class = self._pod_class(request, now)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
             else:
@@ -303,14 +314,20 @@ class ScorerApp:
             self._chosen[namespace] = chosen
         return chosen
 
-    def _pod_class(self, request: wire.ExtenderRequest) -> PodClass:
-        """Stage 2: the pod's class, compiled once and reused by every pod with the same hints
-        and GPU request under the policy its namespace chose."""
-        policy = self._policy_for(request.pod.namespace)
-        known = self._classes.get(pod_class_key(request.pod, policy))
+    def _pod_class(self, request: wire.ExtenderRequest, now: datetime) -> PodClass:
+        """Stage 2: the pod's class, compiled once and reused by every pod with the same hints,
+        GPU request and learned load under the policy its namespace chose."""
+        pod = request.pod
+        policy = self._policy_for(pod.namespace)
+        workloads = self.workloads
+        if workloads is not None and policy.own_load and pod.workload is not None:
+            learned = workloads.learned_for(pod.workload, now)
+            if learned is not None:
+                pod = dataclasses.replace(pod, learned=learned)
+        known = self._classes.get(pod_class_key(pod, policy))
         if known is not None and known.policy is policy:
             return known
-        pod_class = PodClass.of(request.pod, policy)
+        pod_class = PodClass.of(pod, policy)
         if len(self._classes) >= _MAX_POD_CLASSES:
             self._classes = {}
         self._classes[pod_class.key] = pod_class
