@@ -1,4 +1,4 @@
-"""Placement simulation: one GPU pod stream scheduled by eight policies over one simulated fleet.
+"""Placement simulation: one GPU pod stream scheduled by twelve policies over one simulated fleet.
 
 What it compares, on the same pods, nodes, background load and seeds:
 
@@ -7,7 +7,16 @@ What it compares, on the same pods, nodes, background load and seeds:
   kubelet's allocations, real write limiter, real `encode`), so the scorer sees data as stale as
   it would be in a cluster, never the truth; multi-GPU pods get the k-GPU rule on the per-GPU
   keys; each node's bound pods are passed as in-flight pods (`NodeInput.pods`, as the scorer's
-  Pod watch and its own proposals give them) and the blind-device-plugin rule is on;
+  Pod watch and its own proposals give them) and the blind-device-plugin rule is on; the pod's
+  own load is counted, learned from its workload's running pods by the scorer's real store
+  (`exporter_scheduler.serving.workloads.WorkloadLoads`) out of the agents' written
+  `pod-gpu-usage`, else the policy default (no pod of the stream hints its load);
+- ``per-gpu-without-own-load``: the same under `Policy(own_load=False)`: GPUs judged by their load
+  now (the scorer before it counted the pod's own load);
+- ``per-gpu-oracle-load``: the same with every pod's true mean load and memory as its estimate
+  (the best any estimator could do);
+- ``per-gpu-default-load``: the same with nothing learned: every pod's estimate is the policy
+  default (`own_load_gpu_load`);
 - ``per-gpu-without-inflight``: the same, without the bound pods (a scorer without pod RBAC);
 - ``per-gpu-without-blind-plugin``: the same with in-flight pods, under
   `Policy(blind_device_plugin=False)` (the best k candidates counted, as for a load-aware
@@ -45,7 +54,18 @@ on every GPU of the node (a pod that sets `NVIDIA_VISIBLE_DEVICES=all` without r
 or on a few (a burn-in, a stray process). A few nodes have poor cooling. The pod stream mixes
 multi-GPU training (1 to 8 GPUs), single-GPU inference, shared inference (2 time-sliced GPUs,
 tensor-parallel replicas on T4/L4 nodes) and notebooks, and bursts: training jobs whose workers
-arrive within a second, and inference scale-ups that add several replicas at once. The device
+arrive within a second, and inference scale-ups that add several replicas at once.
+
+Pods belong to workloads as in a real fleet (`_as_workloads`): every inference pod, of the
+stream or of a scale-up, is a replica of one of 24 inference Deployments (8 for shared
+inference), which share the Deployment's template and its load; that load moves with traffic
+(the base load times 1 +- 0.3 over a 2-hour cycle, each Deployment at its own phase, a replica
++-0.05 from the rest, constant over the replica's life). A training job's workers are alike
+(one Job); the stream's training pods and the notebooks are singletons, with no siblings to
+learn from. The simulated agent publishes what the real one would in `pod-gpu-usage`, for each
+pod whose containers run: the memory its processes hold, and on an exclusive GPU the whole GPU's
+window-averaged utilization (whole-GPU attribution: unaccounted work on that GPU is counted as
+the pod's), on a time-sliced GPU the pod's own load (per-process attribution). The device
 plugin gives a pod the least-shared GPUs with a free slot, lowest index first, without looking at
 their load (the scorer does not rely on that order: it takes the plugin's pick as random).
 
