@@ -33,6 +33,7 @@ from benchmarks.sections import (
     agent,
     fleet,
     inflight,
+    ownload,
     placement,
     profile,
     scheduler,
@@ -54,6 +55,7 @@ SECTIONS: Final[tuple[Section, ...]] = (
     scheduler.SECTION,
     profile.SECTION,
     inflight.SECTION,
+    ownload.SECTION,
 )
 NAMES: Final = tuple(section.name for section in SECTIONS)
 # The seeds the committed figures use ("fixed seeds everywhere", as the document says).

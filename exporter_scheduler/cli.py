@@ -42,6 +42,7 @@ from exporter_scheduler.serving.explain import explain, render_text
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodedata import NodeDataCollector
 from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES
+from exporter_scheduler.serving.workloads import WorkloadLoads
 from gpu_contract.schema import Keys, parse_timestamp
 
 PROG = "gpu-scorer"
@@ -130,6 +131,13 @@ def _serve(args: argparse.Namespace) -> int:
     pod_cache = None
     namespaces: NamespaceCache | Literal[False] | None = None
     policies = settings.policy_set()
+    workloads = WorkloadLoads(
+        keys_prefix=policy.keys.prefix,
+        load_delay_s=policy.inflight_load_delay_s,
+        max_age_s=settings.own_load_max_age_s,
+        min_samples=settings.own_load_min_samples,
+        max_workloads=settings.own_load_max_workloads,
+    )
     try:
         if settings.node_cache:
             # Imported here so that full-node mode never loads the kubernetes client.
@@ -142,12 +150,13 @@ def _serve(args: argparse.Namespace) -> int:
                     metrics=metrics,
                     # Each profile's pod classes have verdict tables of their own.
                     max_classes=DEFAULT_MAX_CLASSES * len(policies.policies()),
+                    workloads=workloads,
                 ).start()
             except Exception as exc:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
             metrics.registry.register(NodeDataCollector(cache, policy))
-        pod_cache = _start_pod_watch(settings, metrics, cache, log)
+        pod_cache = _start_pod_watch(settings, metrics, cache, log, workloads)
         namespaces = _start_namespace_watch(settings, policies, metrics, log)
         if namespaces is False:
             return 1
@@ -161,6 +170,8 @@ def _serve(args: argparse.Namespace) -> int:
             pods_of=pod_cache.pods_of if pod_cache is not None and cache is None else None,
             placements=pod_cache,
             groups=pod_cache,
+            # Learning needs both watches: the nodes' per-pod usage and the pods' workloads.
+            workloads=workloads if cache is not None and pod_cache is not None else None,
             profiles=policies.profiles,
             namespace_labels=namespaces,
         )
@@ -229,6 +240,7 @@ def _start_pod_watch(
     metrics: ScorerMetrics,
     cache: NodeCache | None,
     log: logging.Logger,
+    workloads: WorkloadLoads,
 ) -> PodCache | None:
     """The pod watch for in-flight accounting, started, or None when it is off or cannot run.
 
@@ -252,6 +264,7 @@ def _start_pod_watch(
     try:
         if cache is not None:
             pod_cache.add_sink(cache.store)
+            pod_cache.add_sink(workloads)
         return pod_cache.start()
     except Exception as exc:
         log.warning(

@@ -1,4 +1,4 @@
-"""Placement simulation: one GPU pod stream scheduled by eight policies over one simulated fleet.
+"""Placement simulation: one GPU pod stream scheduled by twelve policies over one simulated fleet.
 
 What it compares, on the same pods, nodes, background load and seeds:
 
@@ -7,7 +7,16 @@ What it compares, on the same pods, nodes, background load and seeds:
   kubelet's allocations, real write limiter, real `encode`), so the scorer sees data as stale as
   it would be in a cluster, never the truth; multi-GPU pods get the k-GPU rule on the per-GPU
   keys; each node's bound pods are passed as in-flight pods (`NodeInput.pods`, as the scorer's
-  Pod watch and its own proposals give them) and the blind-device-plugin rule is on;
+  Pod watch and its own proposals give them) and the blind-device-plugin rule is on; the pod's
+  own load is counted, learned from its workload's running pods by the scorer's real store
+  (`exporter_scheduler.serving.workloads.WorkloadLoads`) out of the agents' written
+  `pod-gpu-usage`, else the policy default (no pod of the stream hints its load);
+- ``per-gpu-without-own-load``: the same under `Policy(own_load=False)`: GPUs judged by their load
+  now (the scorer before it counted the pod's own load);
+- ``per-gpu-oracle-load``: the same with every pod's true mean load and memory as its estimate
+  (the best any estimator could do);
+- ``per-gpu-default-load``: the same with nothing learned: every pod's estimate is the policy
+  default (`own_load_gpu_load`);
 - ``per-gpu-without-inflight``: the same, without the bound pods (a scorer without pod RBAC);
 - ``per-gpu-without-blind-plugin``: the same with in-flight pods, under
   `Policy(blind_device_plugin=False)` (the best k candidates counted, as for a load-aware
@@ -45,7 +54,18 @@ on every GPU of the node (a pod that sets `NVIDIA_VISIBLE_DEVICES=all` without r
 or on a few (a burn-in, a stray process). A few nodes have poor cooling. The pod stream mixes
 multi-GPU training (1 to 8 GPUs), single-GPU inference, shared inference (2 time-sliced GPUs,
 tensor-parallel replicas on T4/L4 nodes) and notebooks, and bursts: training jobs whose workers
-arrive within a second, and inference scale-ups that add several replicas at once. The device
+arrive within a second, and inference scale-ups that add several replicas at once.
+
+Pods belong to workloads as in a real fleet (`_as_workloads`): every inference pod, of the
+stream or of a scale-up, is a replica of one of 24 inference Deployments (8 for shared
+inference), which share the Deployment's template and its load; that load moves with traffic
+(the base load times 1 +- 0.3 over a 2-hour cycle, each Deployment at its own phase, a replica
++-0.05 from the rest, constant over the replica's life). A training job's workers are alike
+(one Job); the stream's training pods and the notebooks are singletons, with no siblings to
+learn from. The simulated agent publishes what the real one would in `pod-gpu-usage`, for each
+pod whose containers run: the memory its processes hold, and on an exclusive GPU the whole GPU's
+window-averaged utilization (whole-GPU attribution: unaccounted work on that GPU is counted as
+the pod's), on a time-sliced GPU the pod's own load (per-process attribution). The device
 plugin gives a pod the least-shared GPUs with a free slot, lowest index first, without looking at
 their load (the scorer does not rely on that order: it takes the plugin's pick as random).
 
@@ -57,12 +77,13 @@ containers start.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -74,6 +95,7 @@ import numpy as np
 from agent.aggregate import aggregate
 from agent.limiter import LimiterState, WritePolicy, decide, record_success
 from agent.records import DeviceAllocations, GpuReading, NodeReading
+from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.hints import (
     EXPECTED_GPU_LOAD,
     FALLBACK_UTILIZATION,
@@ -83,13 +105,19 @@ from exporter_scheduler.core.hints import (
 )
 from exporter_scheduler.core.inflight import BASIS_POINTS, NO_PODS, BoundPod
 from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.ownload import Learned
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.serving.workloads import WorkloadLoads
 from fleet_sim.traces import A100_80GB, H100_80GB, L4_24GB, T4_16GB, V100_32GB, GpuModel
 from gpu_contract import DEFAULT_KEYS, Field, decode, encode, normalize_model_name
+from gpu_contract.podusage import GpuShare, PodUsage
 
 PolicyName = Literal[
     "per-gpu",
+    "per-gpu-without-own-load",
+    "per-gpu-oracle-load",
+    "per-gpu-default-load",
     "per-gpu-without-inflight",
     "per-gpu-without-blind-plugin",
     "per-gpu-without-either",
@@ -100,6 +128,9 @@ PolicyName = Literal[
 ]
 POLICIES: Final[tuple[PolicyName, ...]] = (
     "per-gpu",
+    "per-gpu-without-own-load",
+    "per-gpu-oracle-load",
+    "per-gpu-default-load",
     "per-gpu-without-inflight",
     "per-gpu-without-blind-plugin",
     "per-gpu-without-either",
@@ -118,12 +149,25 @@ class ScorerVariant:
     per_gpu_keys: bool
     inflight: bool
     blind_device_plugin: bool
+    # How the pod's own load is estimated: learned from its workload's running pods (what
+    # ships), the pod's true mean load and memory (an oracle), the policy default alone, or not
+    # counted at all (`Policy(own_load=False)`).
+    own_load: OwnLoadSource = "learned"
 
 
 # The policies that run the project's scorer. `per-gpu` is the scorer's defaults; each variant's
 # name says which part it goes without.
 SCORER_VARIANTS: Final[Mapping[PolicyName, ScorerVariant]] = {
     "per-gpu": ScorerVariant(per_gpu_keys=True, inflight=True, blind_device_plugin=True),
+    "per-gpu-without-own-load": ScorerVariant(
+        per_gpu_keys=True, inflight=True, blind_device_plugin=True, own_load="off"
+    ),
+    "per-gpu-oracle-load": ScorerVariant(
+        per_gpu_keys=True, inflight=True, blind_device_plugin=True, own_load="oracle"
+    ),
+    "per-gpu-default-load": ScorerVariant(
+        per_gpu_keys=True, inflight=True, blind_device_plugin=True, own_load="default"
+    ),
     "per-gpu-without-inflight": ScorerVariant(
         per_gpu_keys=True, inflight=False, blind_device_plugin=True
     ),
@@ -147,6 +191,7 @@ PER_GPU_KEYS: Final = frozenset(
 )
 WorkloadKind = Literal["training", "inference", "shared-inference", "notebook"]
 BurstKind = Literal["job", "scale-up"]
+OwnLoadSource = Literal["learned", "oracle", "default", "off"]
 # What the other work on a GPU pushed over the limit was, seen from the pushing pod's bind, in
 # the order they are told apart:
 # - in-flight: a pod bound before it whose load arrived only after its bind (the case in-flight
@@ -304,6 +349,8 @@ class PodRequest:
     max_utilization: float | None = None
     # The job or scale-up the pod came with; "" for a pod of the Poisson stream.
     burst: str = ""
+    # The workload it shares with its siblings (a Deployment, a Job); "" for a pod without.
+    workload: str = ""
     # The lag model's draws: admission to containers running (image pull and start), and
     # containers running to load on the GPUs (the ramp).
     start_delay_s: float = 0.0
@@ -602,6 +649,19 @@ SCALE_UP_SHARED_SHARE: Final = 0.3
 SCALE_UP_SPREAD_S: Final = 0.2
 
 
+# Inference Deployments: the stream's single inference pods and the scale-ups are replicas of
+# these (a fleet serves a few dozen models, not one per pod). Replicas of one Deployment share
+# its template (GPUs, memory, chain) and its load, which moves with traffic: a replica started
+# at time t runs at the Deployment's base load times `1 + TRAFFIC_SWING x sin(2 pi t / period +
+# phase)`, with a little spread between replicas (`REPLICA_SPREAD`); one replica's load is
+# constant over its life (the model keeps a pod's load fixed once it runs).
+INFERENCE_DEPLOYMENTS: Final = 24
+SHARED_DEPLOYMENTS: Final = 8
+TRAFFIC_SWING: Final = 0.3
+TRAFFIC_PERIOD_S: Final = 2 * 3600.0
+REPLICA_SPREAD: Final = 0.05
+
+
 # An idle GPU reads a few hundredths busy (sampling noise): a declared `max-utilization` below
 # this would refuse idle GPUs too.
 MIN_DECLARED_MAX_UTILIZATION: Final = 0.05
@@ -654,8 +714,8 @@ def _template(kind: WorkloadKind, rng: random.Random, *, gpus: int | None = None
             kind=kind,
         )
     if kind == "shared-inference":
-        # A tensor-parallel replica over two time-sliced GPUs, sharing each with others; it says
-        # what it adds to each GPU (`expected-gpu-load`), as a time-sliced share should.
+        # A tensor-parallel replica over two time-sliced GPUs, sharing each with others. No pod
+        # of the stream hints its load (`expected-gpu-load`): the scorer learns it or assumes.
         utilization = round(rng.uniform(0.25, 0.45), 2)
         return PodRequest(
             name="",
@@ -668,7 +728,6 @@ def _template(kind: WorkloadKind, rng: random.Random, *, gpus: int | None = None
             fallback_utilization=0.80,
             declares_memory=True,
             kind=kind,
-            expected_gpu_load=utilization,
         )
     return PodRequest(
         name="",
@@ -773,6 +832,7 @@ def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRe
         ),
     ]
     pods.sort(key=lambda p: (p.arrival_s, p.name))
+    pods = _as_workloads(pods, random.Random(config.seed * 59 + 5))
     lag = config.lag
     lag_rng = random.Random(config.seed * 53 + 4)
     limit = config.scorer_policy.utilization_limit
@@ -788,6 +848,51 @@ def make_pods(config: PlacementConfig, nodes: Sequence[NodeSetup]) -> list[PodRe
             room = math.floor((limit - pod.utilization) * 100) / 100
             pod = replace(pod, max_utilization=max(MIN_DECLARED_MAX_UTILIZATION, room))
         out.append(pod)
+    return out
+
+
+def _as_workloads(pods: Sequence[PodRequest], rng: random.Random) -> list[PodRequest]:
+    """Each pod in its workload: a job's workers in their Job (alike already), every inference
+    pod and scale-up in one of the Deployments (their template and traffic-driven load), the
+    rest (training pods of the stream, notebooks) without siblings."""
+    deployments: dict[WorkloadKind, list[tuple[PodRequest, float]]] = {}
+    kinds: tuple[tuple[WorkloadKind, int], ...] = (
+        ("inference", INFERENCE_DEPLOYMENTS),
+        ("shared-inference", SHARED_DEPLOYMENTS),
+    )
+    for kind, count in kinds:
+        deployments[kind] = [
+            (_template(kind, rng), rng.uniform(0.0, 2 * math.pi)) for _ in range(count)
+        ]
+    chosen: dict[str, int] = {}  # a scale-up's Deployment
+    out: list[PodRequest] = []
+    for pod in pods:
+        if pod.burst_kind == "job":
+            out.append(replace(pod, workload=f"job/{pod.burst}"))
+            continue
+        if pod.kind not in deployments:
+            out.append(pod)
+            continue
+        pool = deployments[pod.kind]
+        if pod.burst:
+            index = chosen.setdefault(pod.burst, rng.randrange(len(pool)))
+        else:
+            index = rng.randrange(len(pool))
+        template, phase = pool[index]
+        traffic = 1.0 + TRAFFIC_SWING * math.sin(
+            2 * math.pi * pod.arrival_s / TRAFFIC_PERIOD_S + phase
+        )
+        load = template.utilization * traffic + rng.uniform(-REPLICA_SPREAD, REPLICA_SPREAD)
+        out.append(
+            replace(
+                pod,
+                utilization=round(min(1.0, max(0.02, load)), 3),
+                memory_mib=template.memory_mib,
+                chain=template.chain,
+                fallback_utilization=template.fallback_utilization,
+                workload=f"deploy/{pod.kind}-{index:02d}",
+            )
+        )
     return out
 
 
@@ -1053,6 +1158,7 @@ def _score_project(
     *,
     per_gpu: bool,
     inflight: bool = False,
+    learned: Learned | None = None,
 ) -> dict[str, float]:
     """The scorer's filter and scores over what each agent last wrote (with `per_gpu` False,
     without the per-GPU keys, as a node-level reader has it), with each node's bound pods when
@@ -1073,6 +1179,7 @@ def _score_project(
             annotations=pod_annotations,
             gpu_request=pod.gpus,
             uid=pod.name,
+            learned=learned,
         ),
         inputs,
         now,
@@ -1080,6 +1187,18 @@ def _score_project(
     )
     passed = set(evaluation.passed_names())
     return {name: float(score) for name, score in evaluation.scores() if name in passed}
+
+
+_WITHOUT_OWN_LOAD: dict[int, Policy] = {}
+
+
+def _without_own_load(policy: Policy) -> Policy:
+    """`policy` with own load off, one object per policy (the scorer's pod classes are keyed
+    by the policy's identity, so a fresh copy per call would compile a class per pod)."""
+    off = _WITHOUT_OWN_LOAD.get(id(policy))
+    if off is None:
+        off = _WITHOUT_OWN_LOAD[id(policy)] = replace(policy, own_load=False)
+    return off
 
 
 def _seen_utilization(node: _Node) -> float | None:
@@ -1103,6 +1222,7 @@ def _choose(
     now: datetime,
     scorer_policy: Policy,
     rng: random.Random,
+    learner: WorkloadLoads | None = None,
 ) -> _Node | None:
     if not candidates:
         return None
@@ -1111,6 +1231,13 @@ def _choose(
     if variant is not None:
         if scorer_policy.blind_device_plugin != variant.blind_device_plugin:
             scorer_policy = replace(scorer_policy, blind_device_plugin=variant.blind_device_plugin)
+        learned: Learned | None = None
+        if variant.own_load == "off":
+            scorer_policy = _without_own_load(scorer_policy)
+        elif variant.own_load == "oracle":
+            learned = Learned(round(pod.utilization * BASIS_POINTS), pod.memory_mib, 1, 1)
+        elif variant.own_load == "learned" and learner is not None and pod.workload:
+            learned = learner.learned_for(f"{SIM_NAMESPACE}/{pod.workload}", now)
         scores = _score_project(
             pod,
             pod_annotations,
@@ -1119,6 +1246,7 @@ def _choose(
             scorer_policy,
             per_gpu=variant.per_gpu_keys,
             inflight=variant.inflight,
+            learned=learned,
         )
     elif policy == "utilization-only":
         scores = {}
@@ -1202,6 +1330,7 @@ def bound_pod(pod: PodRequest, node: str, bound_at: datetime, *, provisional: bo
         gpu_load_bp=None if load is None else round(load * BASIS_POINTS),
         memory_mib=pod.memory_mib if pod.declares_memory else None,
         provisional=provisional,
+        workload=f"{SIM_NAMESPACE}/{pod.workload}" if pod.workload else None,
     )
 
 
@@ -1259,6 +1388,17 @@ class _Run:
         self.seq = itertools.count()
         # The pods bound to each node, by name.
         self.on_node: dict[str, dict[str, _Placed]] = {n.setup.name: {} for n in self.nodes}
+        # What the scorer learns of each workload from the agents' `pod-gpu-usage` and its Pod
+        # watch (the real store), for the policy that learns.
+        variant = SCORER_VARIANTS.get(policy)
+        self.learner = (
+            WorkloadLoads(
+                keys_prefix=DEFAULT_KEYS.prefix,
+                load_delay_s=config.scorer_policy.inflight_load_delay_s,
+            )
+            if variant is not None and variant.own_load == "learned"
+            else None
+        )
 
     def push(self, time_s: float, kind: int, placed: _Placed) -> None:
         # Events happen on the sim's whole-second steps: the first step at or after `time_s`.
@@ -1416,6 +1556,9 @@ class _Run:
             if (t - node.phase_s) % interval != 0.0:
                 continue
             state = aggregate(_reading(node, now, noise))
+            state = dataclasses.replace(
+                state, pods=_pod_usage(node, self.on_node[node.setup.name].values())
+            )
             node.util_acc = [0.0] * node.setup.gpu_count
             node.acc_s = 0
             result.agent_ticks += 1
@@ -1435,6 +1578,18 @@ class _Run:
                 node.write_time = now
                 node.limiter = record_success(node.limiter, written=state, now_s=t)
                 result.writes += 1
+                if self.learner is not None:
+                    self.learner.set_pods(node.setup.name, node.pods_view)
+                    self.learner.observe(
+                        NodeInput(
+                            node.setup.name,
+                            node.annotations,
+                            predecoded=(
+                                DEFAULT_KEYS.prefix,
+                                predecode(node.annotations, DEFAULT_KEYS),
+                            ),
+                        )
+                    )
         while arrivals and arrivals[0].arrival_s <= t:
             pod = arrivals.popleft()
             self.queue.append((pod, pod.arrival_s, 0))
@@ -1456,6 +1611,7 @@ class _Run:
                 now=now,
                 scorer_policy=scorer_policy,
                 rng=self.choice_rng,
+                learner=self.learner,
             )
             if chosen is None:
                 delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2.0**attempts)
@@ -1581,6 +1737,32 @@ def _judge_published(
     )
 
 
+def _pod_usage(node: _Node, placed: Iterable[_Placed]) -> tuple[PodUsage, ...]:
+    """What the agent publishes of each pod on the node (`pod-gpu-usage`), once its containers
+    run: the memory its processes hold, and its utilization: the whole GPU's window average on
+    an exclusive GPU (NVML's per-process utilization is not needed there, and the agent
+    attributes the GPU to its one pod: unaccounted work on it is counted as the pod's), its own
+    load on a time-sliced one (per-process attribution; none yet while it ramps)."""
+    exclusive = node.setup.slots_per_gpu == 1
+    usage: list[PodUsage] = []
+    for entry in sorted(placed, key=lambda q: q.pod.name):
+        if not entry.started or not entry.fits or entry.ended:
+            continue
+        pod = entry.pod
+        shares = tuple(
+            GpuShare(
+                g,
+                round(min(1.0, node.window_util(g)), 2)
+                if exclusive
+                else (pod.utilization if entry.loaded else 0.0),
+                pod.memory_mib,
+            )
+            for g in sorted(set(entry.gpus))
+        )
+        usage.append(PodUsage(f"{SIM_NAMESPACE}/{pod.name}", shares))
+    return tuple(usage)
+
+
 def _reading(node: _Node, now: datetime, noise: np.random.Generator) -> NodeReading:
     """What NVML would read on this node now (each GPU's mean utilization since the agent's
     last sample plus a little sampling noise, its memory and temperature now), and the
@@ -1657,6 +1839,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--min-gpu-fit-probability", type=float, default=default_policy.min_gpu_fit_probability
     )
     parser.add_argument(
+        "--own-load-gpu-load",
+        type=float,
+        default=default_policy.own_load_gpu_load,
+        help="the scorer's default estimate of a pod's load per GPU (own_load_gpu_load)",
+    )
+    parser.add_argument(
         "--declare-max-utilization",
         action="store_true",
         help="every pod asks for GPUs with room for its own load (an experiment)",
@@ -1674,6 +1862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             default_policy,
             inflight_load_delay_s=args.inflight_load_delay_s,
             min_gpu_fit_probability=args.min_gpu_fit_probability,
+            own_load_gpu_load=args.own_load_gpu_load,
         ),
     )
     policies = args.policy or POLICIES

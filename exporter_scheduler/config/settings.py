@@ -157,6 +157,29 @@ class ScorerSettings(BaseSettings):
         "namespace-selector, and the policy settings it overrides (docs/scoring.md).",
     )
     blind_device_plugin: bool = _field(p.BLIND_DEVICE_PLUGIN)
+    own_load: bool = _field(p.OWN_LOAD)
+    own_load_gpu_load: float = _field(p.OWN_LOAD_GPU_LOAD)
+    own_load_gpu_memory_mib: int = _field(p.OWN_LOAD_GPU_MEMORY_MIB)
+    # How the scorer learns a workload's load (serving/workloads.py): not policy, so not per
+    # profile; they bound what is trusted and what memory it takes.
+    own_load_min_samples: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Per-GPU samples of a workload's running pods below which its learned "
+        "load is not trusted (the default applies).",
+    )
+    own_load_max_age_s: float = Field(
+        3600.0,
+        gt=0.0,
+        description="Samples of a workload's pods older than this no longer count.",
+    )
+    own_load_max_workloads: int = Field(
+        10_000,
+        ge=1,
+        le=10_000_000,
+        description="Workloads whose load is kept (least recently sampled dropped first).",
+    )
 
     @field_validator(*(s.name for s in p.POLICY_SETTINGS if s.real))
     @classmethod

@@ -125,6 +125,10 @@ def judge_gpus(
 def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool) -> _Survey | None:
     """Each GPU as a candidate or the first criterion it failed; None when every GPU is lost."""
     limit_bp, threshold_bp = c.limit_bp, c.threshold_bp
+    # The pod's own load: a GPU is a candidate only if it stays within the limit under it,
+    # and its headroom is what is left after it.
+    own_bp = c.own_bp
+    fit_limit_bp = limit_bp - own_bp
     temp_limit_c = c.temp_limit_c
     min_mib = c.min_memory_mib
     strict = not c.lenient
@@ -153,7 +157,7 @@ def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool
             allocated_n += 1
             add("allocated" if allocated else "not-offered")
             continue
-        if u_bp > limit_bp:
+        if u_bp > fit_limit_bp:
             hot_util += 1
             add("utilization")
             continue
@@ -171,7 +175,7 @@ def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool
             add("memory")
             continue
         add("candidate")
-        util_headroom = 0 if u_bp < 0 else BASIS_POINTS - u_bp
+        util_headroom = 0 if u_bp < 0 else max(0, BASIS_POINTS - u_bp - own_bp)
         merit = w_util * util_headroom + w_temp * temp_headroom
         candidates.append((-merit, index, util_headroom, temp_headroom, 0 <= u_bp <= threshold_bp))
     if lost == len(gpus):

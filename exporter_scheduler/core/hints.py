@@ -23,6 +23,9 @@ MIN_GPU_MEMORY_MIB: Final = "min-gpu-memory-mib"
 # Utilization one unit of the pod's GPU request adds to a GPU once it runs: what the scorer
 # counts for the pod while the node's data cannot show it yet (exporter_scheduler/core/inflight.py).
 EXPECTED_GPU_LOAD: Final = "expected-gpu-load"
+# Memory the pod's processes will hold on each GPU it gets, MiB: counted with its load
+# (exporter_scheduler/core/ownload.py); unlike `min-gpu-memory-mib` it is an estimate of use.
+EXPECTED_GPU_MEMORY_MIB: Final = "expected-gpu-memory-mib"
 # Group caps (exporter_scheduler/core/spread.py): the group is the pod's `spread-group` label.
 SPREAD_GROUP_LABEL: Final = "spread-group"
 SPREAD_MAX_PER_DOMAIN: Final = "spread-max-per-domain"
@@ -42,6 +45,7 @@ HINT_NAMES: Final = (
     EXPECTED_GPU_LOAD,
     SPREAD_MAX_PER_DOMAIN,
     SPREAD_TOPOLOGY_KEY,
+    EXPECTED_GPU_MEMORY_MIB,
 )
 
 # A preference entry that matches every node, whatever its model (or none): "anything else last".
@@ -66,6 +70,7 @@ class PodHints:
     expected_gpu_load: float | None = None
     spread_max_per_domain: int | None = None
     spread_topology_key: str | None = None
+    expected_gpu_memory_mib: int | None = None
 
 
 NO_HINTS: Final = PodHints()
@@ -99,6 +104,7 @@ def parse_hints(annotations: Mapping[str, str], keys: Keys = DEFAULT_KEYS) -> Po
             hint.read(EXPECTED_GPU_LOAD, _parse_fraction),
             hint.read(SPREAD_MAX_PER_DOMAIN, _parse_count),
             hint.read(SPREAD_TOPOLOGY_KEY, _parse_label_key),
+            hint.read(EXPECTED_GPU_MEMORY_MIB, _parse_mib),
         )
     except _HintRejectedError as bad:
         return bad.error

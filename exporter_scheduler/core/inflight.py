@@ -77,6 +77,8 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
     group: str | None = None
     # Not bound: kube-scheduler's `status.nominatedNodeName` names `node` (`bound_at` is None).
     nominated: bool = False
+    # Its workload (`workload.workload_of`): whose load its usage teaches (ownload.py).
+    workload: str | None = None
 
     @property
     def ref(self) -> str:

@@ -78,6 +78,7 @@ def evaluate(
         utilization_limit=c.utilization_limit,
         now=now,
         valid_until=until,
+        own_load=c.own,
     )
 
 

@@ -19,6 +19,7 @@ from exporter_scheduler.core.hints import (
     match_patterns,
     parse_hints,
 )
+from exporter_scheduler.core.ownload import Learned, own_load
 from exporter_scheduler.core.policy import (
     Policy,
     format_fraction_limit,
@@ -36,14 +37,22 @@ from exporter_scheduler.core.records import (
 from exporter_scheduler.core.score import ScoreWeights
 
 # What makes two pods the same for every verdict: the policy (by identity), the pod's
-# annotations under the prefix (its hints; nothing else of the pod is read) and its GPU request.
-PodClassKey = tuple[int, tuple[tuple[str, str], ...], int]
+# annotations under the prefix (its hints), its GPU request, and its workload's learned figures.
+PodClassKey = tuple[int, tuple[tuple[str, str], ...], int, tuple[int | None, int | None] | None]
 
 
 def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
     prefix = policy.keys.prefix
     hints = tuple(sorted((k, v) for k, v in pod.annotations.items() if k.startswith(prefix)))
-    return (id(policy), hints, pod.gpu_request)
+    learned = pod.learned
+    # The learned figures (already rounded to their steps), not their sample counts: a class
+    # changes only when a figure does, so cached verdicts stay exact and few.
+    figures = (
+        None
+        if learned is None or not policy.own_load
+        else (learned.utilization_bp, learned.memory_mib)
+    )
+    return (id(policy), hints, pod.gpu_request, figures)
 
 
 class PodClass:
@@ -88,6 +97,8 @@ class PodClass:
         "not_checked",
         "not_checked_listed",
         "not_checked_unlisted",
+        "own",
+        "own_bp",
         "patterns",
         "policy",
         "prefix",
@@ -117,7 +128,9 @@ class PodClass:
         parsed = parse_hints(pod.annotations, policy.keys)
         problem = parsed if isinstance(parsed, HintError) else None
         hints = NO_HINTS if isinstance(parsed, HintError) else parsed
-        return cls(pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request)
+        return cls(
+            pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request, learned=pod.learned
+        )
 
     def __init__(
         self,
@@ -126,6 +139,8 @@ class PodClass:
         hints: PodHints,
         hint_problem: HintError | None,
         gpu_request: int,
+        *,
+        learned: Learned | None = None,
     ) -> None:
         self.key = key
         self.policy = policy
@@ -149,7 +164,27 @@ class PodClass:
         self.skew_tolerance_s = policy.clock_skew_tolerance_s
         self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
         self.require_writer = policy.require_agent_writer
-        self.min_memory_mib = hints.min_gpu_memory_mib
+        # The pod's own load (ownload.py): None when the policy does not count it, or the
+        # pod holds no GPU to add it to (such pods reach the scorer only in tests and tools).
+        self.own = (
+            own_load(
+                hints.expected_gpu_load,
+                hints.expected_gpu_memory_mib,
+                learned,
+                policy.own_load_gpu_load,
+                policy.own_load_gpu_memory_mib,
+            )
+            if policy.own_load and gpu_request > 0
+            else None
+        )
+        self.own_bp = 0 if self.own is None else self.own.utilization_bp
+        # The memory a GPU must have free: the pod's `min-gpu-memory-mib`, or the memory its
+        # processes will hold, whichever is more (None: not checked).
+        need_mib = hints.min_gpu_memory_mib
+        own_mib = 0 if self.own is None else self.own.memory_mib
+        if own_mib > 0 and (need_mib is None or own_mib > need_mib):
+            need_mib = own_mib
+        self.min_memory_mib = need_mib
         self.inflight_max_s = policy.inflight_max_s
         self.inflight_load_delay_s = policy.inflight_load_delay_s
         self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
@@ -197,7 +232,7 @@ class PodClass:
             if lenient
             else RuleOutcome("temperature", "fail", temp_limit, "gpu temperature unknown", True)
         )
-        mem_limit = None if hints.min_gpu_memory_mib is None else f"{hints.min_gpu_memory_mib}MiB"
+        mem_limit = None if need_mib is None else f"{need_mib}MiB"
         self.mem_skip = RuleOutcome("memory", "not-checked")
         self.mem_pass = RuleOutcome("memory", "pass", mem_limit)
         self.mem_fail = RuleOutcome(

@@ -14,7 +14,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 MissingData = Literal["lenient", "strict"]
-Unit = Literal["fraction", "C", "s", "weight", ""]
+Unit = Literal["fraction", "C", "s", "weight", "MiB", ""]
 T = TypeVar("T")
 
 # Weights are used at a resolution of 0.001 (integer arithmetic keeps scores bit-for-bit
@@ -84,7 +84,7 @@ class Setting(Generic[T]):
         return f"must be between {self.minimum:g} and {self.maximum:g}"
 
 
-_UNIT_WORDS: Final[dict[Unit, str]] = {"C": "degrees Celsius", "": "units"}
+_UNIT_WORDS: Final[dict[Unit, str]] = {"C": "degrees Celsius", "MiB": "MiB", "": "units"}
 
 
 def _weight(name: str, default: float, headroom: str) -> Setting[float]:
@@ -214,6 +214,37 @@ BLIND_DEVICE_PLUGIN: Final = Setting(
     "k (only for a load-aware GPU allocator).",
     "NVIDIA's device plugin picks by topology or in no defined order, blind to load.",
 )
+# 16 TiB per GPU, the bound of the pods' memory hints (`hints.MAX_GPU_MEMORY_MIB`).
+MAX_GPU_MEMORY_MIB: Final = 16 * 1024 * 1024
+OWN_LOAD: Final = Setting(
+    "own_load",
+    True,
+    "Count the load a pod will add (hint, else learned from its workload's running pods, else "
+    "own-load-gpu-load) when judging each GPU; false judges GPUs by their load now.",
+    "A GPU at or below the limit at the bind is pushed over it by the pod's own load in 82 % of "
+    "the simulation's pushes without it (docs/performance.md); the cost is pods that wait.",
+)
+OWN_LOAD_GPU_LOAD: Final = Setting(
+    "own_load_gpu_load",
+    0.30,
+    "Utilization a pod adds per GPU when neither its expected-gpu-load hint nor its workload's "
+    "running pods say.",
+    "The mean utilization per GPU of the placement simulation's pods (docs/scoring.md, the "
+    "sweep behind it in docs/performance.md).",
+    unit="fraction",
+    minimum=0.0,
+    maximum=1.0,
+)
+OWN_LOAD_GPU_MEMORY_MIB: Final = Setting(
+    "own_load_gpu_memory_mib",
+    0,
+    "GPU memory a pod's processes hold per GPU when neither its expected-gpu-memory-mib hint nor "
+    "its workload's running pods say (0: not checked).",
+    "None: a pod that needs memory free says so with min-gpu-memory-mib.",
+    unit="MiB",
+    minimum=0,
+    maximum=MAX_GPU_MEMORY_MIB,
+)
 POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     UTILIZATION_LIMIT,
     TEMPERATURE_LIMIT_C,
@@ -231,6 +262,9 @@ POLICY_SETTINGS: Final[tuple[Setting[Any], ...]] = (
     INFLIGHT_GPU_LOAD,
     MIN_GPU_FIT_PROBABILITY,
     BLIND_DEVICE_PLUGIN,
+    OWN_LOAD,
+    OWN_LOAD_GPU_LOAD,
+    OWN_LOAD_GPU_MEMORY_MIB,
 )
 
 
@@ -256,6 +290,11 @@ class Policy:
     inflight_gpu_load: float = INFLIGHT_GPU_LOAD.default
     min_gpu_fit_probability: float = MIN_GPU_FIT_PROBABILITY.default
     blind_device_plugin: bool = BLIND_DEVICE_PLUGIN.default
+    # The pod's own load (core/ownload.py): a GPU is a candidate only if its load plus the load
+    # the pod will add stays within the limit, and the score reads the headroom left after it.
+    own_load: bool = OWN_LOAD.default
+    own_load_gpu_load: float = OWN_LOAD_GPU_LOAD.default
+    own_load_gpu_memory_mib: int = OWN_LOAD_GPU_MEMORY_MIB.default
     # The tenant profile this policy is (`exporter_scheduler.config.profiles`); `default` for the
     # top-level policy. Named in explanations, logs and the request metrics.
     profile: str = "default"

@@ -16,6 +16,7 @@ import msgspec
 
 from exporter_scheduler.core.hints import NO_HINTS, HintError, PodHints
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod, InFlight
+from exporter_scheduler.core.ownload import Learned, OwnLoad
 from gpu_contract.schema import DecodedAnnotations
 
 DataStatus = Literal["fresh", "missing", "stale", "clock-skew", "invalid", "untrusted"]
@@ -90,6 +91,12 @@ class PodInput:
     uid: str = ""
     # The pod's `<prefix>spread-group` label: the group its spread cap counts (spread.py).
     spread_group: str | None = None
+    # Its workload (`workload.workload_of`): the key its learned load is looked up by. No
+    # verdict reads it (`learned` is what counts).
+    workload: str | None = None
+    # What the running pods of its workload use per GPU (`ownload.learn`), from the scorer's
+    # watches; None when nothing is learned. Part of the pod's class (`pod_class_key`).
+    learned: Learned | None = None
 
 
 class RuleOutcome(msgspec.Struct, frozen=True, gc=False):
@@ -222,6 +229,9 @@ class Evaluation:
     # Verdicts are a pure function of (pod, nodes, now, policy); for the same pod, nodes and
     # policy, every `now` in [this evaluation's `now`, `valid_until`) gives the same verdicts.
     valid_until: datetime | None = None
+    # The pod's own load the verdicts counted per GPU, and its sources; None when the policy
+    # does not count it.
+    own_load: OwnLoad | None = None
 
     def passed_names(self) -> list[str]:
         return [v.name for v in self.verdicts if v.passed]

@@ -72,6 +72,13 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
                 added_bp = inflight.load_bp // max(state.gpu_count or 1, 1)
                 utilization_bp = min(BASIS_POINTS, utilization_bp + added_bp)
                 judged_utilization = utilization_bp / BASIS_POINTS
+            if c.own_bp:
+                # The pod's own load on the k GPUs it gets, in the node's mean over its GPUs.
+                node_gpus = max(state.gpu_count or 1, 1)
+                own_gpus = min(c.gpu_request, node_gpus)
+                added_bp = c.own_bp * own_gpus // node_gpus
+                utilization_bp = min(BASIS_POINTS, utilization_bp + added_bp)
+                judged_utilization = utilization_bp / BASIS_POINTS
             util = c.util_fail if utilization_bp > c.limit_bp else c.util_pass
     if failed is None and util.outcome == "fail":
         failed = util

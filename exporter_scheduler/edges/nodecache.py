@@ -37,6 +37,7 @@ from exporter_scheduler.serving.nodeobjects import (
     managed_fields_entry_type,
 )
 from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES, Clock, NodeStore, utc_now
+from exporter_scheduler.serving.workloads import WorkloadLoads
 from gpu_contract.schema import DEFAULT_KEYS, Keys
 
 __all__ = ["CacheTuning", "NodeCache", "WatchExpiredError"]
@@ -109,10 +110,13 @@ class NodeCache(ListWatch):
         rng: random.Random | None = None,
         clock: Clock = utc_now,
         max_classes: int = DEFAULT_MAX_CLASSES,
+        workloads: WorkloadLoads | None = None,
     ) -> None:
         super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng)
         self.keys = keys
         self.store = NodeStore(clock=clock, max_classes=max_classes)
+        # Told of each node's data, to learn what each workload's pods use (workloads.py).
+        self.workloads = workloads
         decoders = _Decoders(keys)
         self._gpu_fields = decoders.gpu_fields
         self._page = decoders.page
@@ -144,6 +148,9 @@ class NodeCache(ListWatch):
         fresh = [node for node in map(self._node_input, items) if node is not None]
         first = not self.store.ready()
         self.store.replace(fresh)  # unchanged nodes keep their verdicts
+        if self.workloads is not None:
+            for node in fresh:
+                self.workloads.observe(node)
         self.metrics.node_cache_size.set(len(self.store))
         if first:
             log.info("node cache synced", extra={"fields": {"nodes": len(self.store)}})
@@ -158,6 +165,8 @@ class NodeCache(ListWatch):
                 return False
             # A change the scorer does not read (kubelet status, labels, ...) changes nothing.
             self.store.put(node)
+            if self.workloads is not None:
+                self.workloads.observe(node)
         self.metrics.node_cache_size.set(len(self.store))
         return True
 

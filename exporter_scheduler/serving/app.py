@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import compress
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import Final
 from urllib.parse import parse_qs
 
 from exporter_scheduler.config.profiles import PolicySet, Profile
@@ -42,6 +42,7 @@ from exporter_scheduler.core.spread import (
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.inputs import Groups, LearnedLoads, NamespaceLabels, Placements
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
 from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
@@ -70,31 +71,6 @@ PodsOf = Callable[[str], tuple[BoundPod, ...]]
 MAX_PROPOSED_NODES: Final = 3
 # A spread-capped pod is proposed on every tied node up to this many (a bound on the work).
 MAX_CAPPED_PROPOSED_NODES: Final = 256
-
-
-class NamespaceLabels(Protocol):
-    """Namespace labels from a watch (`namespacecache.NamespaceCache`)."""
-
-    generation: int
-
-    def labels(self, namespace: str) -> Mapping[str, str]: ...
-
-
-class Placements(Protocol):
-    """Where the scorer records the placements it expects (`podcache.PodCache`)."""
-
-    def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None: ...
-
-    def forget(self, uid: str) -> None: ...
-
-
-class Groups(Protocol):
-    """The bound pods of each spread group (`podcache.PodCache`)."""
-
-    @property
-    def active(self) -> bool: ...
-
-    def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]: ...
 
 
 # Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
@@ -130,6 +106,7 @@ class ScorerApp:
         profiles: tuple[Profile, ...] = (),
         namespace_labels: NamespaceLabels | None = None,
         groups: Groups | None = None,
+        workloads: LearnedLoads | None = None,
     ) -> None:
         # The top-level policy; a pod whose namespace a tenant profile matches gets that
         # profile's policy instead (`_policy_for`).
@@ -142,6 +119,9 @@ class ScorerApp:
         # Full-node mode: each node's bound GPU pods, from the pod watch (names-only mode has
         # them in the node store). None without a pod watch.
         self.pods_of = pods_of
+        # What each workload's running pods use per GPU (serving/workloads.py), learned by the
+        # watches; None: no learning (each pod's own load is its hint or the default).
+        self.workloads = workloads
         # Within a burst the next pod's filter can come before the previous pod's bind is in
         # the watch: each decision is recorded as a provisional placement (see inflight.py).
         self.placements = placements
@@ -201,7 +181,7 @@ class ScorerApp:
             return self._not_ready(verb, request, started)
         now = self.clock()
         try:
-            pod_class = self._pod_class(request)
+            pod_class = self._pod_class(request, now)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
             else:
@@ -266,14 +246,20 @@ class ScorerApp:
             self._chosen[namespace] = chosen
         return chosen
 
-    def _pod_class(self, request: wire.ExtenderRequest) -> PodClass:
-        """Stage 2: the pod's class, compiled once and reused by every pod with the same hints
-        and GPU request under the policy its namespace chose."""
-        policy = self._policy_for(request.pod.namespace)
-        known = self._classes.get(pod_class_key(request.pod, policy))
+    def _pod_class(self, request: wire.ExtenderRequest, now: datetime) -> PodClass:
+        """Stage 2: the pod's class, compiled once and reused by every pod with the same hints,
+        GPU request and learned load under the policy its namespace chose."""
+        pod = request.pod
+        policy = self._policy_for(pod.namespace)
+        workloads = self.workloads
+        if workloads is not None and policy.own_load and pod.workload is not None:
+            learned = workloads.learned_for(pod.workload, now)
+            if learned is not None:
+                pod = dataclasses.replace(pod, learned=learned)
+        known = self._classes.get(pod_class_key(pod, policy))
         if known is not None and known.policy is policy:
             return known
-        pod_class = PodClass.of(request.pod, policy)
+        pod_class = PodClass.of(pod, policy)
         if len(self._classes) >= _MAX_POD_CLASSES:
             self._classes = {}
         self._classes[pod_class.key] = pod_class

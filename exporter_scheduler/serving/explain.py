@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from exporter_scheduler.core.hints import HINT_NAMES
+from exporter_scheduler.core.ownload import OwnLoad
+from exporter_scheduler.core.ownload import describe as describe_own_load
 from exporter_scheduler.core.policy import Policy, format_fraction_limit, weight_milli
 from exporter_scheduler.core.records import (
     BASIS_POINTS,
@@ -88,7 +90,9 @@ def explain(
             "expected_gpu_load": hints.expected_gpu_load,
             "spread_max_per_domain": hints.spread_max_per_domain,
             "spread_topology_key": hints.spread_topology_key,
+            "expected_gpu_memory_mib": hints.expected_gpu_memory_mib,
         },
+        "own_load": _own_load(evaluation.own_load),
         "hint_error": (
             None
             if problem is None
@@ -114,6 +118,9 @@ def explain(
             "inflight_load_delay_s": policy.inflight_load_delay_s,
             "inflight_gpu_load": policy.inflight_gpu_load,
             "min_gpu_fit_probability": policy.min_gpu_fit_probability,
+            "own_load": policy.own_load,
+            "own_load_gpu_load": policy.own_load_gpu_load,
+            "own_load_gpu_memory_mib": policy.own_load_gpu_memory_mib,
             "weights": {
                 "utilization": w_util / 1000,
                 "fragmentation": w_frag / 1000,
@@ -337,6 +344,21 @@ def _node(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- text
 
 
+def _own_load(load: OwnLoad | None) -> dict[str, Any] | None:
+    """The pod's own load as the verdicts counted it: the figures, their sources, the basis."""
+    if load is None:
+        return None
+    return {
+        "utilization": load.utilization_bp / BASIS_POINTS,
+        "utilization_source": load.utilization_source,
+        "memory_mib": load.memory_mib,
+        "memory_source": load.memory_source,
+        "learned_from_samples": load.samples,
+        "learned_from_pods": load.pods,
+        "text": describe_own_load(load),
+    }
+
+
 def _show(value: Any) -> str:
     if value is None:
         return "-"
@@ -370,6 +392,12 @@ def render_text(explanation: dict[str, Any]) -> str:
     if hints["model_preference"]:
         shown[0] = "model_preference=" + ",".join(hints["model_preference"])
     lines.append("hints: " + (", ".join(shown) if shown else "none"))
+    own = explanation.get("own_load")
+    lines.append(
+        "own load: not counted (policy)"
+        if own is None
+        else f"own load per gpu: {own['text']} (each GPU judged with it added)"
+    )
     chain = explanation["chain"]
     if chain is not None:
         chosen = chain["chosen"] if chain["chosen"] is not None else "none"

@@ -14,7 +14,7 @@ from gpu_contract.schema import format_timestamp
 
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
     """The pod class in a log line: the hint annotations and the GPU request that define it."""
-    _, hints, gpu_request = pod_class.key
+    _, hints, gpu_request, _ = pod_class.key
     return {"profile": pod_class.policy.profile, "hints": dict(hints), "gpu_request": gpu_request}
 
 

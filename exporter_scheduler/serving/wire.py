@@ -27,6 +27,7 @@ from msgspec import UNSET, UnsetType
 
 from exporter_scheduler.core.hints import SPREAD_GROUP_LABEL
 from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.core.workload import Owner, workload_of
 from exporter_scheduler.serving.echo import (
     Buffer,
     NodeEcho,
@@ -54,12 +55,20 @@ class _PodSpec(msgspec.Struct):
     initContainers: list[_Container] | None = None  # noqa: N815 (Kubernetes JSON name)
 
 
+class _OwnerReference(msgspec.Struct):
+    kind: str = ""
+    name: str = ""
+    controller: bool | None = None
+
+
 class _ObjectMeta(msgspec.Struct):
     name: str | None = None
     namespace: str | None = None
     uid: str | None = None
     annotations: dict[str, str] | None = None
     labels: dict[str, str] | None = None
+    # Read for the pod's workload (core/workload.py), whose running pods teach its load.
+    ownerReferences: list[_OwnerReference] | None = None  # noqa: N815
 
 
 class _Pod(msgspec.Struct):
@@ -205,6 +214,16 @@ def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
         gpu_request=pod_gpu_request(pod.spec, resource),
         uid=meta.uid or "",
         spread_group=None if labels is None else labels.get(keys.prefix + SPREAD_GROUP_LABEL),
+        workload=workload_of(
+            meta.namespace or "",
+            labels,
+            [
+                Owner(owner.kind, owner.name, bool(owner.controller))
+                for owner in meta.ownerReferences or ()
+            ],
+            meta.annotations,
+            keys.prefix,
+        ),
     )
 
 

@@ -231,7 +231,7 @@ def run(
     policy: Policy | None = None,
     now: datetime = NOW,
 ) -> Evaluation:
-    return evaluate(the_pod or pod(), nodes, now, policy or Policy())
+    return evaluate(the_pod or pod(), nodes, now, policy or Policy(own_load=False))
 
 
 def one(
@@ -245,4 +245,4 @@ def one(
     return evaluation.verdicts[0]
 
 
-STRICT = Policy(missing_data="strict")
+STRICT = Policy(own_load=False, missing_data="strict")

@@ -37,7 +37,7 @@ FIXTURES = SCHEDULER_FIXTURES
 
 
 def _dump(evaluation_pod: PodInput, nodes: list[NodeInput], policy: Policy | None = None) -> str:
-    policy = policy or Policy()
+    policy = policy or Policy(own_load=False)
     evaluation = evaluate(evaluation_pod, nodes, NOW, policy)
     return json.dumps(explain(evaluation, evaluation_pod, NOW, policy), sort_keys=True,
                       allow_nan=False)  # fmt: skip
@@ -68,7 +68,7 @@ def test_explanation_holds_values_and_ages_the_reasons_leave_out() -> None:
     the_pod = pod()
     evaluation = run(nodes, the_pod)
     assert set(evaluation.failed().values()) == {"gpu utilization above 0.90"}
-    explanation = explain(evaluation, the_pod, NOW, Policy())
+    explanation = explain(evaluation, the_pod, NOW, Policy(own_load=False))
     by_name = {n["name"]: n for n in explanation["nodes"]}
     assert by_name["n3"]["inputs"]["utilization"] == 0.94
     assert by_name["n3"]["age_s"] == 13.0
@@ -86,7 +86,7 @@ def test_explanation_holds_values_and_ages_the_reasons_leave_out() -> None:
 def test_explanation_of_a_passing_node_shows_the_score_arithmetic() -> None:
     the_pod = pod()
     evaluation = run([node(utilization=0.42, fragmentation=0.25, temperature_c=61)], the_pod)
-    explanation = explain(evaluation, the_pod, NOW, Policy())
+    explanation = explain(evaluation, the_pod, NOW, Policy(own_load=False))
     assert explanation["nodes"][0]["score_breakdown"] == {
         "utilization_headroom": 0.58,
         "fragmentation_headroom": 0.75,
@@ -102,7 +102,7 @@ def test_explanation_of_a_passing_node_shows_the_score_arithmetic() -> None:
 def test_explanation_names_the_clock_evidence() -> None:
     the_pod = pod()
     evaluation = run([node("liar", age_s=2, write_age_s=600)], the_pod)
-    explained = explain(evaluation, the_pod, NOW, Policy())["nodes"][0]
+    explained = explain(evaluation, the_pod, NOW, Policy(own_load=False))["nodes"][0]
     assert explained["data_status"] == "clock-skew"
     assert explained["server_age_s"] == 600.0
     assert explained["updated_at_minus_write_time_s"] == 598.0
@@ -111,7 +111,7 @@ def test_explanation_names_the_clock_evidence() -> None:
 def test_explanation_of_an_invalid_hint() -> None:
     the_pod = pod(min_memory_mib="40Gi")
     evaluation = run([node()], the_pod)
-    explanation = explain(evaluation, the_pod, NOW, Policy())
+    explanation = explain(evaluation, the_pod, NOW, Policy(own_load=False))
     assert explanation["hint_error"] == {
         "annotation": PREFIX + "min-gpu-memory-mib",
         "value": "40Gi",
@@ -125,7 +125,7 @@ def test_explanation_of_an_invalid_hint() -> None:
 def test_render_text_lists_every_node_and_the_summary() -> None:
     the_pod = pod(preference="A100,V100", fallback="0.80")
     evaluation = run(_mixed_nodes(), the_pod)
-    text = render_text(explain(evaluation, the_pod, NOW, Policy()))
+    text = render_text(explain(evaluation, the_pod, NOW, Policy(own_load=False)))
     for name in ("a1", "a2", "v1", "hot", "sick", "blank"):
         assert f"\n{name}: " in text
     assert "model chain A100,V100 at 0.80: kept A100 (at-or-below-threshold)" in text
@@ -150,7 +150,7 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
     # Any 2 of the 5 GPUs in the device plugin's pool may be handed out; 1 pair in 10 fits.
     the_node = gpu_node("g", table, overrides={Field.TEMPERATURE: None})
     evaluation = run([the_node], the_pod)
-    explained = explain(evaluation, the_pod, NOW, Policy())["nodes"][0]
+    explained = explain(evaluation, the_pod, NOW, Policy(own_load=False))["nodes"][0]
     gpus = explained["gpus"]
     assert (gpus["needed"], gpus["candidates"], gpus["counted"]) == (2, 2, [1, 7])
     assert gpus["allocation_checked"] is True
@@ -184,7 +184,7 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
         "reason": "gpu fit probability below 0.75",
     }
     assert rules["utilization"]["outcome"] == "per-gpu"
-    text = render_text(explain(evaluation, the_pod, NOW, Policy()))
+    text = render_text(explain(evaluation, the_pod, NOW, Policy(own_load=False)))
     assert (
         "gpus: 2 needed, 2 candidates, counted 1, 7, pool 5, fit probability 0.10 "
         "(allocations checked)"
@@ -198,16 +198,18 @@ def test_explanation_of_a_gpu_shortfall_and_of_a_pod_without_gpus() -> None:
     the_node = gpu_node("g", runs((3, Gpu(0.0)), (5, Gpu(0.97))))
     four = pod(gpus=4)
     evaluation = run([the_node], four)
-    explained = explain(evaluation, four, NOW, Policy())
+    explained = explain(evaluation, four, NOW, Policy(own_load=False))
     assert explained["summary"]["reasons"] == {"fewer than 4 gpus at or below utilization 0.90": 1}
     assert explained["nodes"][0]["gpus"]["counted"] == []
     none = pod(gpus=0)
-    unjudged = explain(run([the_node], none), none, NOW, Policy())["nodes"][0]["gpus"]
+    unjudged = explain(run([the_node], none), none, NOW, Policy(own_load=False))["nodes"][0]["gpus"]
     assert (unjudged["needed"], unjudged["table"][0]["status"]) == (None, None)
     assert "gpus: per-gpu data, not judged per gpu" in render_text(
-        explain(run([the_node], none), none, NOW, Policy())
+        explain(run([the_node], none), none, NOW, Policy(own_load=False))
     )
-    assert explain(run([node()], four), four, NOW, Policy())["nodes"][0]["gpus"] is None
+    assert (
+        explain(run([node()], four), four, NOW, Policy(own_load=False))["nodes"][0]["gpus"] is None
+    )
 
 
 # ---------------------------------------------------------------- real captures
@@ -235,7 +237,7 @@ def test_every_captured_request_gets_a_complete_verdict(path: Path) -> None:
     pod_input, nodes = _from_capture(json.loads(path.read_bytes()))
     meta = json.loads(path.with_name(path.name.replace(".request.", ".meta.")).read_bytes())
     now = datetime.fromtimestamp(meta["received_unix"], UTC)
-    for policy in (Policy(), Policy(missing_data="strict")):
+    for policy in (Policy(own_load=False), Policy(own_load=False, missing_data="strict")):
         evaluation = evaluate(pod_input, nodes, now, policy)
         assert [name for name, _ in evaluation.scores()] == [n.name for n in nodes]
         decided = set(evaluation.passed_names()) | set(evaluation.failed())
@@ -275,8 +277,8 @@ def test_explain_is_json_and_renders_for_any_input(
     nodes: list[NodeInput], annotations: dict[str, str], gpus: int
 ) -> None:
     the_pod = PodInput("ns", "p", annotations, gpus)
-    evaluation = evaluate(the_pod, nodes, NOW, Policy())
-    explanation = explain(evaluation, the_pod, NOW, Policy())
+    evaluation = evaluate(the_pod, nodes, NOW, Policy(own_load=False))
+    explanation = explain(evaluation, the_pod, NOW, Policy(own_load=False))
     json.dumps(explanation, allow_nan=False)
     assert len(explanation["nodes"]) == len(nodes)
     assert isinstance(render_text(explanation), str)

@@ -42,7 +42,7 @@ MEMORY = DEFAULT_KEYS.prefix + "min-gpu-memory-mib"
 IDLE = Gpu(utilization=0.0)
 HALF = Gpu(utilization=0.50)
 SATURATED = Gpu(utilization=0.97)
-LENIENT = Policy()
+LENIENT = Policy(own_load=False)
 
 FOUR_IDLE_FOUR_SATURATED = gpu_node("split", runs((4, IDLE), (4, SATURATED)))
 ALL_HALF_BUSY = gpu_node("even", runs((8, HALF)))
@@ -391,7 +391,7 @@ def test_old_readers_keep_working_on_per_gpu_nodes() -> None:
 
 
 def test_verdicts_depend_on_k_so_the_pod_class_carries_it() -> None:
-    policy = Policy()
+    policy = Policy(own_load=False)
     from exporter_scheduler.core.podclass import PodClass  # noqa: PLC0415
 
     assert PodClass.of(pod(gpus=4), policy).key != PodClass.of(pod(gpus=5), policy).key

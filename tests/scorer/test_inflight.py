@@ -49,7 +49,7 @@ from tests.scorer.scoring_builders import (
     with_pods,
 )
 
-DEFAULTS = Policy()
+DEFAULTS = Policy(own_load=False)
 UPDATED_AT = NOW - timedelta(seconds=10)  # node(), gpu_node(): sampled 10 s before NOW
 MS = timedelta(milliseconds=1)
 INF = math.inf
@@ -203,7 +203,9 @@ def test_count_inflight(pods: list[BoundPod], expected: Summary | None) -> None:
 
 
 def test_count_inflight_reads_the_policy_numbers() -> None:
-    policy = Policy(inflight_max_s=30.0, inflight_load_delay_s=0.0, inflight_gpu_load=0.5)
+    policy = Policy(
+        own_load=False, inflight_max_s=30.0, inflight_load_delay_s=0.0, inflight_gpu_load=0.5
+    )
     pods = [bound_pod("a", bound_age_s=20.0), bound_pod("b", **LOAD_PENDING)]
     # b: bound 25 s ago, running before the sample, no load delay: released; a: 10 s left.
     expected = ([("default/a", True, True, 5000)], 1, 1, 5000, 0, 10.0, INF)
@@ -567,8 +569,8 @@ def test_the_window_starts_where_an_ended_pod_still_counted() -> None:
 
 NAMES = ("n0", "n1", "n2", "n3")
 POLICIES = (
-    Policy(),
-    Policy(missing_data="strict"),
+    Policy(own_load=False),
+    Policy(own_load=False, missing_data="strict"),
     Policy(
         inflight_max_s=30.0,
         inflight_load_delay_s=0.0,

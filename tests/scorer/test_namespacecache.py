@@ -137,7 +137,9 @@ def test_a_failing_server_keeps_the_last_labels_and_is_retried_with_back_off(
 ) -> None:
     """The watch expires and the next three lists get a 500: the labels known stay (a profile
     keeps matching), and the list is retried with back-off until it succeeds."""
-    standin.inject(Fault(500, method="GET", path_contains=PATH, times=3))
+    # Lists only (they page with `limit=`): a watch opened at the same moment must not take
+    # one of the three faults, or fewer than three lists fail.
+    standin.inject(Fault(500, method="GET", path_contains="limit=", times=3))
     standin.expire_watches()
     assert cache.wait_until(lambda c: counter(c, "relists_total") == 2, WAIT_S)
     assert counter(cache, "watch_restarts_total", '{cause="error"}') == 3

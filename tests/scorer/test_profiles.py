@@ -39,7 +39,9 @@ from tests.scorer._http_helpers import pod as pod_object
 
 # What a profile may set: every policy setting (the cluster-wide ones are refused by name).
 PROFILE_FIELDS = tuple(f for f in POLICY_FIELDS if f != "annotation_prefix")
-BASE = Policy()
+# The pod's own load off: these cases are about which profile's limits apply, read against
+# the nodes' load as published.
+BASE = Policy(own_load=False)
 
 
 def _parse(raw: object, default: Policy = BASE) -> tuple[Profile, ...]:

@@ -16,7 +16,9 @@ from exporter_scheduler.core.score import score as memoised_score
 from gpu_contract.schema import DEFAULT_KEYS, Field, GpuState
 from tests.scorer.scoring_builders import NOW, PREFIX, node, one, pod, run
 
-ORIGINAL = Policy(weight_utilization=1, weight_fragmentation=0, weight_temperature=0)
+ORIGINAL = Policy(
+    own_load=False, weight_utilization=1, weight_fragmentation=0, weight_temperature=0
+)
 
 
 def test_worked_example_from_the_docs() -> None:
@@ -48,6 +50,7 @@ ROUNDING = [
 def test_original_design_score_rounds_half_up(utilization: float, score: int) -> None:
     """With only the utilization weight, the score is (1 - u) x 100 mapped to 0..10."""
     policy = Policy(
+        own_load=False,
         weight_utilization=1,
         weight_fragmentation=0,
         weight_temperature=0,
@@ -83,10 +86,14 @@ def test_score_terms(overrides: dict[str, object], term: str, headroom_bp: int) 
 
 def test_weights_only_matter_by_ratio() -> None:
     the_node = node(utilization=0.3, fragmentation=0.5, temperature_c=70)
-    small = one(the_node, policy=Policy(weight_utilization=2, weight_fragmentation=1,
-                                         weight_temperature=1))  # fmt: skip
-    large = one(the_node, policy=Policy(weight_utilization=20, weight_fragmentation=10,
-                                         weight_temperature=10))  # fmt: skip
+    small_weights = Policy(
+        own_load=False, weight_utilization=2, weight_fragmentation=1, weight_temperature=1
+    )
+    large_weights = Policy(
+        own_load=False, weight_utilization=20, weight_fragmentation=10, weight_temperature=10
+    )
+    small = one(the_node, policy=small_weights)
+    large = one(the_node, policy=large_weights)
     assert small.breakdown == large.breakdown
 
 
@@ -128,7 +135,7 @@ def test_same_input_same_output_regardless_of_decode_cache() -> None:
 
 
 def test_decode_cache_does_not_confuse_prefixes() -> None:
-    policy = Policy(keys=DEFAULT_KEYS.for_prefix("gpu.acme.io"))
+    policy = Policy(own_load=False, keys=DEFAULT_KEYS.for_prefix("gpu.acme.io"))
     the_node = node(utilization=0.99)
     renamed = NodeInput(
         "n", {k.replace(PREFIX, "gpu.acme.io/"): v for k, v in the_node.annotations.items()}
@@ -231,7 +238,7 @@ def test_evaluate_invariants(
 
 @given(st.floats(0, 1), st.floats(0, 1), st.integers(-50, 200))
 def test_score_is_monotone_in_utilization(u1: float, frag: float, temperature_c: int) -> None:
-    policy = Policy(utilization_limit=1.0, temperature_limit_c=150)
+    policy = Policy(own_load=False, utilization_limit=1.0, temperature_limit_c=150)
     low, high = sorted((u1, 1 - u1))
     a = one(node(utilization=low, fragmentation=frag, temperature_c=temperature_c), policy=policy)
     b = one(node(utilization=high, fragmentation=frag, temperature_c=temperature_c), policy=policy)

@@ -17,6 +17,7 @@ from agent.limiter import LimiterState
 from exporter_scheduler.core.policy import Policy
 from fleet_sim.placement import (
     EPOCH,
+    INFERENCE_DEPLOYMENTS,
     JOB_SPREAD_S,
     JOB_WORKER_GPUS,
     JOB_WORKERS,
@@ -24,10 +25,12 @@ from fleet_sim.placement import (
     PER_GPU_KEYS,
     POLICIES,
     PUSH_CAUSES,
+    REPLICA_SPREAD,
     SCALE_UP_REPLICAS,
     SCALE_UP_SPREAD_S,
     SCORER_POLICIES,
     SCORER_VARIANTS,
+    SHARED_DEPLOYMENTS,
     WORKLOADS,
     GpuTruth,
     NodeSetup,
@@ -57,7 +60,7 @@ from fleet_sim.placement import (
     suitable_gpus,
 )
 from fleet_sim.traces import A100_80GB, L4_24GB, V100_32GB, GpuModel
-from gpu_contract import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, encode
+from gpu_contract import DEFAULT_KEYS, Field, GpuState, Health, NodeGpuState, decode, encode
 
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -651,10 +654,11 @@ def test_bursts_are_copies_of_one_template_arriving_together(
         assert len(group) in sizes
         arrivals = [p.arrival_s for p in group]
         assert max(arrivals) - min(arrivals) <= spread_s
-        templates = {
-            (p.gpus, p.memory_mib, p.utilization, p.chain, p.kind, p.declares_memory) for p in group
-        }
+        # One template; a Deployment's replicas differ in load only by the replica spread.
+        templates = {(p.gpus, p.memory_mib, p.chain, p.kind, p.workload) for p in group}
         assert len(templates) == 1, group[0].burst
+        loads = [p.utilization for p in group]
+        assert max(loads) - min(loads) <= 2 * REPLICA_SPREAD + 1e-9, group[0].burst
     if kind == "job":
         assert {p.gpus for g in groups for p in g} <= {n for n, _ in JOB_WORKER_GPUS}
         assert all(len({p.run_s for p in g}) == 1 for g in groups)  # a job ends as one
@@ -663,17 +667,43 @@ def test_bursts_are_copies_of_one_template_arriving_together(
         assert kinds == {"inference", "shared-inference"}
 
 
-def test_shared_inference_says_what_it_adds_to_each_gpu(bursty_pods: list[PodRequest]) -> None:
-    shared = [p for p in bursty_pods if p.kind == "shared-inference"]
-    assert shared
-    assert any(p.burst for p in shared)
-    assert any(not p.burst for p in shared)
-    for pod in shared:
-        assert pod.expected_gpu_load == pod.utilization
-        assert pod.annotations()[DEFAULT_KEYS.prefix + "expected-gpu-load"] == (
-            f"{pod.utilization:.2f}"
-        )
-    assert all(p.expected_gpu_load is None for p in bursty_pods if p.kind != "shared-inference")
+def test_no_pod_of_the_stream_hints_its_load(bursty_pods: list[PodRequest]) -> None:
+    assert all(p.expected_gpu_load is None for p in bursty_pods)
+    assert all(
+        DEFAULT_KEYS.prefix + "expected-gpu-load" not in p.annotations() for p in bursty_pods
+    )
+
+
+def test_pods_belong_to_workloads_as_in_a_fleet(bursty_pods: list[PodRequest]) -> None:
+    """Inference pods are replicas of a few Deployments (alike but for the traffic-driven load),
+    a job's workers share their Job, stream training pods and notebooks have no siblings."""
+    by_workload: dict[str, list[PodRequest]] = {}
+    for pod in bursty_pods:
+        by_workload.setdefault(pod.workload, []).append(pod)
+    singletons = by_workload.pop("", [])
+    assert {p.kind for p in singletons} == {"training", "notebook"}
+    assert all(not p.burst for p in singletons)
+    deployments = {w: ps for w, ps in by_workload.items() if w.startswith("deploy/")}
+    assert 0 < len(deployments) <= INFERENCE_DEPLOYMENTS + SHARED_DEPLOYMENTS
+    for replicas in deployments.values():
+        assert len({(p.gpus, p.memory_mib, p.chain, p.kind) for p in replicas}) == 1
+    assert any(len(replicas) >= 5 for replicas in deployments.values())
+    jobs = {w: ps for w, ps in by_workload.items() if w.startswith("job/")}
+    assert jobs
+    assert all(len({p.burst for p in ps}) == 1 for ps in jobs.values())
+
+
+def test_the_agent_publishes_each_running_pods_usage() -> None:
+    """Whole-GPU attribution on an exclusive GPU, per-process on a time-sliced one."""
+    sim = _Run(SMALL, "per-gpu")
+    for step in range(int(SMALL.duration_s)):
+        sim.step(float(step))
+    published = [decode(n.annotations, DEFAULT_KEYS).state for n in sim.nodes if n.annotations]
+    usage = [pod for state in published if state is not None for pod in state.pods]
+    assert usage
+    assert all(pod.pod.startswith("sim/") for pod in usage)
+    assert sim.learner is not None
+    assert len(sim.learner) > 0
 
 
 @pytest.mark.parametrize("burst_share", [0.0, 0.35, 0.7])

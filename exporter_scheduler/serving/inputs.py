@@ -1,0 +1,45 @@
+"""What the request path reads from the caches the edges keep (namespaces, pods, workloads).
+
+Protocols, so that `ScorerApp` depends on these reads alone and never on the watches behind
+them: each is an in-memory read, with no I/O, on the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.ownload import Learned
+
+
+class NamespaceLabels(Protocol):
+    """Namespace labels from a watch (`namespacecache.NamespaceCache`)."""
+
+    generation: int
+
+    def labels(self, namespace: str) -> Mapping[str, str]: ...
+
+
+class Placements(Protocol):
+    """Where the scorer records the placements it expects (`podcache.PodCache`)."""
+
+    def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None: ...
+
+    def forget(self, uid: str) -> None: ...
+
+
+class LearnedLoads(Protocol):
+    """Each workload's learned load per GPU (serving/workloads.py): a read, no I/O."""
+
+    def learned_for(self, workload: str | None, now: datetime) -> Learned | None: ...
+
+
+class Groups(Protocol):
+    """The bound pods of each spread group (`podcache.PodCache`)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]: ...

@@ -1,0 +1,163 @@
+"""What each workload's running pods use per GPU, learned off the request path.
+
+The scorer counts the load a pod will add (`exporter_scheduler.core.ownload`); short of the pod's
+hint, the best estimate is what its siblings use. The agent publishes, per node, each pod's
+share of each GPU it holds (`pod-gpu-usage`); the Pod watch says which workload each bound pod
+belongs to (`exporter_scheduler.core.workload`) and since when its containers run. This store
+joins the two on the watch threads: each Node event with usage data records one sample per pod
+and GPU, for the pods past their ramp (the node's data sampled at least
+`inflight_load_delay_s` after every container of the pod ran: before that the window-averaged
+utilization still shows the start-up, the same rule that ends a pod's in-flight load), and
+recomputes that workload's figure with the pure `ownload.learn`. The request path only reads a
+dict entry (`learned_for`), so a verdict takes the estimate as an input, like the in-flight pods.
+
+Bounded: each workload keeps the latest sample of each pod and GPU, at most
+`MAX_SAMPLES_PER_WORKLOAD` (the oldest go first), and at most `max_workloads` workloads are kept,
+the least recently sampled dropped first (an LRU; the request path never writes, so a lookup
+does not refresh an entry). A workload dropped comes back
+with its pods' next samples. Bad usage data is the contract's decoder's to drop (`decode` keeps
+the problems); a pod the usage names that the Pod watch does not know (deleted since, or another
+scheduler's pod on a node whose pods are not all GPU pods) is skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Final
+
+from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.ownload import BASIS_POINTS, Learned, UsageSample, learn
+from exporter_scheduler.core.records import NodeInput
+
+# A workload of many replicas: the newest 256 pod-GPU samples say as much as all of them.
+MAX_SAMPLES_PER_WORKLOAD: Final = 256
+DEFAULT_MAX_WORKLOADS: Final = 10_000
+
+
+class _Workload:
+    __slots__ = ("learned", "newest", "samples")
+
+    def __init__(self) -> None:
+        # (pod, gpu index) -> its latest sample, oldest first (re-inserted on each update).
+        self.samples: OrderedDict[tuple[str, int], UsageSample] = OrderedDict()
+        self.learned: Learned | None = None
+        self.newest: datetime | None = None
+
+
+class WorkloadLoads:
+    """Per workload, its pods' recent per-GPU samples and the figure learned from them."""
+
+    def __init__(
+        self,
+        *,
+        keys_prefix: str = "",
+        load_delay_s: float = 60.0,
+        max_age_s: float = 3600.0,
+        min_samples: int = 2,
+        max_workloads: int = DEFAULT_MAX_WORKLOADS,
+    ) -> None:
+        if max_workloads < 1:
+            raise ValueError(f"max_workloads must be at least 1, got {max_workloads}")
+        self.prefix = keys_prefix
+        self.load_delay = timedelta(seconds=load_delay_s)
+        self.max_age_s = max_age_s
+        self.min_samples = min_samples
+        self.max_workloads = max_workloads
+        self._workloads: OrderedDict[str, _Workload] = OrderedDict()
+        self._pods: dict[str, dict[str, BoundPod]] = {}  # node -> pod ref -> pod
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ request path
+    def learned_for(self, workload: str | None, now: datetime) -> Learned | None:
+        """The workload's learned figure, None when unknown or its newest sample is too old."""
+        if workload is None:
+            return None
+        entry = self._workloads.get(workload)
+        if entry is None or entry.newest is None:
+            return None
+        if (now - entry.newest).total_seconds() > self.max_age_s:
+            return None
+        return entry.learned
+
+    def __len__(self) -> int:
+        return len(self._workloads)
+
+    # ------------------------------------------------------------------ the Pod watch (a sink)
+    def set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
+        with self._lock:
+            if pods:
+                self._pods[name] = {pod.ref: pod for pod in pods if pod.workload is not None}
+            else:
+                self._pods.pop(name, None)
+        return False  # no verdict changes by it
+
+    def replace_pods(self, pods: Mapping[str, tuple[BoundPod, ...]]) -> None:
+        with self._lock:
+            self._pods = {
+                node: {pod.ref: pod for pod in bound if pod.workload is not None}
+                for node, bound in pods.items()
+            }
+
+    # ------------------------------------------------------------------ the Node watch
+    def observe(self, node: NodeInput) -> int:
+        """Record the samples of one node's data; the number recorded."""
+        pre = node.predecoded
+        if pre is None or pre[0] != self.prefix:
+            return 0
+        state = pre[1].state
+        if state is None or not state.pods:
+            return 0
+        sampled_at = state.updated_at
+        recorded = 0
+        with self._lock:
+            bound = self._pods.get(node.name)
+            if not bound:
+                return 0
+            touched: set[str] = set()
+            for usage in state.pods:
+                pod = bound.get(usage.pod)
+                if pod is None or pod.workload is None or pod.running_since is None:
+                    continue
+                if sampled_at < pod.running_since + self.load_delay:
+                    continue  # still ramping: its window still shows the start-up
+                entry = self._entry(pod.workload)
+                for share in usage.gpus:
+                    util_bp = (
+                        None
+                        if share.utilization is None
+                        else round(share.utilization * BASIS_POINTS)
+                    )
+                    if util_bp is None and share.memory_used_mib is None:
+                        continue
+                    key = (usage.pod, share.gpu_index)
+                    entry.samples.pop(key, None)
+                    entry.samples[key] = UsageSample(
+                        usage.pod, share.gpu_index, sampled_at, util_bp, share.memory_used_mib
+                    )
+                    while len(entry.samples) > MAX_SAMPLES_PER_WORKLOAD:
+                        entry.samples.popitem(last=False)
+                    recorded += 1
+                touched.add(pod.workload)
+            for workload in touched:
+                entry = self._workloads[workload]
+                entry.newest = max(s.sampled_at for s in entry.samples.values())
+                entry.learned = learn(
+                    entry.samples.values(),
+                    entry.newest,
+                    max_age_s=self.max_age_s,
+                    min_samples=self.min_samples,
+                )
+        return recorded
+
+    def _entry(self, workload: str) -> _Workload:
+        entry = self._workloads.get(workload)
+        if entry is None:
+            entry = self._workloads[workload] = _Workload()
+            while len(self._workloads) > self.max_workloads:
+                self._workloads.popitem(last=False)
+        else:
+            self._workloads.move_to_end(workload)
+        return entry

@@ -1,0 +1,228 @@
+"""The pod's own load: the estimate (hint, learned, default), and how filter and score count it."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exporter_scheduler.core.judge import evaluate
+from exporter_scheduler.core.ownload import (
+    Learned,
+    UsageSample,
+    learn,
+    own_load,
+    quantile_nearest_rank,
+)
+from exporter_scheduler.core.podclass import PodClass, pod_class_key
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.records import NodeInput, PodInput
+from exporter_scheduler.serving.explain import explain, render_text
+from gpu_contract.schema import Field
+from tests.scorer.scoring_builders import NOW, PREFIX, Gpu, gpu_node, node, pod, run, runs
+
+POLICY = Policy()  # own load counted, 0.30 per GPU by default
+OFF = Policy(own_load=False)
+
+
+def _sample(
+    pod_name: str, util: float | None, mem: int | None = None, age_s: float = 10.0
+) -> UsageSample:
+    return UsageSample(
+        pod_name,
+        0,
+        NOW - timedelta(seconds=age_s),
+        None if util is None else round(util * 10_000),
+        mem,
+    )
+
+
+# ----------------------------------------------------------------------------- learn
+
+
+LEARN_CASES = [
+    pytest.param([], None, id="no-samples-nothing-learned"),
+    pytest.param([_sample("a", 0.5)], None, id="one-sample-below-the-floor"),
+    pytest.param(
+        [_sample("a", 0.42), _sample("b", 0.47)],
+        Learned(5000, None, 2, 2),
+        id="two-samples-high-quantile-rounded-up-to-0.05",
+    ),
+    pytest.param(
+        [_sample(f"p{i}", 0.1 * i) for i in range(10)],
+        Learned(8000, None, 10, 10),
+        id="p90-of-ten-is-the-ninth-not-the-peak",
+    ),
+    pytest.param(
+        [_sample("a", 0.2, age_s=7200), _sample("b", 0.3), _sample("c", 0.35)],
+        Learned(3500, None, 2, 2),
+        id="old-samples-age-out",
+    ),
+    pytest.param(
+        [_sample("a", None, 3000), _sample("b", None, 5000)],
+        Learned(None, 5120, 2, 2),
+        id="memory-alone-rounded-up-to-a-gib",
+    ),
+    pytest.param(
+        [_sample("a", 0.2, age_s=-60), _sample("b", 0.3)],
+        None,
+        id="a-sample-from-the-future-does-not-count",
+    ),
+]
+
+
+@pytest.mark.parametrize(("samples", "expected"), LEARN_CASES)
+def test_learn(samples: list[UsageSample], expected: Learned | None) -> None:
+    assert learn(samples, NOW, max_age_s=3600.0, min_samples=2) == expected
+
+
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=50))
+def test_learned_figure_is_one_of_the_samples_rounded_up(values: list[int]) -> None:
+    samples = [UsageSample(f"p{i}", 0, NOW, value, None) for i, value in enumerate(values)]
+    learned = learn(samples, NOW, max_age_s=60.0, min_samples=1)
+    assert learned is not None
+    assert learned.utilization_bp is not None
+    q = quantile_nearest_rank(list(values), 0.9)
+    assert q in values
+    assert q <= learned.utilization_bp < q + 500 or learned.utilization_bp == 10_000
+    assert learned.utilization_bp % 500 == 0
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+SOURCE_CASES = [
+    pytest.param(None, None, None, (3000, "default", 0, "default"), id="nothing-default"),
+    pytest.param(
+        None, None, Learned(6500, 8192, 4, 3), (6500, "learned", 8192, "learned"), id="learned"
+    ),
+    pytest.param(
+        0.1, None, Learned(6500, 8192, 4, 3), (1000, "hint", 8192, "learned"), id="hint-wins"
+    ),
+    pytest.param(
+        None, 2048, Learned(6500, None, 4, 3), (6500, "learned", 2048, "hint"), id="mixed"
+    ),
+]
+
+
+@pytest.mark.parametrize(("hint_load", "hint_mib", "learned", "expected"), SOURCE_CASES)
+def test_sources_in_order(
+    hint_load: float | None,
+    hint_mib: int | None,
+    learned: Learned | None,
+    expected: tuple[int, str, int, str],
+) -> None:
+    load = own_load(hint_load, hint_mib, learned, 0.30, 0)
+    assert (
+        load.utilization_bp,
+        load.utilization_source,
+        load.memory_mib,
+        load.memory_source,
+    ) == expected
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+def _learned(the_pod: PodInput, util: float, mem: int | None = None) -> PodInput:
+    return dataclasses.replace(the_pod, learned=Learned(round(util * 10_000), mem, 6, 3))
+
+
+HALF = gpu_node("half", runs((1, Gpu(utilization=0.45))))
+IDLE = gpu_node("idle", runs((1, Gpu(utilization=0.0))))
+GPU_CASES = [
+    pytest.param(HALF, pod(), OFF, True, id="off-judged-by-load-now"),
+    pytest.param(HALF, pod(), POLICY, True, id="default-0.30-fits-on-0.45"),
+    pytest.param(HALF, _learned(pod(), 0.6), POLICY, False, id="heavy-workload-avoids-half-busy"),
+    pytest.param(IDLE, _learned(pod(), 0.6), POLICY, True, id="heavy-workload-takes-idle"),
+    pytest.param(HALF, _learned(pod(), 0.2), POLICY, True, id="light-workload-takes-half-busy"),
+    pytest.param(
+        HALF,
+        _learned(pod(expected_gpu_load="0.1"), 0.6),
+        POLICY,
+        True,
+        id="hint-disagreeing-with-siblings-wins",
+    ),
+    pytest.param(HALF, _learned(pod(), 0.45), POLICY, True, id="exactly-at-the-limit-passes"),
+    pytest.param(
+        gpu_node("full", runs((1, Gpu(free_mib=4000)))),
+        _learned(pod(), 0.1, 8192),
+        POLICY,
+        False,
+        id="memory-its-processes-hold-must-be-free",
+    ),
+]
+
+
+@pytest.mark.parametrize(("the_node", "the_pod", "policy", "passed"), GPU_CASES)
+def test_per_gpu_rule_counts_the_pods_own_load(
+    the_node: NodeInput, the_pod: PodInput, policy: Policy, passed: bool
+) -> None:
+    verdict = run([the_node], the_pod, policy).verdicts[0]
+    assert verdict.passed is passed, verdict.reason
+
+
+def test_reasons_stay_uniform_texts() -> None:
+    verdict = run([HALF], _learned(pod(), 0.6), POLICY).verdicts[0]
+    assert verdict.reason == "no gpu at or below utilization 0.90"
+
+
+def test_score_reads_the_headroom_left_after_the_pods_load() -> None:
+    light = run([HALF], _learned(pod(), 0.1), POLICY).verdicts[0]
+    heavy = run([HALF], _learned(pod(), 0.4), POLICY).verdicts[0]
+    assert light.breakdown is not None
+    assert heavy.breakdown is not None
+    assert light.breakdown.utilization_headroom_bp == 10_000 - 4500 - 1000
+    assert heavy.breakdown.utilization_headroom_bp == 10_000 - 4500 - 4000
+
+
+NODE_LEVEL_CASES = [
+    pytest.param(0.50, 1, 4, 0.6, True, id="one-of-four-gpus-moves-the-mean-by-a-quarter"),
+    pytest.param(0.50, 4, 4, 0.6, False, id="all-four-gpus-move-it-in-full"),
+    pytest.param(0.50, 1, None, 0.6, False, id="unknown-count-taken-as-one-gpu"),
+]
+
+
+@pytest.mark.parametrize(("util", "k", "count", "own", "passed"), NODE_LEVEL_CASES)
+def test_node_level_data_counts_the_load_in_the_mean(
+    util: float, k: int, count: int | None, own: float, passed: bool
+) -> None:
+    the_node = node(
+        utilization=util, overrides={Field.GPU_COUNT: None if count is None else str(count)}
+    )
+    verdict = run([the_node], _learned(pod(gpus=k), own), POLICY).verdicts[0]
+    assert verdict.passed is passed, verdict.reason
+    assert verdict.utilization_judged is not None
+
+
+def test_the_learned_figures_make_the_class_not_their_sample_counts() -> None:
+    a = _learned(pod(), 0.6)
+    b = dataclasses.replace(a, learned=Learned(6000, None, 40, 20))
+    c = _learned(pod(), 0.65)
+    assert pod_class_key(a, POLICY) == pod_class_key(b, POLICY)
+    assert pod_class_key(a, POLICY) != pod_class_key(c, POLICY)
+    assert pod_class_key(a, OFF) == pod_class_key(c, OFF)
+
+
+def test_explain_shows_the_estimate_and_its_source() -> None:
+    the_pod = _learned(pod(extra={PREFIX + "expected-gpu-memory-mib": "2048"}), 0.6)
+    evaluation = evaluate(the_pod, [HALF], NOW, POLICY)
+    explanation = explain(evaluation, the_pod, NOW, POLICY)
+    assert explanation["own_load"]["utilization_source"] == "learned"
+    assert explanation["own_load"]["memory_source"] == "hint"
+    assert "own load per gpu: 0.60 (learned from 3 pods), 2048 MiB (hint)" in render_text(
+        explanation
+    )
+    off = explain(evaluate(the_pod, [HALF], NOW, OFF), the_pod, NOW, OFF)
+    assert off["own_load"] is None
+
+
+def test_a_bad_memory_hint_takes_the_hint_error_path() -> None:
+    the_pod = pod(extra={PREFIX + "expected-gpu-memory-mib": "8Gi"})
+    assert PodClass.of(the_pod, POLICY).hint_problem is not None
+    assert run([IDLE], the_pod, POLICY).verdicts[0].reason == (
+        f"invalid pod annotation {PREFIX}expected-gpu-memory-mib"
+    )
