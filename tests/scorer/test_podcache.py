@@ -190,6 +190,11 @@ def caught_up(standin: ApiServerStandIn, cache: PodCache) -> None:
     assert cache.wait_until(lambda c: not c.pods_of(SENTINEL_NODE), WAIT_S)
 
 
+def listed(cache: PodCache) -> bool:
+    """Both watches have listed: accounting is on, and the nominations are the server's."""
+    return cache.active and gauge(cache.metrics, "gpu_scorer_nominated_pod_cache_ready") == 1
+
+
 def bound_watch(r: RecordedRequest) -> bool:
     """A request of the bound pods' list + watch."""
     return r.path == PODS_PATH and r.param("fieldSelector") == FIELD_SELECTOR
@@ -239,10 +244,10 @@ def store() -> NodeStore:
 
 @pytest.fixture
 def cache(kubeconfig: str, store: NodeStore) -> Iterator[PodCache]:
-    """A running pod cache after its first (empty) LIST, feeding `store`."""
+    """A running pod cache after the first (empty) LIST of each of its watches, feeding `store`."""
     with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as pods:
         pods.add_sink(store)
-        assert pods.wait_until(lambda c: c.active, WAIT_S)
+        assert pods.wait_until(listed, WAIT_S)
         yield pods
 
 
@@ -339,7 +344,7 @@ def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
     paged = CacheTuning(watch_timeout_s=30, list_page_size=2, backoff_initial_s=0.01)
     with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=paged) as cache:
         cache.add_sink(store)
-        assert cache.wait_until(lambda c: c.active, WAIT_S)
+        assert cache.wait_until(listed, WAIT_S)
         assert by_node(cache) == {
             "gpu-node-1": ["bound-0", "bound-3"],
             "gpu-node-2": ["bound-1", "bound-4"],
