@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -180,7 +180,9 @@ class Fault:
     the answer that long first (with neither status nor reset, the request is then served).
     `end_stream`: answer HTTP 200 with an empty chunked body (a watch that ends as soon as it
     opens, as a proxy in front of the server may end it).
-    `method` None matches any method; `path_contains` matches against the path with its query.
+    `method` None matches any method; `path_contains` matches against the path with its query;
+    `field_selector`, when given, matches only requests whose `fieldSelector` is exactly that
+    (one of two watches of the same resource, told apart by their selectors).
     """
 
     status: int | None = None
@@ -192,11 +194,17 @@ class Fault:
     reset: bool = False
     delay_s: float = 0.0
     end_stream: bool = False
+    field_selector: str | None = None
 
     def matches(self, method: str, raw_path: str) -> bool:
         if self.method is not None and self.method.upper() != method.upper():
             return False
-        return self.path_contains is None or self.path_contains in raw_path
+        if self.path_contains is not None and self.path_contains not in raw_path:
+            return False
+        if self.field_selector is None:
+            return True
+        query = parse_qs(urlsplit(raw_path).query, keep_blank_values=True)
+        return _param(query, "fieldSelector") == self.field_selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +227,9 @@ class _Watch:
     stopping: bool = False
     last_rv: int = 0
     resource: str = "nodes"
+    field_selector: str = ""
+    # Events queue but are not sent (nor BOOKMARKs, which would claim them sent): `hold_watches`.
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +442,7 @@ class ApiServerStandIn:
         self._history: deque[_Event] = deque()
         self._writes: dict[str, int] = {}
         self._watches: list[_Watch] = []
+        self._held_selectors: set[str] = set()
         self._faults: list[list[Any]] = []  # [fault, remaining]
         self._requests: list[RecordedRequest] = []
         self._server: ThreadingHTTPServer | None = None
@@ -645,13 +657,20 @@ class ApiServerStandIn:
         with self._lock:
             self._faults.append([fault, fault.times])
 
-    def expire_watches(self, *, restart: bool = True) -> None:
+    def clear_faults(self) -> None:
+        """Drop every queued fault (the outage is over)."""
+        with self._lock:
+            self._faults.clear()
+
+    def expire_watches(self, *, restart: bool = True, field_selector: str | None = None) -> None:
         """Make every resourceVersion seen so far too old, as an apiserver restart does.
 
         Open watches get the ERROR 410 event ("too old resource version: X (Y)") and close; later
         watches from an older RV get the same event in an HTTP 200, exact LISTs and continue
         tokens from an older RV get a real HTTP 410. With `restart` the resourceVersion also
         moves on by one, as the restarted server's own writes move etcd's revision.
+        With `field_selector`, only the open watches with exactly that `fieldSelector` get the
+        event (a watcher that fell behind the server's window); the others stay open.
         """
         with self._lock:
             if restart:
@@ -659,11 +678,42 @@ class ApiServerStandIn:
             self._floor_rv = self._rv
             self._floor_snapshots = {plural: dict(objs) for plural, objs in self._objects.items()}
             self._history.clear()
-            watches = list(self._watches)
+            watches = [
+                w
+                for w in self._watches
+                if field_selector is None or w.field_selector == field_selector
+            ]
             floor = self._floor_rv
         for watch in watches:
             with watch.cond:
                 watch.expired = f"too old resource version: {watch.last_rv} ({floor})"
+                watch.cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold_watches(self, field_selector: str) -> Iterator[None]:
+        """Hold the events of every watch (open now or opened inside the block) whose
+        `fieldSelector` is exactly `field_selector`, and send them, in order, at the end.
+
+        A real server's watches of one resource are independent streams: one may deliver a
+        change well before another (a slower watch cache, a congested connection). Holding one
+        makes that order happen on demand; the store, lists and other watches carry on.
+        """
+        self._hold(field_selector, held=True)
+        try:
+            yield
+        finally:
+            self._hold(field_selector, held=False)
+
+    def _hold(self, field_selector: str, *, held: bool) -> None:
+        with self._lock:
+            if held:
+                self._held_selectors.add(field_selector)
+            else:
+                self._held_selectors.discard(field_selector)
+            watches = [w for w in self._watches if w.field_selector == field_selector]
+        for watch in watches:
+            with watch.cond:
+                watch.held = held
                 watch.cond.notify_all()
 
     @property
@@ -1033,7 +1083,13 @@ class ApiServerStandIn:
                         lines.append({"type": "ADDED", "object": live[key]})
                 if bookmarks or initial_events:
                     lines.append(_bookmark(self._rv, initial_events_end=True, resource=kind))
-            watch = _Watch(last_rv=start, resource=resource)
+            selector = _param(query, "fieldSelector") or ""
+            watch = _Watch(
+                last_rv=start,
+                resource=resource,
+                field_selector=selector,
+                held=selector in self._held_selectors,
+            )
             watch.pending.extend(backlog)
             self._watches.append(watch)
         return watch, lines, None, start
@@ -1695,11 +1751,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if pre_deadline is not None:
                     wake = min(wake, pre_deadline)
             with watch.cond:
-                if not watch.pending and watch.expired is None and not watch.stopping:
+                idle = not watch.pending or watch.held
+                if idle and watch.expired is None and not watch.stopping:
                     # Wake at least every poll period to notice a client that hung up.
                     watch.cond.wait(timeout=min(max(wake - now, 0.0), _CLIENT_POLL_S))
-                events = list(watch.pending)
-                watch.pending.clear()
+                held = watch.held
+                events = [] if held else list(watch.pending)
+                if not held:
+                    watch.pending.clear()
                 expired = watch.expired
                 stopping = watch.stopping
             for event in events:
@@ -1717,8 +1776,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             now = time.monotonic()
-            due = bookmarks and (
-                now >= next_bookmark or (pre_deadline is not None and now >= pre_deadline)
+            due = (
+                bookmarks
+                and not held
+                and (now >= next_bookmark or (pre_deadline is not None and now >= pre_deadline))
             )
             if due and now < deadline:
                 if pre_deadline is not None and now >= pre_deadline:

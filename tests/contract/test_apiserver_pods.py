@@ -8,6 +8,7 @@ events: a pod leaving the selection arrives as DELETED).
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +16,17 @@ from urllib.parse import quote
 
 import pytest
 
-from exporter_scheduler.edges.podcache import FIELD_SELECTOR
-from kube_standins.apiserver import ApiServerStandIn
-from tests.contract.apiserver_wire import open_watch, request
+from exporter_scheduler.edges.podcache import FIELD_SELECTOR, NOMINATED_FIELD_SELECTOR
+from kube_standins.apiserver import ApiServerStandIn, Fault
+from tests.contract.apiserver_wire import WatchStream, open_watch, request
 
 SELECTOR = quote(FIELD_SELECTOR)
+NOMINATED = quote(NOMINATED_FIELD_SELECTOR)
 
 
 def pod(name: str, *, node: str | None = "gpu-1", phase: str | None = None, ns: str = "default",
-        labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        labels: dict[str, str] | None = None,
+        nominated: str | None = None) -> dict[str, Any]:  # fmt: skip
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda"}]}
     if node is not None:
         spec["nodeName"] = node
@@ -31,9 +34,19 @@ def pod(name: str, *, node: str | None = "gpu-1", phase: str | None = None, ns: 
         "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
         "spec": spec,
     }
+    status: dict[str, Any] = {}
     if phase is not None:
-        obj["status"] = {"phase": phase}
+        status["phase"] = phase
+    if nominated is not None:
+        status["nominatedNodeName"] = nominated
+    if status:
+        obj["status"] = status
     return obj
+
+
+def waiting(name: str, node: str, *, phase: str = "Pending") -> dict[str, Any]:
+    """A pod kube-scheduler nominated to `node` and has not bound."""
+    return pod(name, node=None, phase=phase, nominated=node)
 
 
 @pytest.fixture
@@ -206,3 +219,97 @@ def test_get_of_a_missing_pod_is_the_real_404(srv: ApiServerStandIn) -> None:
     assert got.status == 404
     assert got.json()["message"] == 'pods "nope" not found'
     assert got.json()["details"] == {"name": "nope", "kind": "pods"}
+
+
+def changes(stream: WatchStream, count: int) -> list[tuple[str, str]]:
+    """The next `count` events that are not BOOKMARKs, as (type, name)."""
+    got: list[tuple[str, str]] = []
+    while len(got) < count:
+        event = stream.next_event()
+        assert event is not None, f"the stream ended after {got}"
+        if event["type"] != "BOOKMARK":
+            got.append((event["type"], event["object"]["metadata"].get("name", "")))
+    return got
+
+
+def test_the_nominated_pods_selector_selects_unbound_nominated_unfinished_pods(
+    srv: ApiServerStandIn,
+) -> None:
+    """`status.nominatedNodeName` is one of the pod field labels kube-apiserver converts and
+    selects on (pkg/apis/core/v1/conversion.go, pkg/registry/core/pod ToSelectableFields; in
+    every release the scorer supports); unset, it reads as "", as `spec.nodeName` does."""
+    srv.put_pod(waiting("gang-0", "gpu-1"))
+    srv.put_pod(waiting("gang-failed", "gpu-1", phase="Failed"))
+    srv.put_pod(pod("bound-nominated", nominated="gpu-2"))
+    listed = request(srv.url, "GET", f"/api/v1/pods?fieldSelector={NOMINATED}")
+    assert listed.status == 200, listed.body
+    assert names(listed.json()) == ["default/gang-0"]
+    rv = srv.resource_version
+    stream = open_watch(
+        srv.url,
+        f"/api/v1/pods?watch=1&resourceVersion={rv}&fieldSelector={NOMINATED}&timeoutSeconds=5",
+    )
+    try:
+        assert stream.status == 200
+        srv.put_pod(waiting("late", "gpu-1"))  # nominated: enters the selection
+        srv.put_pod(waiting("late", "gpu-2"))  # nominated elsewhere: stays in it
+        srv.put_pod(pod("late", node="gpu-2", nominated="gpu-2"))  # bound: leaves it
+        srv.put_pod(waiting("gang-0", ""))  # nomination cleared: leaves it
+        got = changes(stream, 4)
+    finally:
+        stream.close()
+    assert got == [("ADDED", "late"), ("MODIFIED", "late"), ("DELETED", "late"),
+                   ("DELETED", "gang-0")]  # fmt: skip
+
+
+def test_a_fault_can_fail_one_of_two_watches_by_its_field_selector(srv: ApiServerStandIn) -> None:
+    srv.inject(Fault(403, method="GET", field_selector=FIELD_SELECTOR))
+    statuses = [
+        request(srv.url, "GET", f"/api/v1/pods?fieldSelector={selector}").status
+        for selector in (NOMINATED, SELECTOR, SELECTOR)
+    ]
+    assert statuses == [200, 403, 200]  # the other selector passes; the fault is used once
+    srv.inject(Fault(503, method="GET", field_selector=FIELD_SELECTOR, times=5))
+    srv.clear_faults()
+    assert request(srv.url, "GET", f"/api/v1/pods?fieldSelector={SELECTOR}").status == 200
+
+
+def _watch(srv: ApiServerStandIn, selector: str) -> WatchStream:
+    rv = srv.resource_version
+    stream = open_watch(
+        srv.url,
+        f"/api/v1/pods?watch=1&resourceVersion={rv}&fieldSelector={selector}"
+        "&allowWatchBookmarks=true&timeoutSeconds=5",
+    )
+    assert stream.status == 200
+    return stream
+
+
+def test_held_watches_send_their_events_in_order_when_released(srv: ApiServerStandIn) -> None:
+    bound = _watch(srv, SELECTOR)
+    try:
+        with srv.hold_watches(NOMINATED_FIELD_SELECTOR):
+            nominated = _watch(srv, NOMINATED)  # opened inside the block: held too
+            srv.put_pod(waiting("p", "gpu-1"))
+            srv.put_pod(pod("p", nominated="gpu-1"))  # bound
+            assert changes(bound, 1) == [("ADDED", "p")]  # the other watch is not held
+            # Nothing on the held one, not even a BOOKMARK (one every 0.2 s when not held).
+            readable, _, _ = select.select([nominated.sock], [], [], 0.5)
+            assert readable == []
+        assert changes(nominated, 2) == [("ADDED", "p"), ("DELETED", "p")]
+    finally:
+        bound.close()
+        nominated.close()
+
+
+def test_expiring_one_selectors_watches_leaves_the_others_open(srv: ApiServerStandIn) -> None:
+    bound, nominated = _watch(srv, SELECTOR), _watch(srv, NOMINATED)
+    try:
+        srv.expire_watches(field_selector=NOMINATED_FIELD_SELECTOR)
+        ended = [e for e in nominated.events_until_close() if e["type"] != "BOOKMARK"]
+        assert [(e["type"], e["object"]["code"]) for e in ended] == [("ERROR", 410)]
+        srv.put_pod(pod("later"))
+        assert changes(bound, 1) == [("ADDED", "later")]
+    finally:
+        bound.close()
+        nominated.close()

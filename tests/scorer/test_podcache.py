@@ -1,12 +1,15 @@
-"""The Pod watch: bound GPU pods by node, the scorer's own proposals, and accounting on or off.
+"""The Pod watch: bound and nominated GPU pods by node, the scorer's own proposals, and
+accounting on or off.
 
-The cache runs as the scorer runs it: its own list + watch loop, the real `kubernetes` client,
-real HTTP to the API server stand-in (`kube_standins.apiserver`), which serves Pods as a
-kube-apiserver v1.36 does (the field selector applied to lists and to watch events, BOOKMARKs,
-the `ERROR` 410 event, faults on demand). Pods are written into the stand-in; the tests wait,
-with a deadline, for the cache to show what they expect. Where a change must leave the cache
-as it was, a sentinel pod written after it is the barrier: the watch delivers in order, so once
-the sentinel is seen, every earlier change has been applied.
+The cache runs as the scorer runs it: its own two list + watch loops (the bound pods, the
+nominated ones), the real `kubernetes` client, real HTTP to the API server stand-in
+(`kube_standins.apiserver`), which serves Pods as a kube-apiserver v1.36 does (the field
+selectors applied to lists and to watch events, BOOKMARKs, the `ERROR` 410 event, faults on
+demand, told apart by field selector). Pods are written into the stand-in; the tests wait, with a
+deadline, for the cache to show what they expect. Where a change must leave the cache as it was,
+sentinel pods written after it are the barrier: each watch delivers in order, so once both
+watches' sentinels are seen, every earlier change has been applied. The two watches are not
+ordered with each other; where a test needs one order, the stand-in holds the other watch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ import pytest
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.edges.listwatch import CacheTuning
-from exporter_scheduler.edges.podcache import FIELD_SELECTOR, PodCache
+from exporter_scheduler.edges.podcache import (
+    FIELD_SELECTOR,
+    NOMINATED_FIELD_SELECTOR,
+    PodCache,
+)
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodestore import NodeStore
@@ -56,9 +63,11 @@ def pod_object(
     running: Sequence[str | None] = (),
     annotations: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
+    nominated: str | None = None,
 ) -> dict[str, Any]:
     """A Pod as the v1.36 API server serializes it (hand-written): `running` gives, per
-    container, its `state.running.startedAt` (None: waiting)."""
+    container, its `state.running.startedAt` (None: waiting); `nominated`, its
+    `status.nominatedNodeName`."""
     requests: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
     if gpus:
         requests["nvidia.com/gpu"] = str(gpus)
@@ -104,6 +113,8 @@ def pod_object(
             }
         )
     status: dict[str, Any] = {"phase": phase, "conditions": conditions, "qosClass": "Burstable"}
+    if nominated is not None:
+        status["nominatedNodeName"] = nominated
     if started is not None:
         status["hostIP"] = "10.0.0.11"
         status["startTime"] = started
@@ -143,8 +154,17 @@ def pod_object(
     }
 
 
+def waiting(name: str, node: str, **fields: Any) -> dict[str, Any]:
+    """A pod kube-scheduler nominated to `node` and has not bound (waiting at Permit or in
+    PreBind): no `spec.nodeName`, no `PodScheduled: True`."""
+    return pod_object(name, node_name=None, scheduled=None, nominated=node, **fields)
+
+
 def names(pods: Sequence[BoundPod]) -> list[str]:
-    return [p.name + (" (proposed)" if p.provisional else "") for p in pods]
+    return [
+        p.name + (" (proposed)" if p.provisional else " (nominated)" if p.nominated else "")
+        for p in pods
+    ]
 
 
 def gauge(metrics: ScorerMetrics, name: str, labels: str = "") -> float:
@@ -159,11 +179,30 @@ def by_node(cache: PodCache) -> dict[str, list[str]]:
 
 
 def caught_up(standin: ApiServerStandIn, cache: PodCache) -> None:
-    """Return once every change written to `standin` so far has reached `cache`."""
+    """Return once every change written to `standin` so far has reached `cache` through both
+    of its watches (a bound sentinel for one, a nominated one for the other; accounting on)."""
     standin.put_pod(pod_object("sentinel", node_name=SENTINEL_NODE))
-    assert cache.wait_until(lambda c: bool(c.pods_of(SENTINEL_NODE)), WAIT_S)
+    standin.put_pod(waiting("sentinel-nominated", SENTINEL_NODE))
+    both = ["sentinel", "sentinel-nominated (nominated)"]
+    assert cache.wait_until(lambda c: names(c.pods_of(SENTINEL_NODE)) == both, WAIT_S)
     standin.delete_pod("default", "sentinel")
+    standin.delete_pod("default", "sentinel-nominated")
     assert cache.wait_until(lambda c: not c.pods_of(SENTINEL_NODE), WAIT_S)
+
+
+def listed(cache: PodCache) -> bool:
+    """Both watches have listed: accounting is on, and the nominations are the server's."""
+    return cache.active and gauge(cache.metrics, "gpu_scorer_nominated_pod_cache_ready") == 1
+
+
+def bound_watch(r: RecordedRequest) -> bool:
+    """A request of the bound pods' list + watch."""
+    return r.path == PODS_PATH and r.param("fieldSelector") == FIELD_SELECTOR
+
+
+def nomination_watch(r: RecordedRequest) -> bool:
+    """A request of the nominated pods' list + watch."""
+    return r.path == PODS_PATH and r.param("fieldSelector") == NOMINATED_FIELD_SELECTOR
 
 
 def recorded(
@@ -205,10 +244,10 @@ def store() -> NodeStore:
 
 @pytest.fixture
 def cache(kubeconfig: str, store: NodeStore) -> Iterator[PodCache]:
-    """A running pod cache after its first (empty) LIST, feeding `store`."""
+    """A running pod cache after the first (empty) LIST of each of its watches, feeding `store`."""
     with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as pods:
         pods.add_sink(store)
-        assert pods.wait_until(lambda c: c.active, WAIT_S)
+        assert pods.wait_until(listed, WAIT_S)
         yield pods
 
 
@@ -264,6 +303,10 @@ DECODED = [
         pod_object("p", annotations={PREFIX + "expected-gpu-load": "lots"}),
         {"gpu_load_bp": None}, id="bad-load-hint-on-a-bound-pod-the-policy-default",
     ),
+    pytest.param(
+        pod_object("p", nominated="gpu-node-2"), {"node": "gpu-node-1", "nominated": False},
+        id="bound-and-still-nominated-elsewhere-bound-wins",
+    ),
 ]  # fmt: skip
 
 
@@ -301,20 +344,24 @@ def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
     paged = CacheTuning(watch_timeout_s=30, list_page_size=2, backoff_initial_s=0.01)
     with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=paged) as cache:
         cache.add_sink(store)
-        assert cache.wait_until(lambda c: c.active, WAIT_S)
+        assert cache.wait_until(listed, WAIT_S)
         assert by_node(cache) == {
             "gpu-node-1": ["bound-0", "bound-3"],
             "gpu-node-2": ["bound-1", "bound-4"],
             "gpu-node-3": ["bound-2"],
         }
         assert names(store.pods_of("gpu-node-1")) == ["bound-0", "bound-3"]
-    lists = [r for r in standin.requests if r.path == PODS_PATH and r.param("watch") is None]
+    lists = [r for r in standin.requests if bound_watch(r) and r.param("watch") is None]
     # Five bound GPU pods and the CPU-only one pass the selector: three pages of two.
     assert [r.param("continue") is not None for r in lists] == [False, True, True]
-    # Every call narrows to bound, unfinished pods on the server.
+    # Every call narrows on the server: to bound, unfinished pods, or (the other watch) to
+    # unbound nominated ones, of which there are none here (one page).
     assert {r.param("fieldSelector") for r in standin.requests if r.path == PODS_PATH} == {
-        FIELD_SELECTOR
+        FIELD_SELECTOR,
+        NOMINATED_FIELD_SELECTOR,
     }
+    nominated_lists = [r for r in standin.requests if nomination_watch(r) and not r.param("watch")]
+    assert [r.param("continue") for r in nominated_lists] == [None]
 
 
 # ----------------------------------------------------------------------------- events
@@ -403,8 +450,11 @@ def test_an_error_410_relists_replacing_every_node_and_dropping_the_proposals(
     restarts = "gpu_scorer_pod_cache_watch_restarts_total"
     assert gauge(cache.metrics, restarts, '{cause="expired"}') == 1
     assert cache.active
+    # The nomination watch expired with it and relisted too.
+    nominated_relists = "gpu_scorer_nominated_pod_cache_relists_total"
+    assert cache.wait_until(lambda c: gauge(c.metrics, nominated_relists) == 2, WAIT_S)
     # Each watch resumes at the version of the list before it, with bookmarks.
-    watches = recorded(standin, 2, lambda r: r.path == PODS_PATH and bool(r.param("watch")))
+    watches = recorded(standin, 2, lambda r: bound_watch(r) and bool(r.param("watch")))
     assert {r.param("allowWatchBookmarks") for r in watches} == {"True"}  # the client's spelling
     assert len({r.param("resourceVersion") for r in watches}) == 2
 
@@ -528,7 +578,7 @@ def test_a_failure_clears_every_nodes_pods_until_a_list_succeeds_again(
     assert gauge(cache.metrics, "gpu_scorer_inflight_accounting") == 1
     restarts = "gpu_scorer_pod_cache_watch_restarts_total"
     caplog.set_level(logging.INFO, logger="exporter_scheduler.podcache")
-    standin.inject(Fault(status, method="GET", path_contains=PODS_PATH, times=3))
+    standin.inject(Fault(status, method="GET", field_selector=FIELD_SELECTOR, times=3))
     standin.expire_watches()
     assert cache.wait_until(lambda c: gauge(c.metrics, restarts, '{cause="error"}') >= 2, WAIT_S)
     assert cache.wait_until(lambda c: c.active, WAIT_S)  # the fourth list succeeds
@@ -550,7 +600,7 @@ def test_the_loop_turns_accounting_on_with_the_first_list_that_succeeds(
     standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     standin.put_pod(pod_object("a"))
-    standin.inject(Fault(403, method="GET", path_contains=PODS_PATH))
+    standin.inject(Fault(403, method="GET", field_selector=FIELD_SELECTOR))
     metrics = ScorerMetrics()
     caplog.set_level(logging.INFO, logger="exporter_scheduler.podcache")
     with PodCache(kubeconfig=kubeconfig, metrics=metrics, tuning=FAST) as cache:
@@ -566,7 +616,7 @@ def test_the_loop_turns_accounting_on_with_the_first_list_that_succeeds(
     messages = [r.getMessage() for r in caplog.records]
     off = "in-flight accounting off: verdicts read the nodes' annotations alone"
     assert messages.index(off) < messages.index("in-flight accounting on")
-    calls = [r for r in standin.requests if r.path == PODS_PATH]
+    calls = [r for r in standin.requests if bound_watch(r)]
     assert [(r.status, r.param("watch")) for r in calls[:3]] == [
         (403, None),
         (200, None),
@@ -697,13 +747,21 @@ def test_watches_that_end_at_once_are_reopened_with_back_off_not_in_a_spin(
     standin: ApiServerStandIn, kubeconfig: str
 ) -> None:
     standin.put_pod(pod_object("a"))
-    standin.inject(Fault(method="GET", path_contains="watch=True", end_stream=True, times=3))
+    standin.inject(
+        Fault(
+            method="GET",
+            path_contains="watch=True",
+            field_selector=FIELD_SELECTOR,
+            end_stream=True,
+            times=3,
+        )
+    )
     # Back-off 0.2 s doubling to 0.4 s: in 1 s a spinning loop would open thousands.
     tuning = CacheTuning(watch_timeout_s=30, backoff_initial_s=0.2, backoff_max_s=0.4)
 
     with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=tuning) as cache:
         assert cache.wait_until(lambda c: c.active, WAIT_S)
-        watches = recorded(standin, 4, lambda r: r.path == PODS_PATH and bool(r.param("watch")))
+        watches = recorded(standin, 4, lambda r: bound_watch(r) and bool(r.param("watch")))
         opened = [r.recorded_s for r in watches]
         gaps_s = [later - earlier for earlier, later in itertools.pairwise(opened)]
         # Each back-off waits at least half of its 0.2 s, 0.4 s, 0.4 s; a spin would take ~0.
