@@ -14,6 +14,7 @@ ordered with each other; where a test needs one order, the stand-in holds the ot
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -33,6 +34,7 @@ from exporter_scheduler.edges.podcache import (
     FIELD_SELECTOR,
     NOMINATED_FIELD_SELECTOR,
     PodCache,
+    PodsByNode,
 )
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics
@@ -216,6 +218,24 @@ def recorded(
             raise AssertionError(f"{len(found)} matching requests, not {count}: {found}")
         time.sleep(0.01)
     return found
+
+
+class Published:
+    """A sink that records what every sink is told, in order: the states a wait may miss."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, list[str]]] = []
+
+    def set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
+        self.told.append((name, names(pods)))
+        return True
+
+    def replace_pods(self, pods: PodsByNode) -> None:
+        self.told.append(("(all)", sorted(f"{n}: {', '.join(names(p))}" for n, p in pods.items())))
+
+    def since(self, start: int) -> list[tuple[str, list[str]]]:
+        """What was told after the first `start` records, less the sentinels' node."""
+        return [t for t in self.told[start:] if t[0] != SENTINEL_NODE]
 
 
 def wait_pods(cache: PodCache, expected: dict[str, list[str]]) -> None:
@@ -542,6 +562,277 @@ def test_proposals_are_ignored_while_accounting_is_off(
         )
         cache.propose(_proposal("p"), ["gpu-node-1"], NOW)  # the list is forbidden
         assert (cache.proposals(), store.pods_of("gpu-node-1")) == (0, ())
+
+
+# ----------------------------------------------------------------------------- nominations
+
+NOMINATED_DECODED = [
+    pytest.param(
+        waiting("p", "gpu-node-2", gpus=4),
+        {"node": "gpu-node-2", "gpus": 4, "bound_at": None, "nominated": True},
+        id="waiting-unbound-counts-on-the-nominated-node-with-no-time-bound",
+    ),
+    pytest.param(
+        waiting("p", "gpu-node-2", annotations={PREFIX + "expected-gpu-load": "0.5"}),
+        {"gpu_load_bp": 5000, "nominated": True}, id="hints-kept",
+    ),
+    pytest.param(waiting("p", "gpu-node-2", gpus=0), None, id="no-gpu-resource-dropped"),
+    pytest.param(
+        pod_object("p", node_name=None, scheduled=None), None,
+        id="not-nominated-left-out-by-the-field-selector",
+    ),
+    pytest.param(
+        waiting("p", ""), None, id="nomination-cleared-left-out-by-the-field-selector"
+    ),
+    pytest.param(
+        waiting("p", "gpu-node-2", phase="Failed"), None,
+        id="finished-left-out-by-the-field-selector",
+    ),
+    pytest.param(
+        # The bound watch's, not this one's (`bound-and-still-nominated-elsewhere-bound-wins`).
+        pod_object("p", nominated="gpu-node-2"), None, id="bound-left-out-by-the-field-selector",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("obj", "expected"), NOMINATED_DECODED)
+def test_what_the_nomination_watch_keeps_of_a_pod(
+    obj: dict[str, Any],
+    expected: dict[str, Any] | None,
+    standin: ApiServerStandIn,
+    cache: PodCache,
+) -> None:
+    standin.put_pod(obj)
+    caught_up(standin, cache)
+    kept = [p for pods in cache.by_node().values() for p in pods if p.nominated]
+    if expected is None:
+        assert (kept, cache.nominations()) == ([], 0)
+        return
+    (pod,) = kept
+    fields = msgspec.structs.asdict(pod)
+    assert {k: fields[k] for k in expected} == expected
+    assert (pod.ref, pod.provisional, cache.nominations()) == ("default/p", False, 1)
+
+
+Write = dict[str, Any] | str  # a pod put, or the name of one deleted
+
+# Each step: which watch delivers the writes first ("bound" or "nominated", the other held until
+# it has; None: either), each node's pods once that one has (None: no order), and once both have.
+NOMINATION_STEPS: list[
+    tuple[str | None, list[Write], dict[str, list[str]] | None, dict[str, list[str]]]
+] = [
+    (None, [waiting("a", "gpu-node-1")], None, {"gpu-node-1": ["a (nominated)"]}),
+    (None, [pod_object("x")], None, {"gpu-node-1": ["a (nominated)", "x"]}),
+    # Nominated elsewhere (preemption picked another node): it moves.
+    (None, [waiting("a", "gpu-node-3")], None,
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a (nominated)"]}),
+    # Bound where nominated, and the bound watch says so first: the bound record replaces it;
+    # then the nomination watch drops it (it left that selection by being bound): no change.
+    ("bound", [pod_object("a", node_name="gpu-node-3")],
+     {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}, {"gpu-node-1": ["x"], "gpu-node-3": ["a"]}),
+    (None, [waiting("b", "gpu-node-2")], None,
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b (nominated)"], "gpu-node-3": ["a"]}),
+    # A late nomination line (nominated elsewhere just before the bind) for a pod already seen
+    # bound changes nothing.
+    ("bound", [waiting("b", "gpu-node-1"), pod_object("b", node_name="gpu-node-2")],
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]},
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]}),
+    (None, [waiting("c", "gpu-node-2")], None,
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b", "c (nominated)"], "gpu-node-3": ["a"]}),
+    # The other order: the nomination watch drops it first, the bound one shows it after.
+    ("nominated", [pod_object("c", node_name="gpu-node-2")],
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b"], "gpu-node-3": ["a"]},
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    # Nomination cleared (the gang timed out at Permit) or the pod deleted: gone at once.
+    (None, [waiting("d", "gpu-node-1")], None,
+     {"gpu-node-1": ["d (nominated)", "x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    (None, [waiting("d", "")], None,
+     {"gpu-node-1": ["x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    (None, [waiting("e", "gpu-node-1")], None,
+     {"gpu-node-1": ["e (nominated)", "x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    (None, ["e"], None, {"gpu-node-1": ["x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    # A bound pod deleted does not take a nomination of another pod with it.
+    (None, [waiting("f", "gpu-node-1")], None,
+     {"gpu-node-1": ["f (nominated)", "x"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+    (None, ["x"], None,
+     {"gpu-node-1": ["f (nominated)"], "gpu-node-2": ["b", "c"], "gpu-node-3": ["a"]}),
+]  # fmt: skip
+
+
+def test_nominated_pods_count_until_bound_cleared_or_gone(
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
+) -> None:
+    published = Published()
+    cache.add_sink(published)
+    for first, writes, between, after in NOMINATION_STEPS:
+        step = (first, [w if isinstance(w, str) else w["metadata"]["name"] for w in writes])
+        held = {"bound": NOMINATED_FIELD_SELECTOR, "nominated": FIELD_SELECTOR}.get(first or "")
+        with contextlib.ExitStack() as stack:
+            if held is not None:
+                stack.enter_context(standin.hold_watches(held))
+            for write in writes:
+                if isinstance(write, str):
+                    standin.delete_pod("default", write)
+                else:
+                    standin.put_pod(write)
+            if between is not None:
+                wait_pods(cache, between)
+            told = len(published.told)
+        caught_up(standin, cache)
+        assert by_node(cache) == after, step
+        if between == after:  # the held watch's lines are not applied
+            assert published.since(told) == [], step
+        for name in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+            assert store.pods_of(name) == cache.pods_of(name), step
+    assert (len(cache), cache.nominations()) == (3, 1)
+
+
+def test_a_nomination_replaces_the_scorers_proposals_and_stops_new_ones(
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
+) -> None:
+    cache.propose(_proposal("p", gpus=4), ["gpu-node-1", "gpu-node-2"], NOW)
+    standin.put_pod(waiting("p", "gpu-node-2", gpus=4))
+    wait_pods(cache, {"gpu-node-2": ["p (nominated)"]})
+    assert cache.proposals() == 0
+    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2")] == [
+        [],
+        ["p (nominated)"],
+    ]
+    # The scheduler asks the extender about it again (a preemptor's next attempt): the
+    # nomination stays the record, and no proposal is added on top of it.
+    cache.propose(_proposal("p", gpus=4), ["gpu-node-1"], NOW)
+    assert (cache.proposals(), names(store.pods_of("gpu-node-1"))) == (0, [])
+
+
+def test_a_nomination_list_replaces_the_nominations_and_keeps_the_bound_pods(
+    standin: ApiServerStandIn, cache: PodCache, store: NodeStore
+) -> None:
+    standin.put_pod(pod_object("x"))
+    standin.put_pod(waiting("gone", "gpu-node-1"))
+    wait_pods(cache, {"gpu-node-1": ["gone (nominated)", "x"]})
+    cache.propose(_proposal("p"), ["gpu-node-3"], NOW)
+    relists = "gpu_scorer_nominated_pod_cache_relists_total"
+    # The nomination watch falls behind (held), gets the 410 event and relists: its LIST, not
+    # its lines, brings these changes.
+    with standin.hold_watches(NOMINATED_FIELD_SELECTOR):
+        standin.delete_pod("default", "gone")
+        standin.put_pod(waiting("p", "gpu-node-2"))
+        standin.put_pod(waiting("cpu", "gpu-node-2", gpus=0))
+        standin.expire_watches(field_selector=NOMINATED_FIELD_SELECTOR)
+        assert cache.wait_until(lambda c: gauge(c.metrics, relists) == 2, WAIT_S)
+    wait_pods(cache, {"gpu-node-1": ["x"], "gpu-node-2": ["p (nominated)"]})
+    assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
+        ["x"],
+        ["p (nominated)"],
+        [],
+    ]
+    assert (cache.nominations(), cache.proposals()) == (1, 0)
+    # The bound pods' watch did not relist: the nominations' LIST alone replaced the proposal.
+    assert gauge(cache.metrics, "gpu_scorer_pod_cache_relists_total") == 1
+
+
+def test_nominations_wait_while_accounting_is_off_and_count_from_the_next_list(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore
+) -> None:
+    standin.put_pod(waiting("early", "gpu-node-1"))
+    standin.put_pod(waiting("later", "gpu-node-2"))
+    standin.inject(Fault(403, method="GET", field_selector=FIELD_SELECTOR, times=1_000))
+    failed = "gpu_scorer_pod_cache_watch_restarts_total"
+    both = {"gpu-node-1": ["early (nominated)"], "gpu-node-2": ["later"]}
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as cache:
+        cache.add_sink(store)
+        # The bound pods' LIST is forbidden, the nominations' is not: held, not counted.
+        assert cache.wait_until(
+            lambda c: c.nominations() == 2 and gauge(c.metrics, failed, '{cause="error"}') >= 1,
+            WAIT_S,
+        )
+        assert (cache.active, cache.by_node()) == (False, {})
+        assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
+        # `later` is bound before the bound pods' first good LIST, and the nomination watch has
+        # not said so yet: that LIST's record replaces the nomination.
+        with standin.hold_watches(NOMINATED_FIELD_SELECTOR):
+            standin.put_pod(pod_object("later", node_name="gpu-node-2"))
+            standin.clear_faults()
+            wait_pods(cache, both)
+            assert cache.nominations() == 1
+        assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
+        # The bound pods' watch fails: nothing counts, and the nominations come back with the
+        # LIST after it.
+        standin.inject(Fault(500, method="GET", field_selector=FIELD_SELECTOR, times=1_000))
+        standin.expire_watches(field_selector=FIELD_SELECTOR)
+        assert cache.wait_until(lambda c: not c.active, WAIT_S)
+        assert [store.pods_of(n) for n in ("gpu-node-1", "gpu-node-2")] == [(), ()]
+        assert cache.nominations() == 1
+        standin.clear_faults()
+        wait_pods(cache, both)
+        assert names(store.pods_of("gpu-node-1")) == ["early (nominated)"]
+
+
+def test_a_failing_nomination_watch_drops_the_nominations_and_keeps_accounting_on(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    standin.put_pod(pod_object("x"))
+    standin.put_pod(waiting("p", "gpu-node-1"))
+    # Watches of 1 s: the nomination watch reopens from the version it had, and that fails.
+    tuning = CacheTuning(watch_timeout_s=1, backoff_initial_s=0.01, backoff_max_s=0.05)
+    caplog.set_level(logging.INFO, logger="exporter_scheduler.podcache")
+    published = Published()
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=tuning) as cache:
+        cache.add_sink(store)
+        cache.add_sink(published)
+        assert cache.wait_until(listed, WAIT_S)
+        wait_pods(cache, {"gpu-node-1": ["p (nominated)", "x"]})
+        told = len(published.told)
+        # Its next watch is forbidden, then its next two lists: down three times in a row.
+        watch = "watch=True"
+        standin.inject(
+            Fault(403, method="GET", path_contains=watch, field_selector=NOMINATED_FIELD_SELECTOR)
+        )
+        standin.inject(Fault(403, method="GET", field_selector=NOMINATED_FIELD_SELECTOR, times=2))
+        relists = "gpu_scorer_nominated_pod_cache_relists_total"
+        assert cache.wait_until(lambda c: gauge(c.metrics, relists) == 2, WAIT_S)
+        wait_pods(cache, {"gpu-node-1": ["p (nominated)", "x"]})  # back: counted again
+        restarts = "gpu_scorer_nominated_pod_cache_watch_restarts_total"
+        assert gauge(cache.metrics, restarts, '{cause="error"}') == 3
+        assert (cache.active, gauge(cache.metrics, "gpu_scorer_inflight_accounting")) == (True, 1)
+    # Dropped at the first failure, the bound pod kept throughout, back with the next LIST.
+    assert published.since(told) == [("gpu-node-1", ["x"]), ("gpu-node-1", ["p (nominated)", "x"])]
+    # After the failed watch it lists afresh: lines missed while down are not replayed.
+    calls = [(r.status, r.param("watch")) for r in standin.requests if nomination_watch(r)]
+    failed = calls.index((403, "True"))
+    assert calls[failed : failed + 4] == [(403, "True"), (403, None), (403, None), (200, None)]
+    said = [r for r in caplog.records if r.name == "exporter_scheduler.podcache"]
+    assert [r.getMessage() for r in said] == [
+        "in-flight accounting on",  # at start, and never off
+        "nominated pods not counted: verdicts count the bound pods alone",  # down three times
+    ]
+    record = said[1]
+    assert record.levelno == logging.WARNING
+    assert record.__dict__["fields"]["why"].startswith("the API server forbids listing pods")
+
+
+def test_the_loop_watches_the_nominated_pods_with_their_own_selector(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore
+) -> None:
+    standin.put_pod(pod_object("a"))
+    standin.put_pod(waiting("gang-0", "gpu-node-2", gpus=2))
+    listed_at = standin.resource_version
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(lambda c: c.active and c.nominations() == 1, WAIT_S)
+        standin.put_pod(waiting("gang-1", "gpu-node-3", gpus=2))
+        assert cache.wait_until(lambda c: c.nominations() == 2, WAIT_S)
+        assert [names(store.pods_of(n)) for n in ("gpu-node-1", "gpu-node-2", "gpu-node-3")] == [
+            ["a"],
+            ["gang-0 (nominated)"],
+            ["gang-1 (nominated)"],
+        ]
+    calls = [r for r in standin.requests if nomination_watch(r)]
+    # One LIST, then a watch from the version it returned.
+    assert [(r.param("watch"), r.param("resourceVersion")) for r in calls[:2]] == [
+        (None, None),
+        ("True", str(listed_at)),
+    ]
 
 
 # ----------------------------------------------------------------------------- failures
