@@ -422,6 +422,11 @@ class _NominationWatch(ListWatch):
             field_selector=NOMINATED_FIELD_SELECTOR, **kwargs
         )
 
+    def _keep(self, items: list[Any]) -> list[Any]:
+        # A page holds its Pods raw (`PAGE`); the selector leaves only nominated, unbound pods,
+        # few at any time, so each is decoded whole.
+        return [OBJECT.decode(raw) for raw in items]
+
     def _replace(self, items: list[Any]) -> None:
         self._owner._replace_nominations(items)
 
