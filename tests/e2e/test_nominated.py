@@ -131,7 +131,7 @@ def test_a_gang_waiting_unbound_is_counted_on_its_nominated_node(
         rack = scope.node("rack", gpus=8)
         other = scope.node("other", gpus=8, product="NVIDIA-H100-80GB-HBM3")
         publish(api, rack, gpu_state(utilization=0.0))
-        publish(api, other, gpu_state(utilization=0.30, gpu_model="NVIDIA-H100-80GB-HBM3"))
+        publish(api, other, gpu_state(utilization=0.20, gpu_model="NVIDIA-H100-80GB-HBM3"))
         api.create("/apis/storage.k8s.io/v1/storageclasses", storage_class())
         api.create(
             "/apis/scheduling.k8s.io/v1beta1/namespaces/default/podgroups",
