@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from benchmarks import pod_watch
-from benchmarks.sections.section import RunContext, Section, not_measured, run_benchmark
+from benchmarks.sections.section import RunContext, Section, process_benchmark_section
 
 HEADING: Final = pod_watch.HEADING
 # Its one step in the timing table.
@@ -27,14 +27,16 @@ def arguments(*, quick: bool) -> list[str]:
 
 def run(ctx: RunContext) -> str:
     """Measure the Pod watch, write the section."""
-    if ctx.no_benchmarks:
-        return f"{HEADING}\n\nNot measured in this run: skipped (--no-benchmarks).\n"
-    extra = arguments(quick=ctx.quick)
-    bench = ctx.timed(STEP, lambda: run_benchmark(MODULE, extra, 3600))
-    if "error" in bench:
-        return not_measured(HEADING, bench)
-    ctx.summary["pod_watch"] = bench["data"]
-    return pod_watch.markdown_section(bench["data"], command=bench["command"])
+    return process_benchmark_section(
+        ctx,
+        heading=HEADING,
+        step=STEP,
+        module=MODULE,
+        extra=arguments(quick=ctx.quick),
+        timeout_s=3600,
+        summary_key="pod_watch",
+        render=lambda data, command: pod_watch.markdown_section(data, command=command),
+    )
 
 
 SECTION: Final = Section(name="inflight", heading=HEADING, steps=(STEP,), run=run)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from benchmarks import scheduler_profile
-from benchmarks.sections.section import RunContext, Section, not_measured, run_benchmark
+from benchmarks.sections.section import RunContext, Section, process_benchmark_section
 
 HEADING: Final = scheduler_profile.HEADING
 # Its one step in the timing table.
@@ -25,14 +25,16 @@ def arguments(*, quick: bool) -> list[str]:
 
 def run(ctx: RunContext) -> str:
     """Profile the scheduler in every mode, write the section."""
-    if ctx.no_benchmarks:
-        return f"{HEADING}\n\nNot measured in this run: skipped (--no-benchmarks).\n"
-    extra = arguments(quick=ctx.quick)
-    bench = ctx.timed(STEP, lambda: run_benchmark(MODULE, extra, 1800))
-    if "error" in bench:
-        return not_measured(HEADING, bench)
-    ctx.summary["scheduler_profile"] = bench["data"]
-    return scheduler_profile.markdown_section(bench["data"], command=bench["command"])
+    return process_benchmark_section(
+        ctx,
+        heading=HEADING,
+        step=STEP,
+        module=MODULE,
+        extra=arguments(quick=ctx.quick),
+        timeout_s=1800,
+        summary_key="scheduler_profile",
+        render=lambda data, command: scheduler_profile.markdown_section(data, command=command),
+    )
 
 
 SECTION: Final = Section(name="profile", heading=HEADING, steps=(STEP,), run=run)

@@ -169,3 +169,25 @@ def not_measured(heading: str, bench: Mapping[str, Any]) -> str:
         f"{heading}\n\nNot measured in this run: `{bench.get('command')}` failed: "
         f"{bench['error']}.\n"
     )
+
+
+def process_benchmark_section(
+    ctx: RunContext,
+    *,
+    heading: str,
+    step: str,
+    module: str,
+    extra: Sequence[str],
+    timeout_s: float,
+    summary_key: str,
+    render: Callable[[dict[str, Any], str], str],
+) -> str:
+    """The run of a section that is one benchmark process: skipped with `--no-benchmarks`,
+    "not measured" when it fails, else its data kept under `summary_key` and rendered."""
+    if ctx.no_benchmarks:
+        return f"{heading}\n\nNot measured in this run: skipped (--no-benchmarks).\n"
+    bench = ctx.timed(step, lambda: run_benchmark(module, extra, timeout_s))
+    if "error" in bench:
+        return not_measured(heading, bench)
+    ctx.summary[summary_key] = bench["data"]
+    return render(bench["data"], bench["command"])
