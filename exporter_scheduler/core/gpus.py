@@ -117,7 +117,7 @@ def judge_gpus(
         pool = [i for i in pool if survey.status[i] != "in-flight"]
     if len(survey.candidates) < c.gpu_request:
         return _shortfall(survey, c, len(gpus), taken, pool if allocation_checked else None)
-    if allocation_checked and c.blind:
+    if allocation_checked and c.policy.blind_device_plugin:
         return _blind_draw(survey, c, taken, len(pool))
     return _best_k(survey, c, taken, allocation_checked=allocation_checked)
 
@@ -129,10 +129,10 @@ def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool
     # and its headroom is what is left after it.
     own_bp = c.own_bp
     fit_limit_bp = limit_bp - own_bp
-    temp_limit_c = c.temp_limit_c
+    temp_limit_c = c.policy.temperature_limit_c
     min_mib = c.min_memory_mib
     strict = not c.lenient
-    w_util, w_temp = c.w_util, c.w_temp
+    w_util, w_temp = c.weights.utilization, c.weights.temperature
     status: list[GpuStatus] = []
     add = status.append
     unmeasured = allocated_n = hot_util = hot_temp = short_mem = 0

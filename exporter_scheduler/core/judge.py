@@ -89,8 +89,11 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
     Steps: read the annotations, date them by both clocks, then either the missing-data
     policy (data that cannot be judged) or the rules and the score.
     """
+    policy = c.policy
     pre = node.predecoded
-    decoded = pre[1] if pre is not None and pre[0] == c.prefix else c.decode(node.annotations)
+    decoded = (
+        pre[1] if pre is not None and pre[0] == policy.keys.prefix else c.decode(node.annotations)
+    )
     state = decoded.state
     written = node.agent_write_time
     server_age_s: float | None = None
@@ -101,7 +104,7 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
         verdict = untimely(
             node.name, decoded, unreadable_status(decoded), None, server_age_s, written, c
         )
-    elif c.require_writer and not written_by_agent(node):
+    elif policy.require_agent_writer and not written_by_agent(node):
         age_s = (now - state.updated_at).total_seconds()
         verdict = untimely(node.name, decoded, "untrusted", age_s, server_age_s, written, c)
         verdict = msgspec.structs.replace(verdict, foreign_writer=node.foreign_writer)
@@ -114,8 +117,8 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
                     node.pods,
                     state.updated_at,
                     now,
-                    c.inflight_max_s,
-                    c.inflight_load_delay_s,
+                    policy.inflight_max_s,
+                    policy.inflight_load_delay_s,
                     c.inflight_load_bp,
                 )
                 if node.pods
@@ -200,10 +203,12 @@ def _freshness(age_s: float, server_age_s: float | None, c: PodClass) -> DataSta
     """Clock checks, most specific first. updated-at is the node's clock at sampling; the
     managedFields time is the server's clock at the write that followed, so updated-at may not
     run ahead of it, and the server's time also bounds how old the data can really be."""
-    if -age_s > c.skew_tolerance_s or (
-        server_age_s is not None and server_age_s - age_s > c.lag_tolerance_s
+    policy = c.policy
+    if -age_s > policy.clock_skew_tolerance_s or (
+        server_age_s is not None and server_age_s - age_s > policy.managed_fields_lag_tolerance_s
     ):
         return "clock-skew"
-    if age_s > c.stale_after_s or (server_age_s is not None and server_age_s > c.stale_after_s):
+    stale_s = policy.stale_after_s
+    if age_s > stale_s or (server_age_s is not None and server_age_s > stale_s):
         return "stale"
     return "fresh"

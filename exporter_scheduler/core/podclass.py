@@ -61,11 +61,15 @@ class PodClass:
     Compiled once per class: the limits as integers, every rule outcome and reason text a node
     can get (shared between nodes), the chain's match patterns. Pods with equal `key`s get equal
     verdicts on every node, so the names-only node store keeps verdicts per class.
+
+    A setting used as the policy states it is read from `policy` where it is used
+    (`c.policy.stale_after_s`), never copied here: a new setting is added to the table in
+    `core.policy` and read where it matters. Only what is compiled from the policy and the
+    pod lives here, each derived once: basis points, score weights, outcomes and their texts.
     """
 
     __slots__ = (
         "any_rank",
-        "blind",
         "chain_active",
         "decode",
         "gpu_request",
@@ -78,10 +82,7 @@ class PodClass:
         "hint_problem",
         "hints",
         "inflight_load_bp",
-        "inflight_load_delay_s",
-        "inflight_max_s",
         "key",
-        "lag_tolerance_s",
         "lenient",
         "limit_bp",
         "mem_fail",
@@ -101,14 +102,9 @@ class PodClass:
         "own_bp",
         "patterns",
         "policy",
-        "prefix",
-        "require_writer",
         "score_memo",
-        "skew_tolerance_s",
-        "stale_after_s",
         "status_reason",
         "temp_fail",
-        "temp_limit_c",
         "temp_pass",
         "temp_unknown",
         "threshold_bp",
@@ -116,9 +112,6 @@ class PodClass:
         "util_pass",
         "util_per_gpu",
         "util_unknown",
-        "w_frag",
-        "w_temp",
-        "w_util",
         "weights",
     )
 
@@ -150,7 +143,6 @@ class PodClass:
         self.decode = Decoder(policy.keys)
         lenient = policy.missing_data == "lenient"
         self.lenient = lenient
-        self.prefix = policy.keys.prefix
         limit = policy.utilization_limit
         if hints.max_utilization is not None and hints.max_utilization < limit:
             limit = hints.max_utilization
@@ -159,11 +151,6 @@ class PodClass:
         if hints.fallback_utilization is not None and hints.fallback_utilization < limit:
             threshold = hints.fallback_utilization
         self.threshold_bp = round(threshold * BASIS_POINTS)
-        self.temp_limit_c = policy.temperature_limit_c
-        self.stale_after_s = policy.stale_after_s
-        self.skew_tolerance_s = policy.clock_skew_tolerance_s
-        self.lag_tolerance_s = policy.managed_fields_lag_tolerance_s
-        self.require_writer = policy.require_agent_writer
         # The pod's own load (ownload.py): None when the policy does not count it, or the
         # pod holds no GPU to add it to (such pods reach the scorer only in tests and tools).
         self.own = (
@@ -185,13 +172,9 @@ class PodClass:
         if own_mib > 0 and (need_mib is None or own_mib > need_mib):
             need_mib = own_mib
         self.min_memory_mib = need_mib
-        self.inflight_max_s = policy.inflight_max_s
-        self.inflight_load_delay_s = policy.inflight_load_delay_s
         self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
         self.min_fit_bp = round(policy.min_gpu_fit_probability * BASIS_POINTS)
-        self.blind = policy.blind_device_plugin
-        self.w_util, self.w_frag, self.w_temp = weight_milli(policy)
-        self.weights = ScoreWeights(self.temp_limit_c, self.w_util, self.w_frag, self.w_temp)
+        self.weights = ScoreWeights(policy.temperature_limit_c, *weight_milli(policy))
         # The class's own scores, in front of the shared `score.score` cache (`rules.judge_fresh`).
         self.score_memo: dict[tuple[int, float | None, int | None], ScoreBreakdown] = {}
         self.status_reason: dict[DataStatus, str] = {

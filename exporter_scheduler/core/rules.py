@@ -87,7 +87,7 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     if temperature_c is None:
         temp = c.temp_unknown
     else:
-        temp = c.temp_fail if temperature_c >= c.temp_limit_c else c.temp_pass
+        temp = c.temp_fail if temperature_c >= c.policy.temperature_limit_c else c.temp_pass
     if failed is None and temp.outcome == "fail":
         failed = temp
 

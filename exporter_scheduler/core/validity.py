@@ -83,7 +83,7 @@ def validity_window(verdict: NodeVerdict, now_ts: float, c: PodClass) -> tuple[f
     """`[from, until)` in POSIX seconds around `now_ts` (when `verdict` was judged) in which
     time alone cannot change it, a millisecond short of each boundary; unbounded sides are
     infinite. `now_ts` itself always lies inside, unless a boundary is exactly at `now_ts`."""
-    stale_s, skew_s = c.stale_after_s, c.skew_tolerance_s
+    stale_s, skew_s = c.policy.stale_after_s, c.policy.clock_skew_tolerance_s
     inflight = verdict.inflight
     left_s = time_left_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s, inflight)
     since_s = time_since_s(verdict.age_s, verdict.server_age_s, stale_s, skew_s, inflight)
@@ -93,8 +93,8 @@ def validity_window(verdict: NodeVerdict, now_ts: float, c: PodClass) -> tuple[f
 
 def valid_until(verdicts: Sequence[NodeVerdict], now: datetime, c: PodClass) -> datetime | None:
     """The earliest time-driven change of any verdict (see `Evaluation.valid_until`)."""
-    stale_s = c.stale_after_s
-    skew_s = c.skew_tolerance_s
+    stale_s = c.policy.stale_after_s
+    skew_s = c.policy.clock_skew_tolerance_s
     left_s = min(
         (time_left_s(v.age_s, v.server_age_s, stale_s, skew_s, v.inflight) for v in verdicts),
         default=math.inf,
