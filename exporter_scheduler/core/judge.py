@@ -110,7 +110,11 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
         verdict = msgspec.structs.replace(verdict, foreign_writer=node.foreign_writer)
     else:
         age_s = (now - state.updated_at).total_seconds()
-        status = _freshness(age_s, server_age_s, c)
+        # updated-at's lead over the server's write time, from the two stored times: exact and
+        # the same at every `now` (a difference of two float ages drifts by rounding, so a
+        # lead of exactly the tolerance would flip with the clock inside a validity window).
+        lead_s = None if written is None else (state.updated_at - written).total_seconds()
+        status = _freshness(age_s, server_age_s, lead_s, c)
         if status == "fresh":
             inflight = (
                 count_inflight(
@@ -199,13 +203,16 @@ def resolve_chain(
     return ChainOutcome(preference, threshold, chosen, basis, not_preferred)
 
 
-def _freshness(age_s: float, server_age_s: float | None, c: PodClass) -> DataStatus:
+def _freshness(
+    age_s: float, server_age_s: float | None, lead_s: float | None, c: PodClass
+) -> DataStatus:
     """Clock checks, most specific first. updated-at is the node's clock at sampling; the
-    managedFields time is the server's clock at the write that followed, so updated-at may not
-    run ahead of it, and the server's time also bounds how old the data can really be."""
+    managedFields time is the server's clock at the write that followed, so updated-at may lead
+    it (`lead_s`) by at most the lag tolerance (a lead of exactly the tolerance is accepted), and
+    the server's time also bounds how old the data can really be."""
     policy = c.policy
     if -age_s > policy.clock_skew_tolerance_s or (
-        server_age_s is not None and server_age_s - age_s > policy.managed_fields_lag_tolerance_s
+        lead_s is not None and lead_s > policy.managed_fields_lag_tolerance_s
     ):
         return "clock-skew"
     stale_s = policy.stale_after_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -234,6 +235,19 @@ def test_data_status_strict(the_node: NodeInput, status: str, reason: str | None
         _check(verdict, passed=True, reason=None)
     else:
         _check(verdict, passed=False, reason=reason, unresolvable=True)
+
+
+@pytest.mark.parametrize(
+    ("lead_s", "status"), [(30.0, "fresh"), (31.0, "clock-skew")], ids=["at", "past"]
+)
+def test_lag_tolerance_boundary_is_the_same_at_every_clock(lead_s: float, status: str) -> None:
+    """updated-at leading the server's write by exactly the tolerance is accepted, a second more
+    is clock skew, whatever `now` is: the lead is two stored times apart and must not move with
+    the clock (two float ages subtracted drift across the boundary at some clocks)."""
+    the_node = node(age_s=-lead_s, write_age_s=0.0)
+    for step_us in range(0, 150_000_000, 1_234_567):
+        now = NOW + timedelta(microseconds=step_us)
+        assert one(the_node, now=now).data_status == status, f"{step_us} us after the write"
 
 
 def test_a_value_the_contract_parser_trips_on_is_bad_data_not_a_crash() -> None:
