@@ -12,6 +12,8 @@
                              # a real etcd + kube-apiserver + kube-scheduler v1.37 on loopback,
                              # built from their Go modules (needs Go); the e2e tests use it
     python3 dev.py rules     # regenerate the plain Prometheus rules file from the chart
+    python3 dev.py schema    # regenerate the policy keys of the chart's values schema from the
+                             # scorer's table of settings
 
 It creates `.venv/` on first use and reinstalls only when pyproject.toml changes, so the second
 run starts at once. Anything after the command is passed on (`python3 dev.py test -k scorer`).
@@ -234,6 +236,8 @@ def main() -> int:
         return _run(_python(), "-m", "loopback_cluster.image", "build", *extra, env=env)
     if command == "rules":
         return _run(_python(), "-m", "tests.ops.rules_file", "--write", *extra, env=env)
+    if command == "schema":
+        return _run(_python(), "-m", "tests.deploy.values_schema", "--write", *extra, env=env)
     print(__doc__)
     return 2
 

@@ -112,7 +112,7 @@ UTILIZATION_LIMIT: Final = Setting(
 TEMPERATURE_LIMIT_C: Final = Setting(
     "temperature_limit_c",
     85,
-    "A node whose hottest GPU is at or above this fails the filter.",
+    "A node whose hottest GPU is at or above this (degrees C) fails the filter.",
     "85 C sits below the slowdown (clock-throttling) temperature of current NVIDIA data-centre "
     "GPUs, so a node is avoided before its GPUs start to throttle the work already there.",
     unit="C",
@@ -166,13 +166,13 @@ WEIGHT_TEMPERATURE: Final = _weight("weight_temperature", 0.15, "temperature")
 GPU_RESOURCE_NAME: Final = Setting(
     "gpu_resource_name",
     "nvidia.com/gpu",
-    "Extended resource a pod's GPUs are in.",
+    "Extended resource a pod's GPUs are requested as.",
     "NVIDIA's device plugin's resource.",
 )
 INFLIGHT_MAX_S: Final = Setting(
     "inflight_max_s",
     600.0,
-    "Longest a bound pod counts as in flight, whatever its node publishes.",
+    "Longest a bound pod counts as in flight (from its bind), whatever its node publishes.",
     "Long enough for a GPU image's pull and start-up, short enough that a node whose agent "
     "never shows the pod is not held for it long.",
     unit="s",
@@ -201,7 +201,7 @@ MIN_GPU_FIT_PROBABILITY: Final = Setting(
     "min_gpu_fit_probability",
     0.75,
     "Least chance that the k GPUs a blind device plugin hands out are all candidates (nodes "
-    "publishing allocations).",
+    "publishing per-gpu-allocated).",
     "7 of 8 candidates pass a 1-GPU pod; 4 of 8 do not.",
     unit="fraction",
     minimum=0.0,

@@ -18,7 +18,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
 from urllib.parse import urlsplit
 
 import pytest
@@ -35,7 +34,6 @@ from exporter_scheduler.config.settings import (
     settings_fields,
 )
 from exporter_scheduler.config.settings import load_settings as load_scorer_settings
-from exporter_scheduler.core.policy import POLICY_SETTINGS, Setting
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.serving import wire
@@ -52,6 +50,7 @@ from tests.deploy.chart_support import (
     env_of,
     render,
 )
+from tests.deploy.values_schema import OWN_VALUES, REGENERATE, SCHEMA_FILE, generated_text
 
 pytestmark = pytest.mark.helm
 
@@ -318,39 +317,25 @@ def test_scorer_ports_and_probes_match_its_settings(variant: str) -> None:
         assert probe.get("scheme", "HTTP") == "HTTP"
 
 
-# Policy settings the chart sets from values of their own, not from scorer.policy.
-FROM_OTHER_VALUES: Final = frozenset({"annotation_prefix", "stale_after_s", "require_agent_writer"})
+def test_values_schema_policy_is_generated_from_the_settings_table() -> None:
+    """Type, bounds, choices and help of every policy key come from `POLICY_SETTINGS`."""
+    assert SCHEMA_FILE.read_text() == generated_text(), (
+        f"{SCHEMA_FILE.relative_to(CHART.parent.parent)} differs from the policy table: "
+        f"run `{REGENERATE}`"
+    )
 
 
-def test_policy_values_are_the_scorers_policy_fields() -> None:
+def test_every_policy_setting_has_a_chart_value() -> None:
     # scorer.policy becomes --policy-file; the prefix, the staleness and the writer check come
-    # from their own values; the tenant profiles are the policy file's alone.
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    policy = schema["properties"]["scorer"]["properties"]["policy"]["properties"]
-    assert set(policy) == (set(POLICY_FIELDS) - FROM_OTHER_VALUES) | FILE_ONLY
-
-
-_JSON_TYPES: Final = {bool: "boolean", int: "integer", float: "number", str: "string"}
-
-
-@pytest.mark.parametrize(
-    "setting",
-    [s for s in POLICY_SETTINGS if s.name not in FROM_OTHER_VALUES],
-    ids=lambda s: s.name,
-)
-def test_chart_policy_values_take_the_settings_bounds(setting: Setting[Any]) -> None:
-    """The chart's schema says what the scorer's policy table says: type, bounds, choices."""
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    policy = schema["properties"]["scorer"]["properties"]["policy"]["properties"]
-    spec = policy[setting.name]
-    expected: dict[str, Any] = {"type": _JSON_TYPES[type(setting.default)]}
-    if setting.choices:
-        expected["enum"] = list(setting.choices)
-    if setting.minimum is not None:
-        key = "exclusiveMinimum" if setting.exclusive_minimum else "minimum"
-        expected[key] = setting.minimum
-    if setting.maximum is not None:
-        expected["maximum"] = setting.maximum
-    if isinstance(setting.default, str) and not setting.choices:
-        expected["minLength"] = 1
-    assert {k: spec[k] for k in spec if k != "description"} == expected
+    # from values of their own; the tenant profiles are the policy file's alone.
+    schema = json.loads(SCHEMA_FILE.read_text())
+    scorer = schema["properties"]["scorer"]["properties"]
+    policy = scorer["policy"]["properties"]
+    for name in POLICY_FIELDS:
+        if name == "annotation_prefix":
+            assert "annotationPrefix" in schema["properties"]
+        elif name in OWN_VALUES:
+            assert OWN_VALUES[name] in scorer, name
+        else:
+            assert name in policy, name
+    assert set(policy) - set(POLICY_FIELDS) == FILE_ONLY
