@@ -22,7 +22,7 @@ import types
 import typing
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from agent.cgroups import OwnerResolver, read_cgroup_file
 from agent.daemon import (
@@ -45,7 +45,14 @@ from agent.kube import (
 )
 from agent.limiter import heartbeat_lead_s
 from agent.metrics import AgentMetrics
-from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
+from agent.settings import (
+    RENAMED,
+    AgentSettings,
+    SettingsError,
+    env_names,
+    flag_name,
+    load_settings,
+)
 from agent.sources import GpuSource, SourceUnavailable, open_source
 from agent.tainter import DeviceTainter
 from gpu_contract.schema import merge_patch
@@ -71,21 +78,37 @@ def _flag_type(annotation: Any) -> tuple[Any, Sequence[str] | None]:
     return str, None
 
 
+# What a flag's value is, by the unit its setting's name ends in.
+_METAVARS: Final = {"s": "seconds", "c": "celsius"}
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; unset flags stay absent so the environment and defaults apply."""
     group = parser.add_argument_group("settings (each also an environment variable)")
     for name, info in AgentSettings.model_fields.items():
         kind, choices = _flag_type(info.annotation)
-        default = info.default
-        group.add_argument(
-            flag_name(name),
-            dest=name,
-            type=kind,
-            choices=choices,
-            default=argparse.SUPPRESS,
-            metavar=None if choices else name.split("_")[-1].upper(),
-            help=f"{info.description} [env: {', '.join(env_names(name))}; default: {default}]",
-        )
+        unit = name.split("_")[-1]
+        envs = env_names(name)
+        old = RENAMED.get(name)
+        if old is None:
+            where = f"env: {', '.join(envs)}; default: {info.default}"
+        else:
+            where = (
+                f"env: {envs[0]}; default: {info.default}; deprecated: {flag_name(old)}, {envs[1]}"
+            )
+        # The old spelling of a renamed setting: accepted, not shown.
+        for flag in (flag_name(name), *(() if old is None else (flag_name(old),))):
+            group.add_argument(
+                flag,
+                dest=name,
+                type=kind,
+                choices=choices,
+                default=argparse.SUPPRESS,
+                metavar=None if choices else _METAVARS.get(unit, unit).upper(),
+                help=f"{info.description} [{where}]"
+                if flag == flag_name(name)
+                else argparse.SUPPRESS,
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,7 +237,7 @@ def cmd_once(args: argparse.Namespace, settings: AgentSettings) -> int:
             writer=writer,
             policy=settings.write_policy(),
             keys=settings.keys(),
-            sample_interval_s=settings.sample_interval,
+            sample_interval_s=settings.sample_interval_s,
             start_s=time.monotonic(),
             allocations=allocations,
             process_owners=_process_owners(settings, writer),
@@ -312,7 +335,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
     metrics = AgentMetrics()
     allocations = _allocations(settings)
     seed = settings.seed if settings.source == "simulated" else None
-    jitter_s = start_jitter_s(seed=seed, max_s=settings.min_write_interval)
+    jitter_s = start_jitter_s(seed=seed, max_s=settings.min_write_interval_s)
     policy = settings.write_policy()
     agent = Agent(
         source=source,
@@ -320,7 +343,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         policy=policy,
         keys=settings.keys(),
         metrics=metrics,
-        sample_interval_s=settings.sample_interval,
+        sample_interval_s=settings.sample_interval_s,
         start_s=time.monotonic(),
         jitter_s=jitter_s,
         heartbeat_lead_s=heartbeat_lead_s(policy=policy, fraction=random_fraction(seed=seed)),
@@ -356,9 +379,9 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         "and at least every %gs, first write after %.1fs jitter, metrics %s, allocations %s",
         node_name,
         settings.source,
-        settings.sample_interval,
-        settings.min_write_interval,
-        settings.heartbeat,
+        settings.sample_interval_s,
+        settings.min_write_interval_s,
+        settings.heartbeat_s,
         jitter_s,
         f"on port {server.port}" if server else "off",
         f"from {settings.pod_resources_socket}" if allocations is not None else "off",
@@ -374,7 +397,7 @@ def _run(settings: AgentSettings, node_name: str, stop: threading.Event) -> int:
         log.info("gpu-agent stopped")
 
     run_until_signalled(
-        TickLoop(agent, interval_s=settings.sample_interval), on_stop=on_stop, stop_event=stop
+        TickLoop(agent, interval_s=settings.sample_interval_s), on_stop=on_stop, stop_event=stop
     )
     return EXIT_OK
 

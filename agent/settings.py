@@ -12,8 +12,9 @@ the chart's consistency check imports them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,35 @@ ENV_PREFIX = "GPU_AGENT_"
 SourceKind = Literal["nvml", "simulated"]
 LogFormat = Literal["text", "json"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+# Settings whose names gained their unit; the old spellings (flags and variables that
+# docs/agent.md listed) are still accepted, as deprecated aliases, so that existing manifests
+# and scripts keep working. New name -> old name.
+RENAMED: Final[dict[str, str]] = {
+    "sample_interval_s": "sample_interval",
+    "min_write_interval_s": "min_write_interval",
+    "heartbeat_s": "heartbeat",
+    "temperature_deadband_c": "temperature_deadband",
+    "memory_deadband_fraction": "memory_deadband",
+    "per_gpu_temperature_deadband_c": "per_gpu_temperature_deadband",
+    "per_gpu_memory_deadband_fraction": "per_gpu_memory_deadband",
+    "pod_memory_deadband_fraction": "pod_memory_deadband",
+    "backoff_base_s": "backoff_base",
+    "backoff_max_s": "backoff_max",
+}
+_OLD_NAMES: Final = {old: new for new, old in RENAMED.items()}
+# The write rules' numbers (`WritePolicy`), each a setting of the same name; `per_gpu_compare`
+# is fixed by design.
+WRITE_POLICY_SETTINGS: Final = tuple(
+    f.name for f in dataclasses.fields(WritePolicy) if f.name != "per_gpu_compare"
+)
+
+
+def _renamed(name: str) -> AliasChoices:
+    """Read setting `name` from its own variable, then from its old one, or by either name."""
+    old = RENAMED[name]
+    return AliasChoices(name, ENV_PREFIX + name.upper(), old, ENV_PREFIX + old.upper())
 
 
 class SettingsError(ValueError):
@@ -50,14 +80,24 @@ class AgentSettings(BaseSettings):
         description="The Node this agent annotates (its own). Required to write.",
     )
     source: SourceKind = Field(default="nvml", description="Where GPU readings come from.")
-    sample_interval: float = Field(
-        default=5.0, gt=0, le=3600, description="Seconds between samples (ticks)."
+    sample_interval_s: float = Field(
+        validation_alias=_renamed("sample_interval_s"),
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds between samples (ticks).",
     )
-    min_write_interval: float = Field(
-        default=10.0, gt=0, description="Minimum seconds between two write attempts."
+    min_write_interval_s: float = Field(
+        validation_alias=_renamed("min_write_interval_s"),
+        default=10.0,
+        gt=0,
+        description="Minimum seconds between two write attempts.",
     )
-    heartbeat: float = Field(
-        default=60.0, gt=0, description="Write at least this often (seconds) while the API is up."
+    heartbeat_s: float = Field(
+        validation_alias=_renamed("heartbeat_s"),
+        default=60.0,
+        gt=0,
+        description="Write at least this often (seconds) while the API is up.",
     )
     utilization_deadband: float = Field(
         default=0.05, ge=0, le=1, description="Utilization change that is worth a write."
@@ -71,13 +111,15 @@ class AgentSettings(BaseSettings):
     fragmentation_deadband: float = Field(
         default=0.05, ge=0, le=1, description="Memory fragmentation change worth a write."
     )
-    temperature_deadband: float = Field(
+    temperature_deadband_c: float = Field(
+        validation_alias=_renamed("temperature_deadband_c"),
         default=5.0,
         ge=0,
         le=100,
         description="Change of the hottest GPU's temperature (degrees C) worth a write.",
     )
-    memory_deadband: float = Field(
+    memory_deadband_fraction: float = Field(
+        validation_alias=_renamed("memory_deadband_fraction"),
         default=0.05,
         ge=0,
         le=1,
@@ -95,13 +137,15 @@ class AgentSettings(BaseSettings):
     per_gpu_utilization_deadband: float = Field(
         default=0.15, ge=0, le=1, description="Change of one GPU's utilization worth a write."
     )
-    per_gpu_temperature_deadband: float = Field(
+    per_gpu_temperature_deadband_c: float = Field(
+        validation_alias=_renamed("per_gpu_temperature_deadband_c"),
         default=5.0,
         ge=0,
         le=100,
         description="Change of one GPU's temperature (degrees C) worth a write.",
     )
-    per_gpu_memory_deadband: float = Field(
+    per_gpu_memory_deadband_fraction: float = Field(
+        validation_alias=_renamed("per_gpu_memory_deadband_fraction"),
         default=0.05,
         ge=0,
         le=1,
@@ -113,7 +157,8 @@ class AgentSettings(BaseSettings):
         le=1,
         description="Change of a pod's utilization on one GPU (pod-gpu-usage) worth a write.",
     )
-    pod_memory_deadband: float = Field(
+    pod_memory_deadband_fraction: float = Field(
+        validation_alias=_renamed("pod_memory_deadband_fraction"),
         default=0.05,
         ge=0,
         le=1,
@@ -122,11 +167,18 @@ class AgentSettings(BaseSettings):
             "of one GPU's memory."
         ),
     )
-    backoff_base: float = Field(
-        default=10.0, gt=0, description="First wait (seconds) after a failed write."
+    backoff_base_s: float = Field(
+        validation_alias=_renamed("backoff_base_s"),
+        default=10.0,
+        gt=0,
+        description="First wait (seconds) after a failed write.",
     )
-    backoff_max: float = Field(
-        default=120.0, gt=0, le=3600, description="Longest wait (seconds) between failed writes."
+    backoff_max_s: float = Field(
+        validation_alias=_renamed("backoff_max_s"),
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="Longest wait (seconds) between failed writes.",
     )
     api_timeout: float = Field(
         default=5.0, gt=0, le=60, description="Read timeout (seconds) of one API request."
@@ -254,15 +306,15 @@ class AgentSettings(BaseSettings):
     @model_validator(mode="after")
     def _ordering(self) -> AgentSettings:
         # The limiter's guarantees need heartbeat >= min write interval >= sample interval.
-        if self.min_write_interval < self.sample_interval:
+        if self.min_write_interval_s < self.sample_interval_s:
             raise ValueError(
-                f"min-write-interval ({self.min_write_interval:g}) must be >= sample-interval "
-                f"({self.sample_interval:g})"
+                f"min-write-interval-s ({self.min_write_interval_s:g}) must be >= "
+                f"sample-interval-s ({self.sample_interval_s:g})"
             )
-        if self.heartbeat < self.min_write_interval:
+        if self.heartbeat_s < self.min_write_interval_s:
             raise ValueError(
-                f"heartbeat ({self.heartbeat:g}) must be >= min-write-interval "
-                f"({self.min_write_interval:g})"
+                f"heartbeat-s ({self.heartbeat_s:g}) must be >= min-write-interval-s "
+                f"({self.min_write_interval_s:g})"
             )
         if self.dra_utilization_margin >= self.dra_utilization_limit:
             raise ValueError(
@@ -279,31 +331,16 @@ class AgentSettings(BaseSettings):
                 "process-attribution needs pod-resources: without the kubelet's allocations no "
                 "pod holds a GPU"
             )
-        if self.backoff_max < self.backoff_base:
+        if self.backoff_max_s < self.backoff_base_s:
             raise ValueError(
-                f"backoff-max ({self.backoff_max:g}) must be >= backoff-base "
-                f"({self.backoff_base:g})"
+                f"backoff-max-s ({self.backoff_max_s:g}) must be >= backoff-base-s "
+                f"({self.backoff_base_s:g})"
             )
         return self
 
     def write_policy(self) -> WritePolicy:
-        return WritePolicy(
-            min_write_interval_s=self.min_write_interval,
-            heartbeat_s=self.heartbeat,
-            utilization_deadband=self.utilization_deadband,
-            utilization_max_deadband=self.utilization_max_deadband,
-            fragmentation_deadband=self.fragmentation_deadband,
-            temperature_deadband_c=self.temperature_deadband,
-            memory_deadband_fraction=self.memory_deadband,
-            improving_deadband_factor=self.improving_deadband_factor,
-            per_gpu_utilization_deadband=self.per_gpu_utilization_deadband,
-            per_gpu_temperature_deadband_c=self.per_gpu_temperature_deadband,
-            per_gpu_memory_deadband_fraction=self.per_gpu_memory_deadband,
-            pod_utilization_deadband=self.pod_utilization_deadband,
-            pod_memory_deadband_fraction=self.pod_memory_deadband,
-            backoff_base_s=self.backoff_base,
-            backoff_max_s=self.backoff_max,
-        )
+        # Every number of the write rules is a setting of the same name (units included).
+        return WritePolicy(**{name: getattr(self, name) for name in WRITE_POLICY_SETTINGS})
 
     def taint_policy(self) -> TaintPolicy:
         try:
@@ -314,8 +351,8 @@ class AgentSettings(BaseSettings):
                 temperature_margin_c=self.dra_temperature_margin,
                 min_write_interval_s=self.dra_min_write_interval,
                 max_writes_per_hour=self.dra_max_writes_per_hour,
-                backoff_base_s=max(self.backoff_base, self.dra_min_write_interval),
-                backoff_max_s=max(self.backoff_max, self.dra_min_write_interval),
+                backoff_base_s=max(self.backoff_base_s, self.dra_min_write_interval),
+                backoff_max_s=max(self.backoff_max_s, self.dra_min_write_interval),
             )
         except ValueError as exc:
             raise SettingsError(f"invalid settings: {exc}") from None
@@ -333,10 +370,11 @@ def flag_name(field_name: str) -> str:
 
 
 def env_names(field_name: str) -> tuple[str, ...]:
-    """The environment variables a setting is read from, preferred first."""
+    """The environment variables a setting is read from, preferred first (then deprecated)."""
     if field_name == "node_name":
         return (ENV_PREFIX + "NODE_NAME", "NODE_NAME")
-    return (ENV_PREFIX + field_name.upper(),)
+    old = RENAMED.get(field_name)
+    return (ENV_PREFIX + field_name.upper(), *(() if old is None else (ENV_PREFIX + old.upper(),)))
 
 
 def settings_error_message(error: ValidationError) -> str:
@@ -350,8 +388,10 @@ def settings_error_message(error: ValidationError) -> str:
             if name.startswith(ENV_PREFIX.lower()) or name.startswith(ENV_PREFIX):
                 name = name[len(ENV_PREFIX) :].lower()
             name = name.lower()
+            name = _OLD_NAMES.get(name, name)
             if name == "node_name" or name in AgentSettings.model_fields:
-                label = f"{flag_name(name)} / {' / '.join(env_names(name))}"
+                names = env_names(name)[:1] if name in RENAMED else env_names(name)
+                label = f"{flag_name(name)} / {' / '.join(names)}"
             else:
                 label = name
             got = item.get("input")

@@ -187,9 +187,9 @@ def _run_args(kubeconfig: Path | str) -> list[str]:
         "--node-name=bench-node",
         f"--kubeconfig={kubeconfig}",
         "--metrics-port=0",
-        "--sample-interval=0.5",
-        "--min-write-interval=1",
-        "--heartbeat=2",
+        "--sample-interval-s=0.5",
+        "--min-write-interval-s=1",
+        "--heartbeat-s=2",
         "--log-level=WARNING",
     ]
 

@@ -338,7 +338,7 @@ def render(
                 else "; none of the tried settings reaches 10 % at this sample interval"
             )
             + ". The defaults favour fresh data; an operator who values fewer writes more "
-            "sets `--heartbeat`, `--min-write-interval` and the deadbands."
+            "sets `--heartbeat-s`, `--min-write-interval-s` and the deadbands."
         )
     per_gpu_text = _per_gpu_paragraph(main, variants)
     fleet_cmd = (

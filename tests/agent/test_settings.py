@@ -7,13 +7,21 @@ from pathlib import Path
 import pytest
 
 from agent.cli import build_parser, main
-from agent.settings import AgentSettings, SettingsError, env_names, flag_name, load_settings
+from agent.settings import (
+    RENAMED,
+    WRITE_POLICY_SETTINGS,
+    AgentSettings,
+    SettingsError,
+    env_names,
+    flag_name,
+    load_settings,
+)
 
 
 def test_defaults_match_the_contract() -> None:
     settings = load_settings()
     policy = settings.write_policy()
-    assert (settings.sample_interval, settings.min_write_interval, settings.heartbeat) == (
+    assert (settings.sample_interval_s, settings.min_write_interval_s, settings.heartbeat_s) == (
         5.0,
         10.0,
         60.0,
@@ -43,7 +51,10 @@ def test_defaults_match_the_contract() -> None:
         pytest.param(
             {"NODE_NAME": "a", "GPU_AGENT_NODE_NAME": "b"}, "node_name", "b", id="prefixed-wins"
         ),
-        pytest.param({"GPU_AGENT_SAMPLE_INTERVAL": "2"}, "sample_interval", 2.0, id="interval"),
+        pytest.param({"GPU_AGENT_SAMPLE_INTERVAL_S": "2"}, "sample_interval_s", 2.0, id="interval"),
+        pytest.param(
+            {"GPU_AGENT_SAMPLE_INTERVAL": "2"}, "sample_interval_s", 2.0, id="deprecated-name"
+        ),
         pytest.param({"GPU_AGENT_SOURCE": "simulated"}, "source", "simulated", id="source"),
         pytest.param(
             {"GPU_AGENT_ANNOTATION_PREFIX": "gpu.corp.example"},
@@ -64,10 +75,10 @@ def test_environment(
 
 
 def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPU_AGENT_HEARTBEAT", "90")
+    monkeypatch.setenv("GPU_AGENT_HEARTBEAT_S", "90")
     monkeypatch.setenv("NODE_NAME", "from-env")
-    settings = load_settings(heartbeat=120.0, node_name="from-flag")
-    assert settings.heartbeat == 120.0
+    settings = load_settings(heartbeat_s=120.0, node_name="from-flag")
+    assert settings.heartbeat_s == 120.0
     assert settings.node_name == "from-flag"
 
 
@@ -75,7 +86,9 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ("overrides", "fragment"),
     [
         pytest.param(
-            {"heartbeat": 5.0}, "heartbeat (5) must be >= min-write-interval (10)", id="heartbeat"
+            {"heartbeat_s": 5.0},
+            "heartbeat-s (5) must be >= min-write-interval-s (10)",
+            id="heartbeat",
         ),
         pytest.param(
             {"process_attribution": True, "pod_resources": False},
@@ -86,13 +99,13 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             {"pod_utilization_deadband": 1.5}, "pod-utilization-deadband", id="pod-deadband"
         ),
         pytest.param(
-            {"sample_interval": 20.0},
-            "min-write-interval (10) must be >= sample-interval (20)",
+            {"sample_interval_s": 20.0},
+            "min-write-interval-s (10) must be >= sample-interval-s (20)",
             id="sample-above-min-write",
         ),
         pytest.param(
-            {"sample_interval": 0.0},
-            "--sample-interval / GPU_AGENT_SAMPLE_INTERVAL: Input should be greater than 0",
+            {"sample_interval_s": 0.0},
+            "--sample-interval-s / GPU_AGENT_SAMPLE_INTERVAL_S: Input should be greater than 0",
             id="zero-interval",
         ),
         pytest.param(
@@ -110,8 +123,8 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             {"utilization_deadband": 2.0}, "--utilization-deadband", id="deadband-above-one"
         ),
         pytest.param(
-            {"backoff_base": 50.0, "backoff_max": 20.0},
-            "backoff-max (20) must be >= backoff-base (50)",
+            {"backoff_base_s": 50.0, "backoff_max_s": 20.0},
+            "backoff-max-s (20) must be >= backoff-base-s (50)",
             id="backoff",
         ),
     ],
@@ -127,10 +140,10 @@ def test_bounds_give_one_clear_line(overrides: dict[str, object], fragment: str)
 def test_bad_environment_value_exits_2_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("GPU_AGENT_SAMPLE_INTERVAL", "soon")
+    monkeypatch.setenv("GPU_AGENT_SAMPLE_INTERVAL_S", "soon")
     assert main(["run"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("gpu-agent: invalid settings: --sample-interval")
+    assert err.startswith("gpu-agent: invalid settings: --sample-interval-s")
     assert len(err.splitlines()) == 1
 
 
@@ -143,9 +156,9 @@ def test_every_setting_is_a_flag_of_both_commands() -> None:
     required = {
         "--node-name",
         "--source",
-        "--sample-interval",
-        "--min-write-interval",
-        "--heartbeat",
+        "--sample-interval-s",
+        "--min-write-interval-s",
+        "--heartbeat-s",
         "--annotation-prefix",
         "--kubeconfig",
         "--metrics-port",
@@ -159,6 +172,32 @@ def test_every_setting_is_a_flag_of_both_commands() -> None:
         for name in AgentSettings.model_fields:
             parsed = parser.parse_args([command, flag_name(name), _example(name)])
             assert hasattr(parsed, name)
+
+
+@pytest.mark.parametrize("name", sorted(RENAMED))
+def test_a_renamed_setting_keeps_its_old_flag_and_variable(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = RENAMED[name]
+    parsed = build_parser().parse_args(["run", flag_name(old), "7"])
+    assert getattr(parsed, name) == 7.0
+    assert flag_name(old) not in build_parser().format_help()  # accepted, not advertised
+    old_env, new_env = env_names(name)[1], env_names(name)[0]
+    assert old_env == "GPU_AGENT_" + old.upper()
+    # Just above the default: within every setting's bounds and ordering.
+    default = AgentSettings.model_fields[name].default
+    monkeypatch.setenv(old_env, str(default * 1.01))
+    assert getattr(AgentSettings(), name) == default * 1.01
+    monkeypatch.setenv(new_env, str(default * 1.02))
+    assert getattr(AgentSettings(), name) == default * 1.02  # the new spelling wins
+
+
+def test_every_write_rule_number_is_a_setting_of_its_name() -> None:
+    settings = load_settings(heartbeat_s=90.0, temperature_deadband_c=2.0)
+    policy = settings.write_policy()
+    assert (policy.heartbeat_s, policy.temperature_deadband_c) == (90.0, 2.0)
+    for name in WRITE_POLICY_SETTINGS:
+        assert getattr(policy, name) == getattr(settings, name), name
 
 
 def _example(name: str) -> str:

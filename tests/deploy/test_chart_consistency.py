@@ -97,7 +97,8 @@ def test_agent_command_line_is_one_gpu_agent_accepts(variant: str) -> None:
 def test_agent_environment_names_are_settings(variant: str) -> None:
     rendered = render(variant)
     env = env_of(_agent_container(rendered), rendered)
-    accepted = {name for field in AgentSettings.model_fields for name in env_names(field)}
+    # Each setting's preferred name: never a deprecated spelling of a renamed one.
+    accepted = {env_names(field)[0] for field in AgentSettings.model_fields} | {"NODE_NAME"}
     unknown = set(env) - accepted - RUNTIME_ENV
     assert unknown == set()
     assert "NODE_NAME" in env  # from the downward API
@@ -114,9 +115,9 @@ def test_agent_settings_from_the_chart_validate(
     settings = load_agent_settings()
     values = VARIANTS[variant].values.get("agent", {})
     assert settings.node_name == "gpu-node-1"
-    assert settings.heartbeat == values.get("heartbeatSeconds", 60)
-    assert settings.sample_interval == 5
-    assert settings.min_write_interval == 10
+    assert settings.heartbeat_s == values.get("heartbeatSeconds", 60)
+    assert settings.sample_interval_s == 5
+    assert settings.min_write_interval_s == 10
     assert settings.metrics_port == int(env["GPU_AGENT_METRICS_PORT"])
     prefix = VARIANTS[variant].values.get("annotationPrefix", "gpu-scheduler.example.com")
     assert settings.annotation_prefix == prefix + "/"
@@ -133,7 +134,7 @@ def test_agent_settings_also_parse_as_flags(variant: str) -> None:
         if name.startswith("GPU_AGENT_"):
             argv += ["--" + name.removeprefix("GPU_AGENT_").lower().replace("_", "-"), value]
     parsed = agent_parser().parse_args(argv)
-    assert float(parsed.sample_interval) == 5
+    assert float(parsed.sample_interval_s) == 5
     assert parsed.source in ("nvml", "simulated")
 
 

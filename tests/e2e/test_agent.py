@@ -29,9 +29,9 @@ TIMING_SLACK_S = 0.3
 def rate_args(*, seed: int) -> list[str]:
     """The agent's rate limits of this module, and its simulated trace's seed."""
     return [
-        f"--sample-interval={SAMPLE_S}",
-        f"--min-write-interval={MIN_WRITE_S}",
-        f"--heartbeat={HEARTBEAT_S}",
+        f"--sample-interval-s={SAMPLE_S}",
+        f"--min-write-interval-s={MIN_WRITE_S}",
+        f"--heartbeat-s={HEARTBEAT_S}",
         f"--seed={seed}",
     ]
 

@@ -542,8 +542,8 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
         extra_args=[
             f"--seed={seed}",
             "--simulated-lose-gpu-after=3",
-            "--sample-interval=1",
-            "--min-write-interval=1",
+            "--sample-interval-s=1",
+            "--min-write-interval-s=1",
             # Seconds, not the default minute: a busy GPU's taint turns into the health one at once.
             "--dra-min-write-interval=1",
         ],

@@ -82,11 +82,11 @@ def test_apiserver_restart_agent_writes_again_and_node_cache_follows(
         kubeconfig=own_plane.admin_kubeconfig,
         metrics_port=metrics_port,
         extra_args=[
-            "--sample-interval=0.25",
-            "--min-write-interval=0.5",
-            "--heartbeat=1",
-            "--backoff-base=0.25",
-            "--backoff-max=1",
+            "--sample-interval-s=0.25",
+            "--min-write-interval-s=0.5",
+            "--heartbeat-s=1",
+            "--backoff-base-s=0.25",
+            "--backoff-max-s=1",
             "--api-timeout=2",
         ],
     ).start()

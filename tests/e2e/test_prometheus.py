@@ -172,7 +172,7 @@ def stack(kube_api: KubeApi, tmp_path: Path) -> Iterator[_Stack]:
         [
             *(sys.executable, "-m", "agent", "run", "--source=simulated", kubeconfig),
             *(f"--metrics-port={agent_port}", "--metrics-address=127.0.0.1", "--seed=1"),
-            *("--sample-interval=0.2", "--min-write-interval=0.5", "--heartbeat=1"),
+            *("--sample-interval-s=0.2", "--min-write-interval-s=0.5", "--heartbeat-s=1"),
         ],
         tmp_path / "agent.log",
         env,

@@ -46,8 +46,8 @@ def main() -> int:
         kubeconfig = server.write_kubeconfig(Path(scratch) / "kubeconfig")
         argv = [
             sys.executable, "-m", "agent", "run", "--source", "nvml", "--node-name", NODE,
-            "--kubeconfig", str(kubeconfig), "--sample-interval", "1", "--min-write-interval", "2",
-            "--heartbeat", "6", "--metrics-port", "0",
+            "--kubeconfig", str(kubeconfig), "--sample-interval-s", "1",
+            "--min-write-interval-s", "2", "--heartbeat-s", "6", "--metrics-port", "0",
         ]  # fmt: skip
         daemon = subprocess.Popen(argv)
         time.sleep(duration_s)

@@ -184,9 +184,9 @@ as set, or, when cert-manager issues them, named after the release. */}}
 {{/* Environment of the agent: GPU_AGENT_<FLAG_UPPER_SNAKE>, as `gpu-agent run` reads it. */}}
 {{- define "gls.agent.config" -}}
 GPU_AGENT_SOURCE: {{ .Values.agent.source | quote }}
-GPU_AGENT_SAMPLE_INTERVAL: {{ .Values.agent.sampleIntervalSeconds | toString | quote }}
-GPU_AGENT_MIN_WRITE_INTERVAL: {{ .Values.agent.minWriteIntervalSeconds | toString | quote }}
-GPU_AGENT_HEARTBEAT: {{ .Values.agent.heartbeatSeconds | toString | quote }}
+GPU_AGENT_SAMPLE_INTERVAL_S: {{ .Values.agent.sampleIntervalSeconds | toString | quote }}
+GPU_AGENT_MIN_WRITE_INTERVAL_S: {{ .Values.agent.minWriteIntervalSeconds | toString | quote }}
+GPU_AGENT_HEARTBEAT_S: {{ .Values.agent.heartbeatSeconds | toString | quote }}
 GPU_AGENT_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
 GPU_AGENT_METRICS_PORT: {{ .Values.agent.metricsPort | toString | quote }}
 GPU_AGENT_LOG_LEVEL: {{ .Values.agent.logLevel | quote }}
