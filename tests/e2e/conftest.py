@@ -55,10 +55,12 @@ def log_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def scope(admin: KubeApi, request: pytest.FixtureRequest) -> Iterator[Scope]:
+def scope(
+    admin: KubeApi, control_plane: ControlPlane, request: pytest.FixtureRequest
+) -> Iterator[Scope]:
     # Short, DNS-safe and unique in the run: Node and pod names are built from it.
     label = f"t{next(_counter)}"
-    test_scope = Scope(admin, label)
+    test_scope = Scope(admin, label, control_plane)
     try:
         yield test_scope
     finally:

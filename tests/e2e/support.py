@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
-import time
+import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,6 +23,7 @@ from loopback_cluster.control_plane import (
     ControlPlane,
     ExtenderConfig,
     KubeApi,
+    ManagedProcess,
     SchedulerConfig,
     missing_binaries_reason,
     running_control_plane,
@@ -31,17 +33,19 @@ from loopback_cluster.workload import (
     apply,
     delete_nodes,
     delete_pods,
+    gpu_state,
     pod_bound_token,
     pod_events,
     pod_node,
+    publish,
     register_node,
     scorer_process,
     wait_for,
 )
 from tests.deploy.chart_support import NAMESPACE, parse_manifests, template
 
-# Watch events reach every watcher on loopback within milliseconds; this leaves a wide margin.
-SETTLE_S = 0.5
+# Watch events reach every watcher on loopback within milliseconds: the deadline of a wait.
+SETTLE_S = 15.0
 # The scorer's Pod and Namespace watches list within milliseconds on loopback; the deadline.
 WATCH_SYNC_S = 15.0
 # kube-scheduler writes a FailedScheduling event within a second of the failed attempt; a
@@ -98,12 +102,47 @@ def _minor_key(minor: str) -> tuple[int, int]:
     return int(major), int(number)
 
 
+_BARRIERS = itertools.count()
+# The names-only scorers of the running stacks (`started_stack`): `Scope.settle` waits for them.
+_NAMES_ONLY_SCORERS: list[ScorerProcess] = []
+
+
+def _wait_for_cache_dump(process: ManagedProcess, node: str, *, listed: bool) -> None:
+    """Until a dump of kube-scheduler's cache (its cache debugger answers SIGUSR2) made after
+    this call lists `node` (or no longer does)."""
+    start = process.log_path.stat().st_size if process.log_path.exists() else 0
+
+    def dumped() -> bool:
+        pid = process.popen.pid if process.popen is not None else process.recorded_pid()
+        if pid is None:
+            raise AssertionError(f"{process.name} is not running")
+        os.kill(pid, signal.SIGUSR2)
+        with process.log_path.open("rb") as log:
+            log.seek(start)
+            text = log.read().decode(errors="replace")
+        # The nodes' dump, then the queue's: the last complete pair is the newest view.
+        end = text.rfind("Dump of scheduling queue")
+        begin = text.rfind("Dump of cached NodeInfo", 0, max(end, 0))
+        return end >= 0 and begin >= 0 and (node in text[begin:end]) == listed
+
+    state = "hold" if listed else "drop"
+    wait_for(f"{process.name}'s cache to {state} Node {node}", dumped, timeout_s=SETTLE_S)
+
+
+def _cached_by_scorer(url: str, api: KubeApi, pod: Mapping[str, Any], node: str) -> bool:
+    # A Node the cache does not hold is judged as one without annotations: missing data.
+    explained = explain_nodes(url, api, pod, [node], names_only=True)
+    return bool(explained[node]["data_status"] != "missing")
+
+
 @dataclass
 class Scope:
     """One test's Nodes and pods, labelled so that no other test's pods can land on them."""
 
     api: KubeApi
     label: str
+    # The control plane whose kube-schedulers `settle` waits for (None: only the scorers).
+    plane: ControlPlane | None = None
     nodes: list[str] = field(default_factory=list)
     pods: list[str] = field(default_factory=list)
 
@@ -136,14 +175,41 @@ class Scope:
         return str(pod["metadata"]["name"])
 
     def settle(self) -> None:
-        """Let the watchers (kube-scheduler's informers, the scorer's node cache) catch up.
+        """Wait until the watchers (every kube-scheduler of `plane`, every names-only scorer's
+        node cache) hold every Node write made so far.
 
         A pod created in the same millisecond as a Node write can be scheduled on the
         scheduler's older copy of that Node: there is no ordering between the Node and the pod
-        watches, and nothing the API offers says when another client's informer has an event.
-        Tests that lay out GPU data and then create pods wait this long in between.
+        watches, and the API cannot say when another client's informer has an event. But one
+        watch delivers every Node event in resourceVersion order, so a watcher that has a Node
+        created now has every earlier Node write. That barrier Node is unschedulable and outside
+        the scope (no pod can land on it), with GPU data (so a scorer's cache can be asked).
+        kube-scheduler shows its cache on SIGUSR2 (its cache debugger logs every cached Node);
+        a names-only scorer shows it in `/explain`. The barrier is then deleted, and waited for
+        until the schedulers no longer hold it, so that it never counts in a test's messages.
         """
-        time.sleep(SETTLE_S)
+        barrier = self.name(f"barrier-{next(_BARRIERS)}")
+        node = gpu_node(barrier, labels={"e2e-barrier": self.label})
+        node["spec"]["unschedulable"] = True
+        register_node(self.api, node)
+        self.nodes.append(barrier)
+        publish(self.api, barrier, gpu_state(utilization=0.0, temperature_c=40))
+        schedulers = [] if self.plane is None else list(self.plane.schedulers.values())
+        for scheduler in schedulers:
+            _wait_for_cache_dump(scheduler.process, barrier, listed=True)
+        probe = {"metadata": {"name": f"{barrier}-probe"}, "spec": {"containers": []}}
+        for scorer in list(_NAMES_ONLY_SCORERS):
+            wait_for(
+                f"{scorer.name}'s node cache to hold {barrier}",
+                lambda s=scorer: _cached_by_scorer(s.url, self.api, probe, barrier),
+                timeout_s=SETTLE_S,
+            )
+        # Gone again before the test goes on, or it would count in FailedScheduling messages
+        # ("1 node(s) were unschedulable").
+        delete_nodes(self.api, [barrier])
+        self.nodes.remove(barrier)
+        for scheduler in schedulers:
+            _wait_for_cache_dump(scheduler.process, barrier, listed=False)
 
     def name(self, short_name: str) -> str:
         return f"{self.label}-{short_name}"
@@ -424,9 +490,13 @@ def started_stack(
         )
         extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
         control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
+        if names_only:
+            _NAMES_ONLY_SCORERS.append(scorer)
         try:
             yield ScorerStack(mode, scheduler_name, scorer)
         finally:
+            if names_only:
+                _NAMES_ONLY_SCORERS.remove(scorer)
             control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
     finally:
         scorer.kill()

@@ -45,7 +45,7 @@ def own_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane
 @pytest.fixture
 def fault_scope(own_plane: ControlPlane) -> Iterator[Scope]:
     with own_plane.admin() as api:
-        scope = Scope(api, f"f{free_port()}")
+        scope = Scope(api, f"f{free_port()}", own_plane)
         try:
             yield scope
         finally:

@@ -46,7 +46,7 @@ class Writers:
 @pytest.fixture(scope="module")
 def writers(own_plane: ControlPlane) -> Iterator[Writers]:
     with own_plane.admin() as admin:
-        scope = Scope(admin, f"g{free_port()}")
+        scope = Scope(admin, f"g{free_port()}", own_plane)
         values = {"gpuDataPolicy": {"breakGlass": {"groups": [BREAK_GLASS_GROUP]}}}
         # GPU data on both Nodes before the policy exists, as the agent would have left it.
         with installed_agent(

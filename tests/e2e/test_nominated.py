@@ -118,7 +118,7 @@ def test_a_gang_waiting_unbound_is_counted_on_its_nominated_node(
     gang_plane: ControlPlane, gang_admin: KubeApi, tmp_path: Path
 ) -> None:
     api = gang_admin
-    scope = Scope(api, "gang")
+    scope = Scope(api, "gang", gang_plane)
     logs = tmp_path / "logs"
     logs.mkdir()
     first = scorer_process(logs, kubeconfig=gang_plane.admin_kubeconfig, name="scorer-1")

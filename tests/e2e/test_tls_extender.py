@@ -26,13 +26,12 @@ from loopback_cluster.control_plane import (
 from loopback_cluster.workload import (
     gpu_pod,
     gpu_state,
-    pod_events,
     pod_node,
     publish,
     scorer_process,
     wait_for,
 )
-from tests.e2e.support import Scope
+from tests.e2e.support import Scope, wait_failed_scheduling
 
 
 @dataclass
@@ -143,16 +142,9 @@ def test_a_scheduler_without_the_client_certificate_cannot_use_it(
     )
     try:
         pod = scope.pod(gpu_pod(scope.name("no-cert"), scheduler_name="gpu-tls-nocert"))
-
-        def refused() -> str | None:
-            for reason, message in pod_events(api, pod):
-                if reason == "FailedScheduling":
-                    return message
-            return None
-
-        message = wait_for("the extender's TLS refusal", refused, timeout_s=30)
-        # The scorer ends the handshake without a client certificate; Go reports the call.
-        assert f'Post "{tls_scorer.url}/filter"' in message, message
+        # The scorer ends the handshake without a client certificate; Go reports the call
+        # (an earlier attempt may have failed otherwise, before the scheduler saw the Node).
+        wait_failed_scheduling(api, pod, starting_with=f'Post "{tls_scorer.url}/filter"')
         assert pod_node(api, pod) is None
     finally:
         control_plane.stop_scheduler("kube-scheduler-tls-nocert")
