@@ -11,9 +11,11 @@ Kubernetes minor needs them recorded again from that minor's control plane:
   exchange is written as `NNNN-<verb>.request.json` (the body's bytes as sent),
   `.response.json` and `.meta.json`, with the configurations under `config/`.
 - **kube-apiserver**: the requests of the earlier minor's Node exchanges that need no set-up of
-  their own (create, status, merge patches, a no-op patch, 404, 422, list) are sent again, in
-  the same order, to the new minor's server; the request and the whole response (status line,
-  headers as received, body) are written in the same format, under the same names.
+  their own (create, status, merge, strategic and JSON patches, apply with and without force,
+  every error answer but the service-account ones, resourceVersion preconditions, create, list
+  and a paged list) are sent again, in the same order, to the new minor's server; the request
+  and the whole response (status line, headers as received, body) are written in the same
+  format, under the same names. `--apiserver-out` or `--scheduler-out` alone records one side.
 
     LOOPBACK_KUBERNETES=v1.37 python -m loopback_cluster.capture \\
         --from tests/fixtures/kube-apiserver-v1.36 \\
@@ -54,17 +56,59 @@ UPDATED_AT_KEY: Final = "gpu-scheduler.example.com/updated-at"
 UPDATED_AT: Final = "2026-11-30T13:59:50Z"
 LAYOUT: Final = {"node-cool": 0.10, "node-warm": 0.60, "node-hot": 0.95, "node-t4": 0.30}
 LIMIT: Final = 0.90
-# The earlier minor's exchanges replayed as they are: each needs only what the ones before made.
+# The earlier minor's exchanges replayed, in the order they were taken there (the apply patches
+# came after the LIST): each needs only what the ones before made. Not replayed: the watches,
+# compaction and restart cases, the service-account tokens and anonymous auth turned off,
+# which need a set-up of their own.
 REPLAYED: Final = (
     "01-create-node.json",
     "02-patch-node-status.json",
     "10-merge-patch-annotations.json",
     "11-merge-patch-change-and-remove.json",
     "12-merge-patch-noop.json",
+    "20-strategic-merge-patch.json",
+    "21-json-patch.json",
+    "22-json-patch-remove-missing.json",
+    "23-json-patch-unescaped-slash.json",
+    "24-json-patch-test-fails.json",
     "30-err-404-node-not-found.json",
     "31-err-422-invalid-annotation-key.json",
+    "32-err-422-annotations-too-large.json",
+    "33-err-415-unsupported-content-type.json",
+    "34-err-400-malformed-json-merge-patch.json",
+    "35-err-400-malformed-json-patch.json",
+    "36-err-annotation-value-not-string.json",
+    "37-err-json-patch-as-merge-body.json",
+    "38-err-apply-patch-no-fieldmanager.json",
+    "40-err-403-anonymous-no-credentials.json",
+    "41-err-401-invalid-bearer-token.json",
+    "44-err-409-stale-resourceversion.json",
+    "45-merge-patch-current-resourceversion.json",
     "50-list-nodes.json",
+    "25-apply-patch-conflict.json",
+    "26-apply-patch-force.json",
+    "55-create-node-2.json",
+    "60-create-node-3.json",
+    "61-list-nodes-limit1.json",
 )
+# Sent without the admin client certificate: anonymous (`40`) or with a bearer token the
+# server never issued (`41`, the earlier capture's token is redacted, so any invalid one does).
+ANONYMOUS: Final = frozenset({"40-err-403-anonymous-no-credentials.json"})
+INVALID_TOKEN: Final = "Bearer not-a-token-this-server-issued"
+# Request bodies the earlier capture described instead of saving (`body_description`); sent as
+# described, and again described rather than saved.
+UNSAVED_BODIES: Final = {
+    "32-err-422-annotations-too-large.json": json.dumps(
+        {"metadata": {"annotations": {"gpu-scheduler.example.com/blob": "x" * 262144}}},
+        separators=(",", ":"),
+    ),
+}
+# Carry a resourceVersion: the earlier capture's number means nothing here, so the Node's
+# current one (`45`) or the one before it (`44`, stale) is put in its place.
+RESOURCE_VERSION_OFFSET: Final = {
+    "44-err-409-stale-resourceversion.json": -1,
+    "45-merge-patch-current-resourceversion.json": 0,
+}
 USER_AGENT: Final = "gpu-scheduler-fixture-capture/0.2 (python http.client)"
 
 
@@ -225,9 +269,25 @@ def _write_exchanges(folder: Path, exchanges: Sequence[dict[str, Any]]) -> None:
 # ----------------------------------------------------------------------------- the API server
 
 
+def _json_or_none(text: str | None) -> Any:
+    """The body as JSON; None when there is none or it is not JSON (the malformed requests)."""
+    try:
+        return None if not text else json.loads(text)
+    except ValueError:
+        return None
+
+
+def _with_resource_version(body: str, api: KubeApi, node: str, offset: int) -> str:
+    current = int(api.get(f"/api/v1/nodes/{node}")["metadata"]["resourceVersion"])
+    document = json.loads(body)
+    document["metadata"]["resourceVersion"] = str(current + offset)
+    return json.dumps(document, separators=(",", ":"))
+
+
 def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
     """Each of `REPLAYED`'s requests sent again; the exchange written under the same name."""
     out.mkdir(parents=True, exist_ok=True)
+    anonymous = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
     context = ssl.create_default_context(cafile=str(plane.pki.ca_cert))
     context.load_cert_chain(str(plane.pki.path("admin.crt")), str(plane.pki.path("admin.key")))
     connection = http.client.HTTPSConnection("127.0.0.1", plane.ports.apiserver, context=context)
@@ -236,16 +296,36 @@ def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
             before = json.loads((earlier / name).read_text())
             request = before["request"]
             body = request.get("body")
+            if body is None and name in UNSAVED_BODIES:
+                body = UNSAVED_BODIES[name]
+            offset = RESOURCE_VERSION_OFFSET.get(name)
+            if offset is not None and body is not None:
+                with plane.admin() as api:
+                    body = _with_resource_version(body, api, request["path"].split("/")[4], offset)
             payload = None if body is None else body.encode()
             headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
             if payload is not None:
                 headers["Content-Type"] = request["headers"]["Content-Type"]
+            with_cert = request.get("tls_client_certificate") is not None
+            if "Authorization" in request["headers"]:
+                headers["Authorization"] = INVALID_TOKEN
+            if not with_cert:
+                # A connection of its own: the admin one presents the client certificate.
+                sender = http.client.HTTPSConnection(
+                    "127.0.0.1", plane.ports.apiserver, context=anonymous
+                )
+            else:
+                sender = connection
             started = time.perf_counter()
-            connection.request(request["method"], request["path"], payload, headers)
-            response = connection.getresponse()
+            sender.request(request["method"], request["path"], payload, headers)
+            response = sender.getresponse()
             text = response.read().decode()
             elapsed_ms = (time.perf_counter() - started) * 1000
+            if sender is not connection:
+                sender.close()
             sent = {**headers, "Host": f"127.0.0.1:{plane.ports.apiserver}"}
+            if "Authorization" in sent:
+                sent["Authorization"] = "Bearer <INVALID-TOKEN>"
             if payload is not None:
                 sent["Content-Length"] = str(len(payload))
             document = {
@@ -255,9 +335,12 @@ def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
                     "method": request["method"],
                     "path": request["path"],
                     "headers": sent,
-                    "tls_client_certificate": "CN=admin, O=system:masters",
-                    "body": body,
-                    "body_json": None if body is None else json.loads(body),
+                    "tls_client_certificate": "CN=admin, O=system:masters" if with_cert else None,
+                    **(
+                        {"body": None, "body_description": request["body_description"]}
+                        if name in UNSAVED_BODIES
+                        else {"body": body, "body_json": _json_or_none(body)}
+                    ),
                 },
                 "response": {
                     "http_version": f"HTTP/{response.version // 10}.{response.version % 10}",
@@ -266,7 +349,7 @@ def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
                     "headers": [[k, v] for k, v in response.getheaders()],
                     "body": text,
                     "elapsed_ms": round(elapsed_ms, 3),
-                    "body_json": json.loads(text) if text else None,
+                    "body_json": _json_or_none(text),
                 },
             }
             (out / name).write_text(json.dumps(document, indent=1) + "\n")
@@ -277,15 +360,17 @@ def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loopback_cluster.capture", description=__doc__)
     parser.add_argument("--from", dest="earlier", type=Path, required=True)
-    parser.add_argument("--scheduler-out", type=Path, required=True)
-    parser.add_argument("--apiserver-out", type=Path, required=True)
+    parser.add_argument("--scheduler-out", type=Path, help="omitted: no scheduler capture")
+    parser.add_argument("--apiserver-out", type=Path, help="omitted: no API server capture")
     args = parser.parse_args(argv)
     spec = BuildSpec.for_version()  # $LOOPBACK_KUBERNETES, else the newest pinned
     with tempfile.TemporaryDirectory() as scratch:
-        with running_control_plane(Path(scratch) / "apiserver") as plane:
-            capture_apiserver(plane, args.earlier, args.apiserver_out)
-        with running_control_plane(Path(scratch) / "scheduler") as plane:
-            capture_scheduler(plane, args.scheduler_out)
+        if args.apiserver_out is not None:
+            with running_control_plane(Path(scratch) / "apiserver") as plane:
+                capture_apiserver(plane, args.earlier, args.apiserver_out)
+        if args.scheduler_out is not None:
+            with running_control_plane(Path(scratch) / "scheduler") as plane:
+                capture_scheduler(plane, args.scheduler_out)
     print(f"captured from kube-apiserver and kube-scheduler {spec.kubernetes_version}")
     return 0
 
