@@ -9,7 +9,11 @@ Kubernetes minor needs them recorded again from that minor's control plane:
   2026-11-30, the golden tests' clock; one pod asking one GPU): the filter
   refuses utilization above 0.90 and the prioritize scores `(1 - utilization) x 10`. Each
   exchange is written as `NNNN-<verb>.request.json` (the body's bytes as sent),
-  `.response.json` and `.meta.json`, with the configurations under `config/`.
+  `.response.json` and `.meta.json`, with the configurations under `config/`. After that pod,
+  each mode's `SCENARIOS` (every node rejected, then bound after an annotation change; a
+  `NodeNames` reply in full-node mode; an `Error` reply; a reply naming an unknown node;
+  `FailedAndUnresolvableNodes`) each schedule a pod of their own: their exchanges are tagged
+  with the scenario in `.meta.json`, their FailedScheduling messages are in `events.json`.
 - **kube-apiserver**: the requests of the earlier minor's Node exchanges that need no set-up of
   their own (create, status, merge, strategic and JSON patches, apply with and without force,
   every error answer but the service-account ones, resourceVersion preconditions, create, list
@@ -36,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,6 +53,7 @@ from loopback_cluster.control_plane import (
     free_port,
     running_control_plane,
 )
+from loopback_cluster.workload import pod_events
 
 SCHEDULER_NAME: Final = "gpu-scheduler"
 UTILIZATION_KEY: Final = "gpu-scheduler.example.com/utilization"
@@ -122,6 +128,10 @@ class _Recorder(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.exchanges: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        # How filter answers (`_SCENARIOS`): "layout" (the README's rules) unless a scenario
+        # asks for a reply the scheduler must cope with.
+        self.reply = "layout"
+        self.scenario = "first-pod"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -136,16 +146,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         items = (args.get("Nodes") or {}).get("items") or []
         sent = names if names is not None else [n["metadata"]["name"] for n in items]
         reply: Any
-        passed: list[str] = [n for n in sent if LAYOUT.get(n, 0.0) <= LIMIT]
+        mode = self.server.reply
+        utilization = {n: _utilization(n, items) for n in sent}
+        limit = -1.0 if mode in ("reject-all", "unresolvable") else LIMIT
+        passed: list[str] = [n for n in sent if utilization[n] <= limit]
         if verb == "filter":
             failed = {n: f"gpu utilization above {LIMIT:.2f}" for n in sent if n not in passed}
-            if names is not None:
+            if mode == "error":
+                reply = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "Error": "boom"}
+            elif mode == "unresolvable":
+                reply = {"NodeNames": [], "FailedAndUnresolvableNodes": failed, "Error": ""}
+            elif mode == "unknown-node":
+                reply = {"NodeNames": [*passed, "node-nowhere"], "FailedNodes": {}, "Error": ""}
+            elif names is not None or mode == "names-reply":
                 reply = {"NodeNames": passed, "FailedNodes": failed, "Error": ""}
             else:
                 kept = [n for n in items if n["metadata"]["name"] in passed]
                 reply = {"Nodes": {"items": kept}, "FailedNodes": failed, "Error": ""}
         else:
-            reply = [{"Host": n, "Score": round((1 - LAYOUT.get(n, 0.0)) * 10)} for n in sent]
+            reply = [{"Host": n, "Score": round((1 - utilization[n]) * 10)} for n in sent]
         body = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -165,12 +184,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "sent_form": "NodeNames" if names is not None else "Nodes",
             "nodes": sorted(sent),
             "passed": sorted(passed) if verb == "filter" else None,
+            "scenario": self.server.scenario,
+            "reply": mode,
         }
         with self.server.lock:
             self.server.exchanges.append({"request": raw, "response": body, "meta": meta})
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the exchanges are the record
         pass
+
+
+def _utilization(name: str, items: Sequence[dict[str, Any]]) -> float:
+    """The node's utilization annotation as sent (full-node), else as the layout and the
+    scenarios' annotation change left it (names only: the request has names alone)."""
+    for item in items:
+        if item["metadata"]["name"] == name:
+            return float(item["metadata"]["annotations"].get(UTILIZATION_KEY, "0"))
+    return _CURRENT.get(name, LAYOUT.get(name, 0.0))
+
+
+# The layout as the scenarios changed it (`annotation-change`).
+_CURRENT: dict[str, float] = {}
 
 
 def _register(api: KubeApi, name: str, utilization: float) -> None:
@@ -234,25 +268,110 @@ def capture_scheduler(plane: ControlPlane, out: Path, *, timeout_s: float = 60.0
             url = f"http://127.0.0.1:{recorder.server_address[1]}"
             config = SchedulerConfig(SCHEDULER_NAME, ExtenderConfig(url, names_only, False))
             plane.start_scheduler(config, name=f"capture-{mode}")
-            pod = f"gpu-pod-{'c' if names_only else 'f'}1"
+            prefix = f"gpu-pod-{'c' if names_only else 'f'}"
+            pods = [f"{prefix}1"]
+            events: list[dict[str, Any]] = []
             try:
-                api.create("/api/v1/namespaces/default/pods", _pod(pod))
-                deadline = time.monotonic() + timeout_s
-                while not api.get(f"/api/v1/namespaces/default/pods/{pod}")["spec"].get("nodeName"):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{pod} was not bound in {timeout_s:g} s")
-                    time.sleep(0.1)
+                first = pods[0]
+                api.create("/api/v1/namespaces/default/pods", _pod(first))
+                _wait(f"{first} to be bound", partial(_bound, api, first), timeout_s)
+                for scenario in SCENARIOS[names_only]:
+                    events.append(
+                        _run_scenario(
+                            api, recorder, scenario, pods, prefix=prefix, timeout_s=timeout_s
+                        )
+                    )
             finally:
                 plane.stop_scheduler(f"capture-{mode}")
                 recorder.shutdown()
-            api.delete(f"/api/v1/namespaces/default/pods/{pod}?gracePeriodSeconds=0")
+            for pod in pods:
+                api.delete(f"/api/v1/namespaces/default/pods/{pod}?gracePeriodSeconds=0")
             _write_exchanges(out / mode, recorder.exchanges)
+            (out / mode / "events.json").write_text(json.dumps(events, indent=1) + "\n")
             document = config.document(Path("/etc/kubernetes/scheduler.kubeconfig"))
             name = "sched-extender-nodecache.json" if names_only else "sched-extender.json"
             (out / "config").mkdir(parents=True, exist_ok=True)
             (out / "config" / name).write_text(json.dumps(document, indent=1) + "\n")
         for name in LAYOUT:
             api.delete(f"/api/v1/nodes/{name}")
+
+
+# After the first pod, the cases whose replies the scheduler must cope with, per mode
+# (`nodeCacheCapable`), in this order: each pod's extender calls and FailedScheduling events
+# are recorded. `annotation-change` lets the pod `reject-all` left pending bind.
+SCENARIOS: Final[dict[bool, tuple[str, ...]]] = {
+    False: ("reject-all", "annotation-change", "names-reply", "error"),
+    True: ("unknown-node", "unresolvable"),
+}
+RETRIED_NODE: Final = "node-warm"
+
+
+def _wait(what: str, probe: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _bound(api: KubeApi, pod: str) -> bool:
+    return bool(api.get(f"/api/v1/namespaces/default/pods/{pod}")["spec"].get("nodeName"))
+
+
+def _filters_of(recorder: _Recorder, pod: str) -> int:
+    with recorder.lock:
+        return sum(
+            1
+            for e in recorder.exchanges
+            if e["meta"]["verb"] == "filter" and e["meta"]["pod"] == f"default/{pod}"
+        )
+
+
+def _run_scenario(
+    api: KubeApi,
+    recorder: _Recorder,
+    scenario: str,
+    pods: list[str],
+    *,
+    prefix: str,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One case: its pod's exchanges tagged with `scenario`, its FailedScheduling messages."""
+    recorder.scenario = scenario
+    if scenario == "annotation-change":
+        # The pod `reject-all` left pending, retried once a Node's annotation changes.
+        pod = pods[-1]
+        recorder.reply = "layout"
+        _CURRENT[RETRIED_NODE] = 0.55
+        api.merge_patch(
+            f"/api/v1/nodes/{RETRIED_NODE}",
+            {"metadata": {"annotations": {UTILIZATION_KEY: "0.55"}}},
+        )
+        _wait(f"{pod} to be bound after the change", lambda: _bound(api, pod), timeout_s)
+        return {"scenario": scenario, "pod": pod, "messages": _failed_scheduling(api, pod)}
+    pod = f"{prefix}{len(pods) + 1}"
+    pods.append(pod)
+    recorder.reply = scenario
+    api.create("/api/v1/namespaces/default/pods", _pod(pod))
+    # A rejected pod is tried again (at once, then with back-off); an `Error` reply is read
+    # for three attempts, to show the back-off.
+    attempts = 3 if scenario == "error" else 2
+    _wait(
+        f"{attempts} filter calls for {pod}",
+        lambda: _filters_of(recorder, pod) >= attempts,
+        timeout_s,
+    )
+    messages = _wait(
+        f"a FailedScheduling event for {pod}", lambda: _failed_scheduling(api, pod), timeout_s
+    )
+    return {"scenario": scenario, "pod": pod, "messages": messages}
+
+
+def _failed_scheduling(api: KubeApi, pod: str) -> list[str]:
+    return [text for reason, text in pod_events(api, pod) if reason == "FailedScheduling"]
 
 
 def _write_exchanges(folder: Path, exchanges: Sequence[dict[str, Any]]) -> None:
