@@ -1,10 +1,12 @@
 """The agent's settings: one validated object built from flags, environment and defaults.
 
-Every setting is a command-line flag (`--sample-interval`) and an environment variable with the
-`GPU_AGENT_` prefix (`GPU_AGENT_SAMPLE_INTERVAL`); the node name is also read from `NODE_NAME`,
-which the chart fills from the pod's `spec.nodeName`. Flags override the environment, which
-overrides the defaults. Bounds are checked once at start-up, and a violation is reported as one
-line naming the setting, its flag and variable, and the bound (`settings_error_message`).
+Every setting is a command-line flag (`--sample-interval-s`) and an environment variable with
+the `GPU_AGENT_` prefix (`GPU_AGENT_SAMPLE_INTERVAL_S`), named with its unit; the node name is
+also read from `NODE_NAME`, which the chart fills from the pod's `spec.nodeName`. A setting
+renamed to carry its unit still accepts its old spelling (`RENAMED`). Flags override the
+environment, which overrides the defaults. Bounds are checked once at start-up, and a violation
+is reported as one line naming the setting, its flag and variable, and the bound
+(`settings_error_message`).
 
 `AgentSettings.model_fields`, `flag_name` and `env_names` are the public list of accepted names;
 the chart's consistency check imports them.
@@ -365,7 +367,7 @@ class AgentSettings(BaseSettings):
 
 
 def flag_name(field_name: str) -> str:
-    """`sample_interval` -> `--sample-interval`."""
+    """`sample_interval_s` -> `--sample-interval-s`."""
     return "--" + field_name.replace("_", "-")
 
 
