@@ -238,8 +238,8 @@ class Share:
 
 def held_gpus(shares: Sequence[Share], *, at: datetime) -> NodeGpuState:
     """A node whose GPUs are each held by one replica, as the agent samples it `at`: each GPU
-    allocated and as busy as its replica (whole-GPU attribution), and `pod-gpu-usage` naming
-    them. Without shares: the same node before any of them ran, idle GPUs held already."""
+    allocated, as busy as its replica and with the memory its replica holds taken (whole-GPU
+    attribution), and `pod-gpu-usage` naming each replica's share."""
     state = per_gpu_node_state([(s.utilization, True) for s in shares], at=at)
     gpus = tuple(
         gpu._replace(memory_free_mib=GPU_MEMORY_MIB - s.memory_mib)
