@@ -283,6 +283,8 @@ def estimate(document: Explanation) -> str:
     """The pod's own utilization per GPU as the verdicts counted it, and where it came from:
     `0.60 (learned from 2 pods)`, `0.20 (hint)`, `0.30 (default)`."""
     own = document["own_load"]
+    if own is None:
+        return "not counted (the policy's own_load is off)"
     source = own["utilization_source"]
     if source == "learned":
         source = f"learned from {own['learned_from_pods']} pods"
