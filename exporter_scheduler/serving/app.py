@@ -41,7 +41,7 @@ from exporter_scheduler.core.spread import (
 )
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.echo import Buffer
-from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.explain import explain, render_text, with_learned_basis
 from exporter_scheduler.serving.inputs import Groups, LearnedLoads, NamespaceLabels, Placements
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
@@ -442,8 +442,10 @@ class ScorerApp:
         evaluation = evaluate(
             request.pod, nodes, now, pod_class.policy, pod_class=pod_class, blocked=blocked
         )
+        workload, workloads = request.pod.workload, self.workloads
+        learned = None if workloads is None else workloads.learned_for(workload, now)
         document = explain(
-            evaluation,
+            with_learned_basis(evaluation, learned),
             request.pod,
             now,
             pod_class.policy,

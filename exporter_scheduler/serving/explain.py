@@ -9,11 +9,14 @@ order and nothing iterates a set.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from exporter_scheduler.core.hints import HINT_NAMES
-from exporter_scheduler.core.ownload import OwnLoad
+from exporter_scheduler.core.ownload import Learned, OwnLoad
 from exporter_scheduler.core.ownload import describe as describe_own_load
 from exporter_scheduler.core.policy import Policy, format_fraction_limit, weight_milli
 from exporter_scheduler.core.records import (
@@ -339,6 +342,25 @@ def _node(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any]:
         "gpus": _gpus(v, why_not),
         "score_breakdown": None if v.breakdown is None else _breakdown(v.breakdown),
     }
+
+
+def with_learned_basis(evaluation: Evaluation, learned: Learned | None) -> Evaluation:
+    """`evaluation` with its learned estimate's basis (samples, pods) taken from `learned`, the
+    pod's own workload's figure, where the figures are the ones the verdicts counted.
+
+    A pod class is shared by every workload with the same learned figures (the figures make
+    the class, not their sample counts), so the class's basis is that of the first workload
+    compiled into it. A new sample between the two reads changes the figures, and leaves the
+    class's basis shown."""
+    own = evaluation.own_load
+    if own is None or learned is None or not own.samples:
+        return evaluation
+    if own.utilization_source == "learned" and own.utilization_bp != learned.utilization_bp:
+        return evaluation
+    if own.memory_source == "learned" and own.memory_mib != learned.memory_mib:
+        return evaluation
+    own = msgspec.structs.replace(own, samples=learned.samples, pods=learned.pods)
+    return dataclasses.replace(evaluation, own_load=own)
 
 
 # ----------------------------------------------------------------------------- text

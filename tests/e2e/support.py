@@ -332,6 +332,20 @@ def explain_nodes(
 ) -> dict[str, dict[str, Any]]:
     """The scorer's explanation of each node for `pod` (`POST /explain`), by node name: sent
     as the scheduler would send it, node names only or the Node objects as the API holds them."""
+    document = explain(scorer_url, api, pod, nodes, names_only=names_only)
+    return {node["name"]: node for node in document["nodes"]}
+
+
+def explain(
+    scorer_url: str,
+    api: KubeApi,
+    pod: Mapping[str, Any],
+    nodes: Sequence[str],
+    *,
+    names_only: bool,
+) -> dict[str, Any]:
+    """The scorer's whole explanation for `pod` on `nodes` (`POST /explain`), as `explain_nodes`
+    asks it: the pod-level parts too (its hints, its own load, the policy)."""
     if names_only:
         args: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": list(nodes)}
     else:
@@ -345,12 +359,12 @@ def explain_nodes(
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            document = json.loads(response.read())
+            document: dict[str, Any] = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raise AssertionError(f"explain answered {exc.code}: {exc.read()[:500]!r}") from None
     if "nodes" not in document:
         raise AssertionError(f"explain failed: {document}")
-    return {node["name"]: node for node in document["nodes"]}
+    return document
 
 
 def inflight_refs(node: Mapping[str, Any]) -> list[str]:
@@ -439,6 +453,8 @@ class StackSpec:
     namespace_watch: bool = False
     # Namespaces (name -> labels) created before the scorer starts, so its first list has them.
     namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # More `gpu-scorer serve` flags: settings that are not policy (the policy file's are).
+    scorer_flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -465,7 +481,7 @@ def started_stack(
     with control_plane.admin() as api:
         for namespace, labels in spec.namespaces.items():
             create_namespace(api, namespace, labels)
-    extra_args = []
+    extra_args = list(spec.scorer_flags)
     if spec.policy_yaml is not None:
         policy = log_dir / "policy.yaml"
         policy.write_text(spec.policy_yaml)

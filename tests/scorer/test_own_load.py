@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -20,8 +22,12 @@ from exporter_scheduler.core.ownload import (
 from exporter_scheduler.core.podclass import PodClass, pod_class_key
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput, PodInput
-from exporter_scheduler.serving.explain import explain, render_text
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.explain import explain, render_text, with_learned_basis
+from exporter_scheduler.serving.nodestore import NodeStore
 from gpu_contract.schema import Field
+from tests.scorer._http_helpers import args_body
+from tests.scorer._http_helpers import pod as http_pod
 from tests.scorer.scoring_builders import NOW, PREFIX, Gpu, gpu_node, node, pod, run, runs
 
 POLICY = Policy()  # own load counted, 0.30 per GPU by default
@@ -226,3 +232,56 @@ def test_a_bad_memory_hint_takes_the_hint_error_path() -> None:
     assert run([IDLE], the_pod, POLICY).verdicts[0].reason == (
         f"invalid pod annotation {PREFIX}expected-gpu-memory-mib"
     )
+
+
+# ----------------------------------------------------------------------------- explain's basis
+
+
+class _Learned:
+    """The learned store's read, per workload (`serving.inputs.LearnedLoads`)."""
+
+    def __init__(self, figures: dict[str, Learned]) -> None:
+        self.figures = figures
+
+    def learned_for(self, workload: str | None, now: datetime) -> Learned | None:
+        return None if workload is None else self.figures.get(workload)
+
+
+def _replica(deployment: str) -> dict[str, Any]:
+    """A Deployment's replica, as its ReplicaSet's controller makes it."""
+    document = http_pod(name=f"{deployment}-5c8d7f9b64-abcde")
+    document["metadata"]["labels"] = {"pod-template-hash": "5c8d7f9b64"}
+    document["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{deployment}-5c8d7f9b64",
+         "uid": deployment, "controller": True}
+    ]  # fmt: skip
+    return document
+
+
+def test_explain_names_the_pods_each_workload_learned_from_when_their_figures_agree() -> None:
+    """Two workloads with the same learned figures share a pod class (its key is the figures),
+    whose basis is the first one's; each pod's explanation names its own workload's."""
+    store = NodeStore(clock=lambda: NOW)
+    store.replace([HALF])
+    figures = {
+        "default/Deployment/few": Learned(6000, None, 2, 2),
+        "default/Deployment/many": Learned(6000, None, 40, 20),
+    }
+    app = ScorerApp(policy=POLICY, clock=lambda: NOW, node_store=store, workloads=_Learned(figures))
+    for deployment, pods in (("few", 2), ("many", 20), ("few", 2)):
+        body = args_body(_replica(deployment), names=["half"])
+        own = json.loads(app.handle("explain", body).body)["own_load"]
+        assert (own["utilization"], own["utilization_source"]) == (0.6, "learned")
+        assert own["learned_from_pods"] == pods, deployment
+
+
+def test_a_class_basis_stays_where_the_workloads_figure_moved_since() -> None:
+    the_pod = _learned(pod(), 0.6)
+    evaluation = evaluate(the_pod, [HALF], NOW, POLICY)
+    moved = Learned(6500, None, 50, 25)
+    assert with_learned_basis(evaluation, moved) is evaluation
+    assert with_learned_basis(evaluation, None) is evaluation
+    same = Learned(6000, None, 50, 25)
+    own = with_learned_basis(evaluation, same).own_load
+    assert own is not None
+    assert (own.samples, own.pods) == (50, 25)

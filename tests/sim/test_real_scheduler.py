@@ -17,23 +17,28 @@ from loopback_cluster.control_plane import ControlPlane
     [
         pytest.param(
             "names",
-            {"names_only": True, "inflight": True, "kubeconfig": True, "no_pod_watch": False},
-            id="names-counts-in-flight-pods",
+            {"names_only": True, "inflight": True, "kubeconfig": True, "flag": None},
+            id="names-counts-in-flight-pods-and-own-load",
         ),
         pytest.param(
             "names-no-inflight",
-            {"names_only": True, "inflight": False, "kubeconfig": True, "no_pod_watch": True},
+            {"names_only": True, "inflight": False, "kubeconfig": True, "flag": "--no-pod-watch"},
             id="names-without-pod-watch",
         ),
         pytest.param(
+            "names-no-own-load",
+            {"names_only": True, "inflight": True, "kubeconfig": True, "flag": "--no-own-load"},
+            id="names-without-own-load",
+        ),
+        pytest.param(
             "full",
-            {"names_only": False, "inflight": False, "kubeconfig": False, "no_pod_watch": False},
+            {"names_only": False, "inflight": False, "kubeconfig": False, "flag": None},
             id="full-without-credentials",
         ),
     ],
 )
 def test_each_scorer_mode_starts_the_scorer_it_names(
-    tmp_path: Path, mode: str, want: dict[str, bool]
+    tmp_path: Path, mode: str, want: dict[str, Any]
 ) -> None:
     plane = cast(ControlPlane, SimpleNamespace(admin_kubeconfig=tmp_path / "admin.kubeconfig"))
     extender = real_scheduler.extenders(plane, tmp_path, [mode])[mode]
@@ -42,14 +47,17 @@ def test_each_scorer_mode_starts_the_scorer_it_names(
     assert ("--node-cache" in argv) is want["names_only"]
     # The Pod watch needs credentials: names only has the admin kubeconfig for both caches.
     assert (f"--kubeconfig={tmp_path / 'admin.kubeconfig'}" in argv) is want["kubeconfig"]
-    assert ("--no-pod-watch" in argv) is want["no_pod_watch"]
+    flags = [arg for arg in argv if arg in ("--no-pod-watch", "--no-own-load")]
+    assert flags == ([] if want["flag"] is None else [want["flag"]])
     assert extender.inflight is want["inflight"]
     config = real_scheduler.scheduler_config(mode, {mode: extender})
     assert config.extender is not None
     assert config.extender.node_cache_capable is want["names_only"]
 
 
-def _document(on_pods_per_s: float, off_pods_per_s: float) -> dict[str, Any]:
+def _document(
+    on_pods_per_s: float, off_pods_per_s: float, variant: str = "names-no-inflight"
+) -> dict[str, Any]:
     def entry(pods_per_s: float) -> dict[str, Any]:
         return {
             "pods_per_s_median": pods_per_s,
@@ -61,7 +69,7 @@ def _document(on_pods_per_s: float, off_pods_per_s: float) -> dict[str, Any]:
     modes = {
         "none": {"pods_per_s_median": 100.0, "pods_per_s": [100.0], "ratio_to_none": 1.0},
         "names": entry(on_pods_per_s),
-        "names-no-inflight": entry(off_pods_per_s),
+        variant: entry(off_pods_per_s),
     }
     return {
         "machine": "2 logical CPUs",
@@ -127,7 +135,44 @@ def test_the_section_judges_names_only_against_the_go_null_extender(
     assert "full against the Go null extender" not in section  # no full-node modes run
 
 
-def test_the_figures_run_every_mode_the_new_one_included() -> None:
-    assert "names-no-inflight" in real_scheduler.ALL_MODES
+@pytest.mark.parametrize(
+    ("on", "off", "verdict"),
+    [
+        pytest.param(80.0, 78.0, "1.03x; met: not lower", id="on-faster"),
+        pytest.param(70.0, 80.0, "0.88x; NOT met: not lower", id="on-slower"),
+    ],
+)
+def test_the_section_compares_the_pods_own_load_counted_and_not(
+    on: float, off: float, verdict: str
+) -> None:
+    section = real_scheduler.markdown_section(
+        _document(on, off, variant="names-no-own-load"),
+        command="python -m benchmarks.real_scheduler",
+        before=None,
+        plotted=False,
+    )
+    row = next(line for line in section.splitlines() if "own load not counted" in line)
+    assert f"| {off:.1f} " in row
+    assert "`names-no-own-load` is the same scorer with `--no-own-load`." in section
+    assert (
+        f"names with the pod's own load counted at 5,000 nodes {on:.1f} pods/s against "
+        f"{off:.1f} without ({verdict})"
+    ) in section
+    assert "in-flight accounting at" not in section  # that variant did not run
+
+
+def test_each_pod_of_a_burst_is_a_deployments_replica() -> None:
+    pod = real_scheduler.replica_pod("r0-names-0001", scheduler_name="bench-names")
+    (owner,) = pod["metadata"]["ownerReferences"]
+    assert owner["kind"] == "ReplicaSet"
+    assert owner["name"] == f"r0-names-{real_scheduler.TEMPLATE_HASH}"
+    assert owner["controller"] is True
+    labels = pod["metadata"]["labels"]
+    assert labels["pod-template-hash"] == real_scheduler.TEMPLATE_HASH
+    assert labels["round"] == "r0-names"  # the bind watch selects a round's pods by it
+
+
+def test_the_figures_run_every_mode_the_new_ones_included() -> None:
+    assert {"names-no-inflight", "names-no-own-load"} <= set(real_scheduler.ALL_MODES)
     assert set(real_scheduler.ALL_MODES) <= set(real_scheduler.MODE_LABELS)
     assert real_scheduler.MODES == ("none", "names", "full")  # the default run is unchanged
