@@ -8,6 +8,7 @@ it, and the command line, which starts it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import logging.handlers
@@ -24,19 +25,12 @@ class DeferredFields(Mapping[str, object]):
     the line, not by the request that logged it. `build` must read only values that do not
     change after the call that logs (immutable ones, or copies made for the record)."""
 
-    __slots__ = ("_build", "_fields")
+    __slots__ = ("_built",)
 
     def __init__(self, build: Callable[[], dict[str, object]]) -> None:
-        self._build: Callable[[], dict[str, object]] | None = build
-        self._fields: dict[str, object] = {}
-
-    def _built(self) -> dict[str, object]:
-        build = self._build
-        if build is not None:
-            # Racy only in that two threads could both build the same fields: the same result.
-            self._fields = build()
-            self._build = None
-        return self._fields
+        # Built at most once, whichever thread reads first (a racing second read builds the
+        # same fields).
+        self._built = functools.cache(build)
 
     def __getitem__(self, key: str) -> object:
         return self._built()[key]
