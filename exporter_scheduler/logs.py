@@ -8,14 +8,38 @@ it, and the command line, which starts it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import logging.handlers
 import queue
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
+
+
+class DeferredFields(Mapping[str, object]):
+    """A log record's `fields`, built when first read: by the writer thread when it formats
+    the line, not by the request that logged it. `build` must read only values that do not
+    change after the call that logs (immutable ones, or copies made for the record)."""
+
+    __slots__ = ("_built",)
+
+    def __init__(self, build: Callable[[], dict[str, object]]) -> None:
+        # Built at most once, whichever thread reads first (a racing second read builds the
+        # same fields).
+        self._built = functools.cache(build)
+
+    def __getitem__(self, key: str) -> object:
+        return self._built()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -29,7 +53,7 @@ class JsonLogFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
+        if isinstance(fields, Mapping):
             document.update(fields)
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
@@ -115,6 +139,10 @@ class FieldsQueueHandler(logging.handlers.QueueHandler):
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # Keep `fields` and the traceback for the JSON formatter instead of flattening the
         # record into text here (the default), which would also cost time on the request path.
+        if not record.args and not record.exc_info:
+            # Nothing to flatten (the request path's lines): the record goes as it is, rather
+            # than as a copy made on the request path.
+            return record
         prepared = logging.makeLogRecord(record.__dict__)
         prepared.msg = record.getMessage()
         prepared.args = None

@@ -39,6 +39,7 @@ from exporter_scheduler.core.spread import (
     SpreadCheck,
     check_spread,
 )
+from exporter_scheduler.logs import DeferredFields
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text, with_learned_basis
@@ -543,24 +544,27 @@ def _log_request_rejections(
 ) -> None:
     """One line per filter request with rejections: the counts by reason. The per-node values
     are in the `node rejected` lines written where each verdict was judged (`judged_rejected`
-    of them by this request)."""
-    reasons: dict[str, int] = {}
-    for (passed, _, reason, _), count in counts.items():
-        if not passed and reason is not None:
-            reasons[reason] = reasons.get(reason, 0) + count
-    log.info(
-        "nodes rejected",
-        extra={
-            "fields": {
-                "pod": pod,
-                "pod_class": describe_pod_class(pod_class),
-                "rejected": tally.rejected,
-                "unresolvable": tally.unresolvable,
-                "judged_rejected": logged,
-                "reasons": dict(sorted(reasons.items())),
-            }
-        },
-    )
+    of them by this request).
+
+    Its fields are built by the log's writer thread (`DeferredFields`), off the request path:
+    they read the pod class (immutable), `counts` (this request's own dict, not changed after
+    it is made) and numbers."""
+
+    def fields() -> dict[str, object]:
+        reasons: dict[str, int] = {}
+        for (passed, _, reason, _), count in counts.items():
+            if not passed and reason is not None:
+                reasons[reason] = reasons.get(reason, 0) + count
+        return {
+            "pod": pod,
+            "pod_class": describe_pod_class(pod_class),
+            "rejected": tally.rejected,
+            "unresolvable": tally.unresolvable,
+            "judged_rejected": logged,
+            "reasons": dict(sorted(reasons.items())),
+        }
+
+    log.info("nodes rejected", extra={"fields": DeferredFields(fields)})
 
 
 class ObservabilityApp:

@@ -119,7 +119,9 @@ class NodeStore:
         once per list, then remembered (the scheduler repeats its few lists)."""
         names = self._lists.get(list_key)
         if names is None:
-            names = tuple(map(sys.intern, decode(list_key)))
+            # Not interned: most lists are new (kube-scheduler's window moves pod after pod),
+            # and interning a name costs more than the lookups it would speed up.
+            names = tuple(decode(list_key))
             if len(self._lists) >= _LISTS_KEPT:
                 self._lists = {}
             self._lists[list_key] = names

@@ -19,7 +19,12 @@ import pytest
 
 from exporter_scheduler.cli import build_parser, main
 from exporter_scheduler.config.settings import flag_name, settings_fields
-from exporter_scheduler.logs import BatchedLogWriter, FieldsQueueHandler, JsonLogFormatter
+from exporter_scheduler.logs import (
+    BatchedLogWriter,
+    DeferredFields,
+    FieldsQueueHandler,
+    JsonLogFormatter,
+)
 from tests.scorer._http_helpers import FIXTURES, gpu_annotations
 
 UTIL = "gpu-scheduler.example.com/utilization"
@@ -144,6 +149,27 @@ def test_json_log_lines_carry_the_fields() -> None:
         "node": "a",
         "age_s": 5.0,
     }
+
+
+def test_deferred_fields_are_built_once_by_whoever_formats_the_line() -> None:
+    built: list[int] = []
+
+    def fields() -> dict[str, object]:
+        built.append(1)
+        return {"pod": "ml/a", "reasons": {"gpu utilization above 0.90": 2}}
+
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "nodes rejected", None, None)
+    record.fields = DeferredFields(fields)
+    FieldsQueueHandler(records).handle(record)
+    queued = records.get_nowait()
+    assert queued is record  # nothing to flatten: not copied on the caller's thread
+    assert built == []  # queued, not built
+    document = json.loads(JsonLogFormatter().format(queued))
+    assert document["pod"] == "ml/a"
+    assert document["reasons"] == {"gpu utilization above 0.90": 2}
+    assert dict(queued.fields) == {"pod": "ml/a", "reasons": {"gpu utilization above 0.90": 2}}  # type: ignore[attr-defined]
+    assert built == [1]
 
 
 def test_queued_records_keep_fields_and_traceback() -> None:
