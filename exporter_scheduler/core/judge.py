@@ -117,6 +117,7 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
                     c.inflight_max_s,
                     c.inflight_load_delay_s,
                     c.inflight_load_bp,
+                    c.inflight_own,
                 )
                 if node.pods
                 else None
