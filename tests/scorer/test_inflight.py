@@ -498,7 +498,8 @@ def test_explain_shows_the_inflight_pods_and_the_pool() -> None:
     text = render_text(document)
     assert "  in-flight: 1 pod, 2 gpus not yet allocated in the data, 2 gpus of load" in text
     assert re.search(
-        rf"    default/job-1: 2 gpus?, allocation and load pending, load 0.50 \(hint\), bound {bound_at}",
+        r"    default/job-1: 2 gpus?, allocation and load pending, load 0.50 \(hint\), "
+        rf"bound {bound_at}",
         text,
     )
     assert ", 2 held by in-flight pods, pool 4, fit probability 0.75 (allocations checked)" in text
