@@ -524,6 +524,7 @@ def test_every_pod_is_placed_or_pending(small_runs: dict[str, dict[str, Any]]) -
         assert sum(summary["placed_by_kind"].values()) == summary["placed"]
         pushed = summary["gpus_pushed_over_limit"]
         assert sum(summary["gpus_pushed_over_limit_by_cause"].values()) == pushed
+        assert sum(summary["gpus_pushed_over_limit_by_estimate"].values()) == pushed
         assert summary["gpus_pushed_over_limit_burst"] <= pushed
         assert summary["burst_short_placements"] <= summary["short_placements"]
         assert summary["short_placements"] <= summary["fewer_suitable"]
