@@ -37,7 +37,7 @@ from tests.scorer.scoring_builders import (
     with_pods,
 )
 
-POLICY = Policy()  # own load counted, 0.30 per GPU by default
+POLICY = Policy(own_load_gpu_load=0.30)  # own load counted, 0.30 per GPU by default
 OFF = Policy(own_load=False)
 
 

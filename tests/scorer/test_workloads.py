@@ -234,8 +234,9 @@ def test_a_learned_figure_changes_the_pods_class_and_verdict() -> None:
     store.observe(_node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)}))
     half = gpu_node("half", runs((1, Gpu(utilization=0.45))))
     heavy = dataclasses.replace(pod(), learned=store.learned_for(DEPLOY, NOW))
-    assert evaluate(heavy, [half], NOW, Policy()).passed_names() == []
-    assert evaluate(pod(), [half], NOW, Policy()).passed_names() == ["half"]
+    policy = Policy(own_load_gpu_load=0.30)
+    assert evaluate(heavy, [half], NOW, policy).passed_names() == []
+    assert evaluate(pod(), [half], NOW, policy).passed_names() == ["half"]
 
 
 # ----------------------------------------------------------------------------- both modes
@@ -324,7 +325,7 @@ def test_a_full_node_app_learns_from_its_requests() -> None:
         store = _store()
         store.set_pods("n1", teachers)
         app = ScorerApp(
-            policy=Policy(),
+            policy=Policy(own_load_gpu_load=0.30),
             clock=lambda: NOW,
             pods_of={"n1": teachers}.get,  # type: ignore[arg-type]
             workloads=store,
