@@ -170,8 +170,10 @@ def _serve(args: argparse.Namespace) -> int:
             pods_of=pod_cache.pods_of if pod_cache is not None and cache is None else None,
             placements=pod_cache,
             groups=pod_cache,
-            # Learning needs both watches: the nodes' per-pod usage and the pods' workloads.
-            workloads=workloads if cache is not None and pod_cache is not None else None,
+            # Learning needs the pods' workloads (the Pod watch) and the nodes' per-pod usage:
+            # from the Node watch in names-only mode, from the requests' Nodes in full-node mode.
+            workloads=workloads if pod_cache is not None else None,
+            learn_from_requests=cache is None,
             profiles=policies.profiles,
             namespace_labels=namespaces,
         )
@@ -264,7 +266,7 @@ def _start_pod_watch(
     try:
         if cache is not None:
             pod_cache.add_sink(cache.store)
-            pod_cache.add_sink(workloads)
+        pod_cache.add_sink(workloads)
         return pod_cache.start()
     except Exception as exc:
         log.warning(

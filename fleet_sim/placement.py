@@ -1082,6 +1082,8 @@ class PlacementResult:
     gpus_pushed_over_limit_by_cause: dict[PushCause, int] = field(
         default_factory=lambda: dict.fromkeys(PUSH_CAUSES, 0)
     )
+    # Every pushed GPU by the pushing pod's own-load estimate (`_estimate_label`).
+    gpus_pushed_over_limit_by_estimate: dict[str, int] = field(default_factory=dict)
     # Placed pods by workload kind (the stream's mix), and placed pods of more than one GPU.
     placed_by_kind: dict[str, int] = field(default_factory=dict)
     placed_multi_gpu: int = 0
@@ -1128,6 +1130,9 @@ class PlacementResult:
             "gpus_pushed_over_limit_unaccounted": self.gpus_pushed_over_limit_unaccounted,
             "gpus_pushed_over_limit_burst": self.gpus_pushed_over_limit_burst,
             "gpus_pushed_over_limit_by_cause": dict(self.gpus_pushed_over_limit_by_cause),
+            "gpus_pushed_over_limit_by_estimate": dict(
+                sorted(self.gpus_pushed_over_limit_by_estimate.items())
+            ),
             "placed_multi_gpu": self.placed_multi_gpu,
             "placed_by_kind": dict(sorted(self.placed_by_kind.items())),
             "burst_pods": self.burst_pods,
@@ -1264,6 +1269,29 @@ def _choose(
     return top[0] if len(top) == 1 else rng.choice(top)
 
 
+def _estimate_label(
+    policy: PolicyName,
+    pod: PodRequest,
+    scorer_policy: Policy,
+    learner: WorkloadLoads | None,
+    now: datetime,
+) -> str:
+    """The source of the scorer's estimate of `pod`'s own load (learned, default, oracle, off,
+    or the policy's name for policies without one), and for learned and default estimates
+    whether it was below the pod's true load (`-under`) or not (`-covered`)."""
+    variant = SCORER_VARIANTS.get(policy)
+    if variant is None or variant.own_load in ("off", "oracle"):
+        return policy if variant is None else variant.own_load
+    learned = None
+    if variant.own_load == "learned" and learner is not None and pod.workload:
+        learned = learner.learned_for(f"{SIM_NAMESPACE}/{pod.workload}", now)
+    if learned is not None and learned.utilization_bp is not None:
+        source, estimate = "learned", learned.utilization_bp / BASIS_POINTS
+    else:
+        source, estimate = "default", scorer_policy.own_load_gpu_load
+    return f"{source}-{pod.kind}-" + ("under" if estimate < pod.utilization else "covered")
+
+
 def _memory_fits(node: _Node, gpus: Sequence[int], memory_mib: int) -> bool:
     """Whether a pod taking `memory_mib` per slot on `gpus` (a GPU listed once per slot) fits in
     what those GPUs have free now."""
@@ -1311,6 +1339,9 @@ class _Placed:
     fits: bool = True
     loaded_s: float | None = None
     ended: bool = False
+    # Where the scorer's estimate of the pod's own load came from, and whether it was below
+    # the pod's true load (`_estimate_label`).
+    estimate: str = ""
 
     @property
     def loaded(self) -> bool:
@@ -1436,6 +1467,8 @@ class _Run:
                 for g in pushed:
                     cause = self._push_cause(placed, g, limit_u)
                     result.gpus_pushed_over_limit_by_cause[cause] += 1
+                by_estimate = result.gpus_pushed_over_limit_by_estimate
+                by_estimate[placed.estimate] = by_estimate.get(placed.estimate, 0) + len(pushed)
                 for g in placed.gpus:
                     node.util[g] += pod.utilization
                 placed.loaded_s = time_s
@@ -1631,7 +1664,9 @@ class _Run:
                 margin=margin,
             )
             result.waits_s.append(t - pod.arrival_s)
-            proposed.append(self.bind(pod, chosen, t, now))
+            placed = self.bind(pod, chosen, t, now)
+            placed.estimate = _estimate_label(policy, pod, scorer_policy, self.learner, now)
+            proposed.append(placed)
         for placed in proposed:
             self.visible(placed)
         self.queue = waiting

@@ -30,6 +30,12 @@ counts its own expectation: a pod it has just scored is *proposed* on the node(s
 the scheduler to pick (`PodCache.propose`), as a provisional in-flight pod, until the watch
 shows where the pod really went (which replaces the proposal) or `PROVISIONAL_MAX_S` passes.
 
+Each pod counts with its own estimate (`pod_estimate`): with the pod's own load counted
+(`own_load`, ownload.py), what it was judged to add when it was placed (its hint, else its
+workload's learned load, else the own-load default), so a pod adds the same load before and
+after its bind; without, its hint or the policy's `inflight_gpu_load`. The learned figure is an
+input carried on the pod (`BoundPod.learned`, set where the pods are handed to the verdicts).
+
 `count_inflight` is pure: a function of (the node's bound pods, the node's `updated-at`, now,
 the policy numbers), so verdicts stay a pure function of their inputs, and the moment the time
 bound changes the count is part of each verdict's validity window.
@@ -40,9 +46,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
+
+from exporter_scheduler.core.ownload import Learned, OwnLoad, own_load
 
 BASIS_POINTS: Final = 10_000
 # A proposal the watch has not confirmed within this long is dropped: kube-scheduler's bind
@@ -79,6 +87,11 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
     nominated: bool = False
     # Its workload (`workload.workload_of`): whose load its usage teaches (ownload.py).
     workload: str | None = None
+    # The pod's `expected-gpu-memory-mib` hint, if it gave one (its own load, ownload.py).
+    expected_memory_mib: int | None = None
+    # Its workload's learned load when the scorer last recorded the pod (`ownload.learn`; set by
+    # whoever hands the pods to a verdict): what it adds once it runs, short of its hints.
+    learned: Learned | None = None
 
     @property
     def ref(self) -> str:
@@ -86,6 +99,43 @@ class BoundPod(msgspec.Struct, frozen=True, gc=False):
 
 
 NO_PODS: Final[tuple[BoundPod, ...]] = ()
+LoadSource = Literal["hint", "learned", "default", "policy"]
+
+
+class OwnDefault(msgspec.Struct, frozen=True, gc=False):
+    """The own-load defaults an in-flight pod's estimate falls back to (`own_load` on)."""
+
+    load_bp: int
+    memory_mib: int
+
+
+def pod_estimate(
+    pod: BoundPod, own: OwnDefault | None, policy_load_bp: int
+) -> tuple[int, int | None, LoadSource]:
+    """What an in-flight pod adds to each GPU it holds: (utilization bp, memory MiB or None,
+    where the utilization came from).
+
+    With the pod's own load counted (`own`), an in-flight pod adds what it was judged to add
+    when it was placed: its hint, else its workload's learned load, else the own-load default
+    (`ownload.own_load`); its memory is the larger of its `min-gpu-memory-mib` and that
+    estimate's memory (none when neither says). Without (`own` None), as before own load was
+    counted: its hint, else the policy's `inflight_gpu_load`, and its `min-gpu-memory-mib`.
+    """
+    if own is None:
+        if pod.gpu_load_bp is None:
+            return policy_load_bp, pod.memory_mib, "policy"
+        return pod.gpu_load_bp, pod.memory_mib, "hint"
+    estimate: OwnLoad = own_load(
+        None if pod.gpu_load_bp is None else pod.gpu_load_bp / BASIS_POINTS,
+        pod.expected_memory_mib,
+        pod.learned,
+        own.load_bp / BASIS_POINTS,
+        own.memory_mib,
+    )
+    memory_mib = pod.memory_mib
+    if estimate.memory_mib > 0 and (memory_mib is None or estimate.memory_mib > memory_mib):
+        memory_mib = estimate.memory_mib
+    return estimate.utilization_bp, memory_mib, estimate.utilization_source
 
 
 class CountedPod(msgspec.Struct, frozen=True, gc=False):
@@ -99,6 +149,9 @@ class CountedPod(msgspec.Struct, frozen=True, gc=False):
     bound_at: datetime | None
     provisional: bool = False
     nominated: bool = False
+    # Where `load_bp` came from: its hint, its workload's learned load, the own-load default
+    # (`own_load` on), or the policy's `inflight_gpu_load` (`own_load` off).
+    load_source: LoadSource = "policy"
 
 
 class InFlight(msgspec.Struct, frozen=True, gc=False):
@@ -111,7 +164,8 @@ class InFlight(msgspec.Struct, frozen=True, gc=False):
     load_gpus: int
     # Sum of gpus x load over the load-pending pods: GPU-equivalents of load, basis points.
     load_bp: int
-    # Sum of gpus x min-gpu-memory-mib over the load-pending pods that declared it.
+    # Sum of gpus x memory per GPU over the load-pending pods whose memory is known
+    # (`pod_estimate`).
     memory_mib: int
     # Seconds until the first counted pod reaches `inflight_max_s` (inf: none will).
     left_s: float
@@ -126,9 +180,12 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
     max_s: float,
     load_delay_s: float,
     default_load_bp: int,
+    own: OwnDefault | None = None,
 ) -> InFlight | None:
     """The pods of `pods` that the data sampled at `updated_at` cannot show, at `now`.
 
+    Each counts with its own estimate (`pod_estimate`): `own` holds the own-load defaults when
+    the policy counts a pod's own load, None when it does not (`default_load_bp` then).
     None when no pod counts and no time bound lies behind (nothing to show or to date).
     """
     counted: list[CountedPod] = []
@@ -149,7 +206,7 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
                 since_s = min(since_s, -remaining_s)
                 continue
             left_s = min(left_s, remaining_s)
-        per_gpu_bp = default_load_bp if pod.gpu_load_bp is None else pod.gpu_load_bp
+        per_gpu_bp, per_gpu_mib, source = pod_estimate(pod, own, default_load_bp)
         counted.append(
             CountedPod(
                 pod.ref,
@@ -160,6 +217,7 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
                 pod.bound_at,
                 pod.provisional,
                 pod.nominated,
+                source,
             )
         )
         if allocation:
@@ -167,8 +225,8 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
         if load:
             load_gpus += pod.gpus
             load_bp += pod.gpus * per_gpu_bp
-            if pod.memory_mib is not None:
-                memory_mib += pod.gpus * pod.memory_mib
+            if per_gpu_mib is not None:
+                memory_mib += pod.gpus * per_gpu_mib
     if not counted and since_s == math.inf:
         return None
     counted.sort(key=lambda p: p.ref)  # the pods' order in the input is the watch's, not ours

@@ -124,6 +124,7 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
                     policy.inflight_max_s,
                     policy.inflight_load_delay_s,
                     c.inflight_load_bp,
+                    c.inflight_own,
                 )
                 if node.pods
                 else None

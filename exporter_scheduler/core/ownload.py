@@ -80,6 +80,8 @@ class OwnLoad(msgspec.Struct, frozen=True, gc=False):
     # The learned figures' basis (0 when neither figure is learned).
     samples: int = 0
     pods: int = 0
+    # The workload's figure the estimate was drawn from (an in-flight pod carries it on).
+    learned: Learned | None = None
 
 
 def round_up(value: int, step: int) -> int:
@@ -161,6 +163,7 @@ def own_load(
         mem_source,
         learned.samples if used and learned is not None else 0,
         learned.pods if used and learned is not None else 0,
+        learned,
     )
 
 

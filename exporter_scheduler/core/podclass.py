@@ -19,6 +19,7 @@ from exporter_scheduler.core.hints import (
     match_patterns,
     parse_hints,
 )
+from exporter_scheduler.core.inflight import OwnDefault
 from exporter_scheduler.core.ownload import Learned, own_load
 from exporter_scheduler.core.policy import (
     Policy,
@@ -82,6 +83,7 @@ class PodClass:
         "hint_problem",
         "hints",
         "inflight_load_bp",
+        "inflight_own",
         "key",
         "lenient",
         "limit_bp",
@@ -164,7 +166,10 @@ class PodClass:
             if policy.own_load and gpu_request > 0
             else None
         )
-        self.own_bp = 0 if self.own is None else self.own.utilization_bp
+        # Counted at most up to the limit: a pod whose own load alone is above it (a training
+        # worker that fills its GPU) still fits an idle GPU, where it pushes no other work
+        # over the limit, and only such a GPU.
+        self.own_bp = 0 if self.own is None else min(self.own.utilization_bp, self.limit_bp)
         # The memory a GPU must have free: the pod's `min-gpu-memory-mib`, or the memory its
         # processes will hold, whichever is more (None: not checked).
         need_mib = hints.min_gpu_memory_mib
@@ -173,6 +178,14 @@ class PodClass:
             need_mib = own_mib
         self.min_memory_mib = need_mib
         self.inflight_load_bp = round(policy.inflight_gpu_load * BASIS_POINTS)
+        # In-flight pods count their own estimates when the policy counts a pod's own load.
+        self.inflight_own = (
+            OwnDefault(
+                round(policy.own_load_gpu_load * BASIS_POINTS), policy.own_load_gpu_memory_mib
+            )
+            if policy.own_load
+            else None
+        )
         self.min_fit_bp = round(policy.min_gpu_fit_probability * BASIS_POINTS)
         self.weights = ScoreWeights(policy.temperature_limit_c, *weight_milli(policy))
         # The class's own scores, in front of the shared `score.score` cache (`rules.judge_fresh`).

@@ -114,7 +114,7 @@ class NodeCache(ListWatch):
     ) -> None:
         super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng)
         self.keys = keys
-        self.store = NodeStore(clock=clock, max_classes=max_classes)
+        self.store = NodeStore(clock=clock, max_classes=max_classes, learned=workloads)
         # Told of each node's data, to learn what each workload's pods use (workloads.py).
         self.workloads = workloads
         decoders = _Decoders(keys)

@@ -108,6 +108,7 @@ class ScorerApp:
         namespace_labels: NamespaceLabels | None = None,
         groups: Groups | None = None,
         workloads: LearnedLoads | None = None,
+        learn_from_requests: bool = False,
     ) -> None:
         # The top-level policy; a pod whose namespace a tenant profile matches gets that
         # profile's policy instead (`_policy_for`).
@@ -123,6 +124,8 @@ class ScorerApp:
         # What each workload's running pods use per GPU (serving/workloads.py), learned by the
         # watches; None: no learning (each pod's own load is its hint or the default).
         self.workloads = workloads
+        # Full-node mode: the requests' Nodes teach the figures (`observe_requested`).
+        self.learn_from_requests = learn_from_requests and workloads is not None
         # Within a burst the next pod's filter can come before the previous pod's bind is in
         # the watch: each decision is recorded as a provisional placement (see inflight.py).
         self.placements = placements
@@ -182,6 +185,8 @@ class ScorerApp:
             return self._not_ready(verb, request, started)
         now = self.clock()
         try:
+            if self.learn_from_requests and request.form == "nodes" and self.workloads is not None:
+                self.workloads.observe_requested(request.records, request.keys)
             pod_class = self._pod_class(request, now)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
@@ -304,6 +309,10 @@ class ScorerApp:
                 memory_mib=hints.min_gpu_memory_mib,
                 provisional=True,
                 group=pod.spread_group,
+                # What the pod was judged to add: it adds the same while in flight.
+                workload=pod.workload,
+                expected_memory_mib=hints.expected_gpu_memory_mib,
+                learned=None if pod_class.own is None else pod_class.own.learned,
             ),
             nodes,
             now,
@@ -321,7 +330,7 @@ class ScorerApp:
             request.node_names,
             now,
             lambda record: record_input(record, gpu_fields),
-            pods_of=self.pods_of,
+            pods_of=self._pods_of_at(now),
         )
         judgement.block(self._spread(request, pod_class)[1])
         if verb == "prioritize":
@@ -438,7 +447,7 @@ class ScorerApp:
         now: datetime,
         query: bytes,
     ) -> Response:
-        nodes = self._nodes_of(request)
+        nodes = self._nodes_of(request, now)
         spread, blocked = self._spread(request, pod_class)
         evaluation = evaluate(
             request.pod, nodes, now, pod_class.policy, pod_class=pod_class, blocked=blocked
@@ -484,13 +493,20 @@ class ScorerApp:
         self._observe(verb, request, started)
         return response
 
-    def _nodes_of(self, request: wire.ExtenderRequest) -> Sequence[NodeInput]:
+    def _nodes_of(self, request: wire.ExtenderRequest, now: datetime) -> Sequence[NodeInput]:
         if request.form == "names" and self.node_store is not None:
             return self.node_store.lookup(request.node_names)
-        pods_of = self.pods_of
+        pods_of = self._pods_of_at(now)
         if pods_of is None:
             return request.nodes
         return [dataclasses.replace(n, pods=pods_of(n.name)) for n in request.nodes]
+
+    def _pods_of_at(self, now: datetime) -> Callable[[str], tuple[BoundPod, ...]] | None:
+        """Full-node mode: each node's bound pods, stamped with their workloads' figures."""
+        pods_of, workloads = self.pods_of, self.workloads
+        if pods_of is None or workloads is None:
+            return pods_of
+        return workloads.stamped_pods_of(pods_of, now)
 
     def _unexpected(self, verb: Verb | None, exc: Exception) -> Response:
         """The answer when `handle` itself raised (nothing known of the request)."""

@@ -282,6 +282,8 @@ def _inflight(v: NodeVerdict) -> dict[str, Any] | None:
                 "allocation_pending": p.allocation_pending,
                 "load_pending": p.load_pending,
                 "gpu_load": _fraction(p.load_bp),
+                # hint, learned (its workload), default (own load's), policy (inflight_gpu_load)
+                "gpu_load_source": p.load_source,
                 "bound_at": _time(p.bound_at),
                 # The scorer's own expectation, not yet seen bound in the Pod watch.
                 "provisional": p.provisional,
@@ -529,7 +531,7 @@ def _inflight_lines(inflight: dict[str, Any]) -> list[str]:
         ]
         lines.append(
             f"    {p['pod']}: {p['gpus']} gpu, {' and '.join(pending)} pending, "
-            f"load {_show(p['gpu_load'])}, "
+            f"load {_show(p['gpu_load'])} ({p['gpu_load_source']}), "
             + (
                 f"proposed by the scorer {p['bound_at']}"
                 if p["provisional"]

@@ -6,12 +6,13 @@ them: each is an in-memory read, with no I/O, on the request path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.ownload import Learned
+from gpu_contract.schema import Keys
 
 
 class NamespaceLabels(Protocol):
@@ -31,9 +32,20 @@ class Placements(Protocol):
 
 
 class LearnedLoads(Protocol):
-    """Each workload's learned load per GPU (serving/workloads.py): a read, no I/O."""
+    """Each workload's learned load per GPU (serving/workloads.py): reads, no I/O; in
+    full-node mode it also records the Nodes a request carries (`observe_requested`)."""
+
+    generation: int
 
     def learned_for(self, workload: str | None, now: datetime) -> Learned | None: ...
+
+    def stamp(self, pods: tuple[BoundPod, ...], now: datetime) -> tuple[BoundPod, ...]: ...
+
+    def stamped_pods_of(
+        self, pods_of: Callable[[str], tuple[BoundPod, ...]], now: datetime
+    ) -> Callable[[str], tuple[BoundPod, ...]]: ...
+
+    def observe_requested(self, records: Sequence[Any], keys: Keys) -> int: ...
 
 
 class Groups(Protocol):

@@ -39,6 +39,7 @@ from typing import Final
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
+from exporter_scheduler.serving.inputs import LearnedLoads
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
 
@@ -68,10 +69,19 @@ class NodeStore:
     See the module docstring for who writes and why readers need no lock.
     """
 
-    def __init__(self, *, clock: Clock = utc_now, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock = utc_now,
+        max_classes: int = DEFAULT_MAX_CLASSES,
+        learned: LearnedLoads | None = None,
+    ) -> None:
         if max_classes < 1:
             raise ValueError("a node store keeps at least one pod class")
         self.clock = clock
+        # Each bound pod is stamped with its workload's learned load when its node's pods are
+        # set (`WorkloadLoads.stamp`): what an in-flight pod adds, short of its hints.
+        self.learned = learned
         self.max_classes = max_classes
         self._nodes: dict[str, NodeInput] = {}
         # The GPU pods bound to each node (the pod watch's `set_pods`), merged into the node's
@@ -292,6 +302,8 @@ class NodeStore:
         return None if node is None else node.labels
 
     def _set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
+        if pods and self.learned is not None:
+            pods = self.learned.stamp(pods, as_utc(self.clock()))
         if self._pods.get(name, NO_PODS) == pods:
             return False
         if pods:

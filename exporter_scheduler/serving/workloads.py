@@ -11,6 +11,18 @@ utilization still shows the start-up, the same rule that ends a pod's in-flight 
 recomputes that workload's figure with the pure `ownload.learn`. The request path only reads a
 dict entry (`learned_for`), so a verdict takes the estimate as an input, like the in-flight pods.
 
+Both modes learn from the same data. In names-only mode the Node watch hands each node's data
+to `observe`; in full-node mode there is no Node watch, and the Nodes arrive in the requests
+themselves: `observe_requested` records each Node whose annotations it has not seen yet,
+before the request's verdicts are judged, so the same agent writes teach the same figures (a
+Node the scheduler never sends is not learned from, as it gets no pods either).
+
+The pods handed to a verdict carry their workload's figure (`stamp`), so an in-flight pod
+counts the load its workload's running pods show (`inflight.pod_estimate`): an input of the
+verdict like the pods themselves. A pod is stamped when its node's pods are handed over (in
+names-only mode on each Pod event of the node; in full-node mode per request, again only when a
+figure changed since: `generation`).
+
 Bounded: each workload keeps the latest sample of each pod and GPU, at most
 `MAX_SAMPLES_PER_WORKLOAD` (the oldest go first), and at most `max_workloads` workloads are kept,
 the least recently sampled dropped first (an LRU; the request path never writes, so a lookup
@@ -24,17 +36,25 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
+import msgspec
+
+from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.ownload import BASIS_POINTS, Learned, UsageSample, learn
 from exporter_scheduler.core.records import NodeInput
+from exporter_scheduler.serving.nodeobjects import annotations_of, gpu_keys
+from gpu_contract.schema import Keys
 
 # A workload of many replicas: the newest 256 pod-GPU samples say as much as all of them.
 MAX_SAMPLES_PER_WORKLOAD: Final = 256
 DEFAULT_MAX_WORKLOADS: Final = 10_000
+# Full-node mode remembers this many Nodes' last `updated-at` and stamped pods (then starts
+# over: a Node read twice records the same samples twice, which changes no figure).
+_MAX_REQUESTED_NODES: Final = 65_536
 
 
 class _Workload:
@@ -69,6 +89,13 @@ class WorkloadLoads:
         self._workloads: OrderedDict[str, _Workload] = OrderedDict()
         self._pods: dict[str, dict[str, BoundPod]] = {}  # node -> pod ref -> pod
         self._lock = threading.Lock()
+        # Bumped whenever a workload's figure changes: pods stamped at an older generation
+        # may carry an old figure (`stamp`).
+        self.generation = 0
+        # Full-node mode: each Node's annotations last recorded (`observe_requested`).
+        self._requested: dict[str, Any] = {}
+        # Full-node mode: each node's pods as last stamped, by its pods' tuple and generation.
+        self._stamped: dict[str, tuple[tuple[BoundPod, ...], int, tuple[BoundPod, ...]]] = {}
 
     # ------------------------------------------------------------------ request path
     def learned_for(self, workload: str | None, now: datetime) -> Learned | None:
@@ -84,6 +111,64 @@ class WorkloadLoads:
 
     def __len__(self) -> int:
         return len(self._workloads)
+
+    def stamp(self, pods: tuple[BoundPod, ...], now: datetime) -> tuple[BoundPod, ...]:
+        """`pods`, each with its workload's current figure (`BoundPod.learned`); the same
+        tuple when none changes."""
+        stamped: list[BoundPod] | None = None
+        for index, pod in enumerate(pods):
+            if pod.workload is None:
+                continue
+            figure = self.learned_for(pod.workload, now)
+            if figure != pod.learned:
+                if stamped is None:
+                    stamped = list(pods)
+                stamped[index] = msgspec.structs.replace(pod, learned=figure)
+        return pods if stamped is None else tuple(stamped)
+
+    def stamped_pods_of(
+        self, pods_of: Callable[[str], tuple[BoundPod, ...]], now: datetime
+    ) -> Callable[[str], tuple[BoundPod, ...]]:
+        """Full-node mode: `pods_of` with each node's pods stamped (`stamp`), the same tuple
+        while neither the node's pods nor any figure changes (it is part of the verdict
+        cache's key)."""
+        stamped = self._stamped
+
+        def stamped_pods_of(name: str) -> tuple[BoundPod, ...]:
+            raw = pods_of(name)
+            if not raw:
+                return raw
+            generation = self.generation
+            known = stamped.get(name)
+            if known is not None and known[0] is raw and known[1] == generation:
+                return known[2]
+            pods = self.stamp(raw, now)
+            if len(stamped) >= _MAX_REQUESTED_NODES:
+                stamped.clear()
+            stamped[name] = (raw, generation, pods)
+            return pods
+
+        return stamped_pods_of
+
+    def observe_requested(self, records: Sequence[Any], keys: Keys) -> int:
+        """Full-node mode: record the samples of a request's Node records whose annotations
+        changed since they were last sent (compared as decoded); the number of Nodes read."""
+        requested = self._requested
+        fields = gpu_keys(keys)
+        read = 0
+        for record in records:
+            meta = record.metadata
+            name, raw = meta.name, meta.annotations
+            if raw is None or requested.get(name) == raw:
+                continue
+            if len(requested) >= _MAX_REQUESTED_NODES:
+                requested.clear()
+            requested[name] = raw
+            values = annotations_of(raw, fields)
+            decoded = predecode(values, keys)
+            self.observe(NodeInput(name, values, predecoded=(keys.prefix, decoded)))
+            read += 1
+        return read
 
     # ------------------------------------------------------------------ the Pod watch (a sink)
     def set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
@@ -144,12 +229,15 @@ class WorkloadLoads:
             for workload in touched:
                 entry = self._workloads[workload]
                 entry.newest = max(s.sampled_at for s in entry.samples.values())
+                before = entry.learned
                 entry.learned = learn(
                     entry.samples.values(),
                     entry.newest,
                     max_age_s=self.max_age_s,
                     min_samples=self.min_samples,
                 )
+                if entry.learned != before:
+                    self.generation += 1
         return recorded
 
     def _entry(self, workload: str) -> _Workload:

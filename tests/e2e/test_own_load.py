@@ -17,10 +17,8 @@ adds at most 0.40 (the limit is 0.90); `spare`, a node whose agent has published
 passes and scores lowest; and each workload's running replicas on a node of their own, whose
 GPUs they hold (the scheduler's own resource check keeps further pods off it).
 
-Full-node mode does not learn: the scorer keeps what it learns with its node cache, which only
-names-only mode has (`exporter_scheduler.cli`: `workloads` only with the cache). The full-node
-runs of the tests that need a learned figure are expected to fail with `NotLearnedError`, strictly,
-so they turn into failures to remove the mark once that mode learns.
+Both modes learn: names only from the scorer's node cache, full Node objects from the Nodes
+each request carries (their `pod-gpu-usage`), with the same store and the same rules.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from typing import Any, Final
 
 import pytest
 
+from exporter_scheduler.core.policy import Policy
 from gpu_contract.podusage import GpuShare, PodUsage
 from gpu_contract.schema import DEFAULT_PREFIX, NodeGpuState, format_timestamp
 from loopback_cluster.control_plane import KubeApi
@@ -65,7 +64,7 @@ MAX_AGE_S: Final = 120
 # node's data was sampled this long after its containers started.
 LOAD_DELAY_S: Final = 60
 # The policy's `own_load_gpu_load` (its default).
-DEFAULT_LOAD: Final = 0.30
+DEFAULT_LOAD: Final = Policy().own_load_gpu_load
 HALF_BUSY: Final = 0.50
 # Replicas' loads per GPU: a heavy one does not fit on the half-busy GPU (0.50 + 0.60 > 0.90),
 # a light one does (0.70). Both are multiples of the learned figures' 0.05 step.
@@ -85,20 +84,6 @@ Explanation = dict[str, Any]
 
 class NotLearnedError(AssertionError):
     """The scorer gave no learned figure for a workload whose running replicas show their load."""
-
-
-FULL_NODE_DOES_NOT_LEARN = pytest.mark.xfail(
-    raises=NotLearnedError,
-    strict=True,
-    reason="full-node mode keeps no learned loads: the scorer learns with its node cache",
-)
-
-
-@pytest.fixture
-def learns(request: pytest.FixtureRequest, stack: ScorerStack) -> None:
-    """For tests whose figures must be learned: their full-node run is an expected failure."""
-    if not stack.names_only:
-        request.applymarker(FULL_NODE_DOES_NOT_LEARN)
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -420,7 +405,7 @@ def place(scope: Scope, pod: dict[str, Any]) -> str:
 
 
 def test_a_heavy_workloads_next_replica_avoids_a_half_busy_gpu_a_light_ones_takes_it(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     targets = lay_out_targets(stack, scope)
     now = whole_seconds(datetime.now(UTC))
@@ -453,7 +438,7 @@ def test_a_heavy_workloads_next_replica_avoids_a_half_busy_gpu_a_light_ones_take
 
 
 def test_a_pod_whose_hint_disagrees_with_its_siblings_follows_its_hint(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     """Learned figures first, so that each hint overrides one; the hints' placements are
     checked in both modes, and a mode that learns nothing fails with `NotLearnedError` last."""
@@ -497,8 +482,8 @@ def test_a_workload_with_no_data_uses_the_default(
 ) -> None:
     """Replicas that run, on a node whose agent publishes no per-pod figures (an agent older
     than the key, or none readable), teach nothing: their next replica counts the policy's
-    default, as a pod without a workload does. 0.30 does not fit on a GPU at 0.65, which
-    alone is within the limit."""
+    default, as a pod without a workload does. The default (0.50) does not fit on a GPU at
+    0.65, which alone is within the limit."""
     busy = 0.65
     targets = lay_out_targets(stack, scope, busy=busy)
     now = whole_seconds(datetime.now(UTC))
@@ -534,7 +519,7 @@ PHASE_S: Final = 30
 
 
 def test_the_learned_figure_follows_a_workload_whose_load_changes(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     """New samples of the same replicas replace their old ones at once; samples of replicas
     gone (a rollout replaced them) age out `own_load_max_age_s` after they were taken. The

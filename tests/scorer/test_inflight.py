@@ -471,6 +471,7 @@ def test_explain_shows_the_inflight_pods_and_the_pool() -> None:
                 "allocation_pending": True,
                 "load_pending": True,
                 "gpu_load": 0.5,
+                "gpu_load_source": "hint",
                 "bound_at": bound_at,
                 "provisional": False,
                 "nominated": False,
@@ -497,12 +498,13 @@ def test_explain_shows_the_inflight_pods_and_the_pool() -> None:
     text = render_text(document)
     assert "  in-flight: 1 pod, 2 gpus not yet allocated in the data, 2 gpus of load" in text
     assert re.search(
-        rf"    default/job-1: 2 gpus?, allocation and load pending, load 0.50, bound {bound_at}",
+        r"    default/job-1: 2 gpus?, allocation and load pending, load 0.50 \(hint\), "
+        rf"bound {bound_at}",
         text,
     )
     assert ", 2 held by in-flight pods, pool 4, fit probability 0.75 (allocations checked)" in text
     assert "    utilization judged 0.90" in text
-    assert re.search(r"default/job-2: 4 gpus?, load pending, load 1.00", text)
+    assert re.search(r"default/job-2: 4 gpus?, load pending, load 1.00 \(policy\)", text)
 
 
 def test_explain_without_inflight_pods_shows_none() -> None:

@@ -7,10 +7,12 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.ownload import (
     Learned,
@@ -28,9 +30,20 @@ from exporter_scheduler.serving.nodestore import NodeStore
 from gpu_contract.schema import Field
 from tests.scorer._http_helpers import args_body
 from tests.scorer._http_helpers import pod as http_pod
-from tests.scorer.scoring_builders import NOW, PREFIX, Gpu, gpu_node, node, pod, run, runs
+from tests.scorer.scoring_builders import (
+    NOW,
+    PREFIX,
+    Gpu,
+    bound_pod,
+    gpu_node,
+    node,
+    pod,
+    run,
+    runs,
+    with_pods,
+)
 
-POLICY = Policy()  # own load counted, 0.30 per GPU by default
+POLICY = Policy(own_load_gpu_load=0.30)  # own load counted, 0.30 per GPU by default
 OFF = Policy(own_load=False)
 
 
@@ -285,3 +298,88 @@ def test_a_class_basis_stays_where_the_workloads_figure_moved_since() -> None:
     own = with_learned_basis(evaluation, same).own_load
     assert own is not None
     assert (own.samples, own.pods) == (50, 25)
+
+
+def test_a_pod_heavier_than_the_limit_still_fits_an_idle_gpu_only() -> None:
+    """A workload whose pods fill their GPU (learned 0.95, above the 0.90 limit) pushes no other
+    work over the limit on an idle GPU: its load counts up to the limit, not past it."""
+    heavy = _learned(pod(), 0.95)
+    busy = gpu_node("busy", runs((1, Gpu(utilization=0.05))))
+    idle_verdict, busy_verdict = run([IDLE, busy], heavy, POLICY).verdicts
+    assert idle_verdict.passed, idle_verdict.reason
+    assert not busy_verdict.passed
+    # On node-level data as well: an idle node takes it, a node with any load does not.
+    level = [
+        node(name, utilization=u, overrides={Field.GPU_COUNT: "1"})
+        for name, u in (("level-idle", 0.0), ("level-busy", 0.05))
+    ]
+    assert [v.passed for v in run(level, heavy, POLICY).verdicts] == [True, False]
+
+
+# ----------------------------------------------------------------------------- in-flight pods
+
+
+def _in_flight(**learned: int | None) -> BoundPod:
+    """A 4-GPU pod bound 5 s ago, no status yet, of a workload whose load is `learned`."""
+    the_pod = bound_pod("replica-1", gpus=4)
+    if not learned:
+        return the_pod
+    figures = Learned(learned.get("util_bp"), learned.get("mem_mib"), 6, 3)
+    return msgspec.structs.replace(the_pod, workload="default/deploy/infer", learned=figures)
+
+
+# (in-flight pod, policy, utilization judged: 0.40 published on 8 GPUs + the in-flight pod's
+# 4 GPUs x its load / 8 + the 1-GPU pod's own 0.30 / 8 when own load counts)
+INFLIGHT_ESTIMATE_CASES = [
+    pytest.param(_in_flight(), OFF, 0.40 + 4 * 1.0 / 8, id="off-inflight-gpu-load-1.0"),
+    pytest.param(_in_flight(util_bp=5000), OFF, 0.40 + 4 * 1.0 / 8, id="off-learned-not-read"),
+    pytest.param(
+        _in_flight(), POLICY, 0.40 + 4 * 0.30 / 8 + 0.30 / 8, id="on-no-data-the-own-default"
+    ),
+    pytest.param(
+        _in_flight(util_bp=5000),
+        POLICY,
+        0.40 + 4 * 0.50 / 8 + 0.30 / 8,
+        id="on-its-workloads-learned-load",
+    ),
+    pytest.param(
+        msgspec.structs.replace(_in_flight(util_bp=5000), gpu_load_bp=1000),
+        POLICY,
+        0.40 + 4 * 0.10 / 8 + 0.30 / 8,
+        id="on-its-hint-before-its-siblings",
+    ),
+]
+
+
+@pytest.mark.parametrize(("inflight", "policy", "judged"), INFLIGHT_ESTIMATE_CASES)
+def test_inflight_pods_count_their_own_estimate(
+    inflight: BoundPod, policy: Policy, judged: float
+) -> None:
+    the_node = with_pods(node(utilization=0.40, overrides={Field.GPU_COUNT: "8"}), inflight)
+    verdict = run([the_node], pod(gpus=1), policy).verdicts[0]
+    assert verdict.utilization_judged == pytest.approx(judged, abs=1e-4)
+
+
+def test_inflight_pods_hold_the_memory_their_workload_uses() -> None:
+    """Largest free judged: 80000 MiB less 4 GPUs x the memory the in-flight pod's workload
+    holds per GPU (no `min-gpu-memory-mib` hint: before, nothing was subtracted)."""
+    inflight = _in_flight(util_bp=1000, mem_mib=15360)
+    the_node = with_pods(node(utilization=0.10, overrides={Field.GPU_COUNT: "8"}), inflight)
+    asking = pod(gpus=1, min_memory_mib="30000")
+    on = run([the_node], asking, POLICY).verdicts[0]
+    assert on.memory_largest_free_judged_mib == 80_000 - 4 * 15360  # 18560: too little
+    assert on.reason == "gpu memory below 30000MiB free on one gpu"
+    off = run([the_node], asking, OFF).verdicts[0]
+    assert off.memory_largest_free_judged_mib is None  # nothing known of its memory
+    assert off.passed, off.reason
+
+
+def test_explain_shows_each_inflight_pods_estimate_source() -> None:
+    the_node = with_pods(
+        node(utilization=0.40, overrides={Field.GPU_COUNT: "8"}), _in_flight(util_bp=5000)
+    )
+    the_pod = pod(gpus=1)
+    document = explain(evaluate(the_pod, [the_node], NOW, POLICY), the_pod, NOW, POLICY)
+    counted = document["nodes"][0]["inflight"]["pods"][0]
+    assert (counted["gpu_load"], counted["gpu_load_source"]) == (0.5, "learned")
+    assert "load 0.50 (learned)" in render_text(document)

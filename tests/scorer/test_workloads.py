@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -12,9 +14,13 @@ from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.core.workload import Owner, workload_of
 from exporter_scheduler.edges.podobjects import OBJECT, PAGE, bound_pod
+from exporter_scheduler.serving.wire import decode_args
 from exporter_scheduler.serving.workloads import MAX_SAMPLES_PER_WORKLOAD, WorkloadLoads
 from gpu_contract.podusage import GpuShare, PodUsage
 from gpu_contract.schema import DEFAULT_KEYS, GpuState, Health, NodeGpuState, encode
+from tests.scorer._http_helpers import args_body
+from tests.scorer._http_helpers import node as node_doc
+from tests.scorer._http_helpers import pod as pod_doc
 from tests.scorer.scoring_builders import NOW, PREFIX
 
 RS = Owner("ReplicaSet", "llm-7c9f8d6b5", controller=True)
@@ -228,5 +234,105 @@ def test_a_learned_figure_changes_the_pods_class_and_verdict() -> None:
     store.observe(_node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)}))
     half = gpu_node("half", runs((1, Gpu(utilization=0.45))))
     heavy = dataclasses.replace(pod(), learned=store.learned_for(DEPLOY, NOW))
-    assert evaluate(heavy, [half], NOW, Policy()).passed_names() == []
-    assert evaluate(pod(), [half], NOW, Policy()).passed_names() == ["half"]
+    policy = Policy(own_load_gpu_load=0.30)
+    assert evaluate(heavy, [half], NOW, policy).passed_names() == []
+    assert evaluate(pod(), [half], NOW, policy).passed_names() == ["half"]
+
+
+# ----------------------------------------------------------------------------- both modes
+
+
+def test_full_node_requests_teach_what_the_node_watch_teaches() -> None:
+    """The same agent write, seen by the Node watch (names-only) or in a request's Nodes
+    (full-node), gives the same figure; a Node sent again with the same data is not read."""
+    pods = (_bound("a", "n1", DEPLOY, 600), _bound("b", "n1", DEPLOY, 600))
+    data = _node("n1", NOW, {"a": (0.62, 20_000), "b": (0.58, 18_000)})
+    watched, requested = _store(), _store()
+    watched.set_pods("n1", pods)
+    requested.set_pods("n1", pods)
+    watched.observe(data)
+
+    def records(*nodes: tuple[str, Mapping[str, str]]) -> list[Any]:
+        body = args_body(pod_doc(), [node_doc(name, values) for name, values in nodes])
+        return list(decode_args(body, gpu_resource_name="nvidia.com/gpu").records)
+
+    sent = records(("n1", data.annotations), ("n2", {}))
+    assert requested.observe_requested(sent, DEFAULT_KEYS) == 2  # both new (n2: no usage)
+    assert requested.learned_for(DEPLOY, NOW) == watched.learned_for(DEPLOY, NOW) is not None
+    again = records(("n1", data.annotations), ("n2", {}))
+    assert requested.observe_requested(again, DEFAULT_KEYS) == 0
+
+
+def test_pods_are_stamped_with_their_workloads_figure() -> None:
+    store = _store()
+    pods = (_bound("a", "n1", DEPLOY, 600), _bound("b", "n1", DEPLOY, 600))
+    assert store.stamp(pods, NOW) is pods  # nothing learned yet: the same tuple
+    store.set_pods("n1", pods)
+    generation = store.generation
+    store.observe(_node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)}))
+    assert store.generation > generation
+    stamped = store.stamp(pods, NOW)
+    assert [p.learned for p in stamped] == [store.learned_for(DEPLOY, NOW)] * 2
+    assert store.stamp(stamped, NOW) is stamped
+    pods_of = store.stamped_pods_of({"n1": pods}.get, NOW)  # type: ignore[arg-type]
+    assert pods_of("n1") is pods_of("n1")  # a stable key for the full-node verdict cache
+    assert pods_of("n1") == stamped
+
+
+def test_the_node_store_hands_in_flight_pods_their_workloads_figure() -> None:
+    from exporter_scheduler.serving.nodestore import NodeStore  # noqa: PLC0415
+
+    learned = _store()
+    teachers = (_bound("a", "n1", DEPLOY, 600), _bound("b", "n1", DEPLOY, 600))
+    learned.set_pods("n1", teachers)
+    learned.observe(_node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)}))
+    store = NodeStore(clock=lambda: NOW, learned=learned)
+    store.set_pods("n2", (_bound("c", "n2", DEPLOY, None),))
+    assert store.pods_of("n2")[0].learned == learned.learned_for(DEPLOY, NOW)
+
+
+def test_a_full_node_app_learns_from_its_requests() -> None:
+    """Full-node mode with the Pod watch: the request's own Nodes teach the workload's load
+    (0.70 on n1), and the next replica avoids the half-busy GPUs it would have taken under
+    the default 0.30."""
+    import json  # noqa: PLC0415
+
+    from exporter_scheduler.core.policy import Policy  # noqa: PLC0415
+    from exporter_scheduler.serving.app import ScorerApp  # noqa: PLC0415
+
+    teachers = (_bound("a", "n1", DEPLOY, 600), _bound("b", "n1", DEPLOY, 600))
+    data = _node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)})
+    replica = {
+        "metadata": {
+            "name": "llm-7c9f8d6b5-new",
+            "namespace": "ml",
+            "labels": {"pod-template-hash": "7c9f8d6b5"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "llm-7c9f8d6b5",
+                    "uid": "u",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+    body = args_body(replica, [node_doc("n1", data.annotations)])
+
+    def passed(learn: bool) -> list[str]:
+        store = _store()
+        store.set_pods("n1", teachers)
+        app = ScorerApp(
+            policy=Policy(own_load_gpu_load=0.30),
+            clock=lambda: NOW,
+            pods_of={"n1": teachers}.get,  # type: ignore[arg-type]
+            workloads=store,
+            learn_from_requests=learn,
+        )
+        reply = json.loads(app.handle("filter", body).body)
+        return [item["metadata"]["name"] for item in reply["Nodes"]["items"]]
+
+    assert passed(learn=False) == ["n1"]  # 0.50 + the default 0.30: within 0.90
+    assert passed(learn=True) == []  # 0.50 + its siblings' 0.70

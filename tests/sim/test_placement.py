@@ -326,15 +326,16 @@ def test_per_gpu_sends_a_four_gpu_pod_where_four_gpus_are_idle() -> None:
         _node("even", per_gpu=_table(*[0.5] * 8)),
         _node("split", per_gpu=busy_allocated),
     ]
-    pod = _pod(gpus=4)
+    # A light pod (hint 0.30): its own load fits on GPUs at 0.50.
+    pod = _pod(gpus=4, expected_gpu_load=0.3)
     assert _pick("per-gpu", pod, nodes) == "split"
-    assert _pick("per-gpu", _pod(gpus=5), nodes) == "even"
+    assert _pick("per-gpu", _pod(gpus=5, expected_gpu_load=0.3), nodes) == "even"
     unaccounted = [
         _node("even", per_gpu=_table(*[0.5] * 8)),
         _node("split", per_gpu=_table(*[0.0] * 4, *[1.0] * 4)),
     ]
     assert _pick("per-gpu", pod, unaccounted) == "even"
-    assert _pick("per-gpu", _pod(gpus=1), unaccounted) == "even"
+    assert _pick("per-gpu", _pod(gpus=1, expected_gpu_load=0.3), unaccounted) == "even"
     assert {n.setup.name for n in nodes} == {
         _pick_seeded("node-aggregate", pod, nodes, seed) for seed in range(20)
     }
@@ -524,6 +525,7 @@ def test_every_pod_is_placed_or_pending(small_runs: dict[str, dict[str, Any]]) -
         assert sum(summary["placed_by_kind"].values()) == summary["placed"]
         pushed = summary["gpus_pushed_over_limit"]
         assert sum(summary["gpus_pushed_over_limit_by_cause"].values()) == pushed
+        assert sum(summary["gpus_pushed_over_limit_by_estimate"].values()) == pushed
         assert summary["gpus_pushed_over_limit_burst"] <= pushed
         assert summary["burst_short_placements"] <= summary["short_placements"]
         assert summary["short_placements"] <= summary["fewer_suitable"]
