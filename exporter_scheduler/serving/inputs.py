@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
+from exporter_scheduler.core.dra import ClaimInfo, NodeDevices
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.ownload import Learned
 
@@ -43,3 +44,13 @@ class Groups(Protocol):
     def active(self) -> bool: ...
 
     def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]: ...
+
+
+class DraSource(Protocol):
+    """ResourceClaims and device taints from the DRA watch (`dracache.DraData`)."""
+
+    claims_ready: bool
+
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None: ...
+
+    def devices(self, pool: str) -> NodeDevices: ...
