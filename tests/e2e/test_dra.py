@@ -16,6 +16,8 @@ v1beta2 API (API server).
 from __future__ import annotations
 
 import itertools
+import json
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,16 +37,34 @@ from agent.tainter import DeviceTainter, DraState
 from loopback_cluster.control_plane import (
     BuildSpec,
     ControlPlane,
+    ExtenderConfig,
     KubeApi,
     SchedulerConfig,
     running_control_plane,
 )
-from loopback_cluster.workload import agent_process, running, wait_for
-from tests.e2e.support import AgentIdentity, Scope, installed_agent, require_control_plane
+from loopback_cluster.workload import (
+    ScorerProcess,
+    agent_process,
+    per_gpu_node_state,
+    publish,
+    running,
+    scorer_process,
+    wait_for,
+)
+from tests.e2e.support import (
+    WATCH_SYNC_S,
+    AgentIdentity,
+    Scope,
+    explain_nodes,
+    installed_agent,
+    require_control_plane,
+)
 
 DRIVER = "gpu.nvidia.com"
 PREFIX = "gpu-scheduler.example.com/"
 SCHEDULER = "dra-e2e"
+# The scheduler that calls the scorer, with DRA judging on (no managedResources).
+SCORED_SCHEDULER = "dra-scored-e2e"
 GPUS = 8
 BURST = 20
 CLAIM_NAME = "gpu"
@@ -221,7 +241,9 @@ def rules(plane: ControlPlane, node: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- claims and pods
 
 
-def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
+def claim_pods(
+    scope: Scope, prefix: str, count: int, *, scheduler: str = SCHEDULER, cpu: str | None = None
+) -> list[str]:
     """`count` pods, each with a claim from the template made as the resourceclaim controller
     makes it; each pod is held by a scheduling gate until its claim is ready, then released."""
     api = scope.api
@@ -233,7 +255,7 @@ def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
             {
                 "metadata": {"name": name},
                 "spec": {
-                    "schedulerName": SCHEDULER,
+                    "schedulerName": scheduler,
                     "schedulingGates": [{"name": GATE}],
                     "terminationGracePeriodSeconds": 0,
                     "resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": TEMPLATE}],
@@ -241,7 +263,10 @@ def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
                         {
                             "name": "cuda",
                             "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                            "resources": {"claims": [{"name": CLAIM_NAME}]},
+                            "resources": {
+                                "claims": [{"name": CLAIM_NAME}],
+                                **({"requests": {"cpu": cpu}} if cpu else {}),
+                            },
                         }
                     ],
                 },
@@ -562,3 +587,160 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     with control_plane.admin() as api:
         for device in held:
             api.delete(f"{RESOURCE}/v1/devicetaintrules/gpu-scheduler.{identity.own_node}.{device}")
+
+
+# ----------------------------------------------------------------------------- with the scorer
+
+
+@pytest.fixture(scope="module")
+def dra_scorer(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ScorerProcess]:
+    """`gpu-scorer serve --dra` (names only) and a kube-scheduler calling it for every pod of
+    its profile, as the chart registers it with scorer.dra.enabled (no managedResources)."""
+    log_dir = tmp_path_factory.mktemp("dra-scorer")
+    scorer = scorer_process(
+        log_dir,
+        kubeconfig=control_plane.admin_kubeconfig,
+        name="gpu-scorer-dra",
+        extra_args=["--dra"],
+    )
+    scorer.start()
+    try:
+        scorer.wait_ready()
+        watches = ("gpu_scorer_claim_cache_ready", "gpu_scorer_taint_rule_cache_ready")
+        wait_for(
+            "the scorer's DRA watches to list",
+            lambda: all(scorer.metric(m) == 1 for m in watches),
+            timeout_s=WATCH_SYNC_S,
+        )
+        extender = ExtenderConfig(
+            scorer.url, node_cache_capable=True, ignorable=False, managed_resource=None
+        )
+        control_plane.start_scheduler(SchedulerConfig(SCORED_SCHEDULER, extender))
+        try:
+            yield scorer
+        finally:
+            control_plane.stop_scheduler(f"kube-scheduler-{SCORED_SCHEDULER}")
+    finally:
+        scorer.kill()
+
+
+def allocated_claim(api: KubeApi, name: str, pool: str, device: str) -> str:
+    """A claim of another workload holding `device` of `pool`, allocated as the scheduler
+    records it (status.allocation), so the allocator and the scorer count it as taken."""
+    api.create(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+        {
+            "metadata": {"name": name, "finalizers": ["resource.kubernetes.io/delete-protection"]},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": CLAIM_NAME, "exactly": {"deviceClassName": DRIVER}}]
+                }
+            },
+        },
+    )
+    api.merge_patch(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}/status",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": CLAIM_NAME,
+                                "driver": DRIVER,
+                                "pool": pool,
+                                "device": device,
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    return name
+
+
+def explained_claims(
+    scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]
+) -> list[list[str]] | None:
+    """The allocations of the pod's claims as the scorer's explain reports them (None: the
+    scorer does not know the pod's claims yet)."""
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": nodes}).encode()
+    request = urllib.request.Request(
+        f"{scorer.url}/explain", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        document = json.loads(response.read())
+    dra = document.get("pod", {}).get("dra")
+    if not dra or not dra["claims"]:
+        return None
+    return [list(pair) for claim in dra["claims"] for pair in claim["allocated"]]
+
+
+def pools_of(api: KubeApi, pods: list[str]) -> dict[str, str | None]:
+    """pod -> the pool (node) of its claim's device, once every pod is allocated."""
+
+    def allocated() -> dict[str, str | None] | None:
+        found: dict[str, str | None] = {}
+        for name in pods:
+            claim = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}-{CLAIM_NAME}")
+            allocation = claim.get("status", {}).get("allocation")
+            if not allocation:
+                return None
+            (result,) = allocation["devices"]["results"]
+            found[name] = f"{result['pool']}/{result['device']}"
+        return found
+
+    return wait_for(f"{len(pods)} claims to be allocated", allocated, timeout_s=90, interval_s=0.5)
+
+
+def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
+    dra_scorer: ScorerProcess, scope: Scope
+) -> None:
+    """Node a: its 4 idle GPUs are allocated to other claims, its 4 free ones are hot (no taint
+    yet: the agent's write waits its minute). Node a's mean (0.49) is below node b's (0.55, on
+    GPUs that still fit a pod's own load) and b has few CPUs, so on node-level data alone and by
+    kube-scheduler's own scores a looks better; only the claims show that the allocator would
+    hand out a hot GPU there. Every claim pod goes to b; explain shows what was counted on a
+    and why."""
+    api = scope.api
+    a, b = scope.node("a", cpu="64"), scope.node("b", cpu="4")
+    for node in (a, b):
+        publish_slice(api, node)
+    others = [allocated_claim(api, scope.name(f"other-{m}"), a, f"gpu-{m}") for m in range(4)]
+    publish(api, a, per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4))
+    publish(api, b, per_gpu_node_state([(0.55, None)] * 8))
+    try:
+        # The scorer holds the last claim's allocation (its watch is in order) and the nodes'.
+        probe = {
+            "metadata": {"name": "probe", "namespace": "default"},
+            "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": others[-1]}]},
+        }
+        wait_for(
+            "the scorer to hold the other claims' allocations",
+            lambda: explained_claims(dra_scorer, probe, [a]) == [[a, "gpu-3"]],
+            timeout_s=WATCH_SYNC_S,
+        )
+        scope.settle()
+        pods = claim_pods(scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m")
+        placed = pools_of(api, pods)
+        assert all(str(device).startswith(f"{b}/") for device in placed.values()), placed
+        pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
+        explained = explain_nodes(dra_scorer.url, api, pod, [a, b], names_only=True)
+        table_a = explained[a]["gpus"]["table"]
+        assert [row["status"] for row in table_a] == ["allocated"] * 4 + ["utilization"] * 4
+        assert explained[a]["verdict"] == "fail"
+        assert explained[a]["reason"] == "no gpu at or below utilization 0.90"
+        assert explained[b]["verdict"] == "pass"
+        assert explained[b]["gpus"]["counted"] != []
+        assert explained[b]["gpus"]["allocation_checked"] is True
+        release(api, pods)
+    finally:
+        for name in others:
+            path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}"
+            api.merge_patch(path, {"metadata": {"finalizers": None}})
+            api.delete(path)
+        for node in (a, b):
+            api.delete(f"{RESOURCE}/v1/resourceslices/{node}-{DRIVER}")
