@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import msgspec
@@ -28,12 +29,15 @@ from exporter_scheduler.core.dra import (
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.dracache import (
+    DraCache,
     DraData,
     _Claim,
     _Rule,
     claim_info,
+    discover,
     rule_taint,
 )
+from exporter_scheduler.edges.listwatch import CacheTuning
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.dra import dra_pod
 from exporter_scheduler.serving.explain import explain
@@ -332,3 +336,84 @@ def test_app_filters_a_claim_pod_on_the_devices_left() -> None:
     assert len(json.loads(plain.handle("filter", body).body)["Nodes"]["items"]) == 2
     scores = json.loads(app.handle("prioritize", body).body)
     assert {s["Host"]: s["Score"] for s in scores}["node-a"] == 0
+
+
+# ------------------------------------------------------------------------------- faults at start
+class _ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class _Response:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Client:
+    """The client's `call_api` as discovery uses it: a scripted answer per path."""
+
+    def __init__(self, answers: dict[str, list[Any]]) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+
+    def call_api(self, path: str, method: str, **_: Any) -> _Response:
+        self.calls.append(path)
+        queue = self.answers[path]
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return _Response(answer)
+
+
+class _Api:
+    def __init__(self, client: _Client) -> None:
+        self.api_client = client
+
+
+FAST = CacheTuning(backoff_initial_s=0.01, backoff_max_s=0.02)
+
+
+def test_without_the_dra_api_one_line_and_no_watch(caplog: pytest.LogCaptureFixture) -> None:
+    client = _Client({"/apis/resource.k8s.io": [_ApiError(404)]})
+    with caplog.at_level(logging.INFO, logger="exporter_scheduler.dracache"):
+        cache = DraCache(driver=DRIVER, device_classes=[DRIVER], api=_Api(client), tuning=FAST)
+        with cache:
+            assert cache.wait_until(lambda c: c.absent is not None, 10.0)
+    assert cache.absent == "the API server serves no resource.k8s.io ResourceClaims"
+    assert not cache.ready
+    assert client.calls == ["/apis/resource.k8s.io"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["DRA pods judged as other pods: no DRA data"]
+
+
+def test_discovery_retries_api_errors_then_finds_the_resources() -> None:
+    """An API error is not an answer: discovery raises (the cache retries with back-off), and
+    the next try finds what is served."""
+    group = {"versions": [{"version": "v1"}]}
+    resources = {"resources": [{"name": "resourceclaims"}]}
+    client = _Client(
+        {
+            "/apis/resource.k8s.io": [_ApiError(503), group],
+            "/apis/resource.k8s.io/v1": [resources],
+        }
+    )
+    with pytest.raises(_ApiError):
+        discover(_Api(client))
+    assert discover(_Api(client)) == {"resourceclaims": "v1"}
+    retried = _Client(
+        {
+            "/apis/resource.k8s.io": [_ApiError(503), group],
+            "/apis/resource.k8s.io/v1": [resources],
+        }
+    )
+    cache = DraCache(driver=DRIVER, device_classes=[DRIVER], api=_Api(retried), tuning=FAST)
+    # Discovery succeeds on its second try and starts the claim watch (whose LIST this fake
+    # client cannot answer: it retries until stopped).
+    with cache:
+        assert cache.wait_until(lambda c: c.absent is not None, 10.0)
+    assert retried.calls[:2] == ["/apis/resource.k8s.io", "/apis/resource.k8s.io"]
+    assert cache.absent == "the API server serves no resource.k8s.io DeviceTaintRules"
