@@ -65,6 +65,10 @@ PREFIX = "gpu-scheduler.example.com/"
 SCHEDULER = "dra-e2e"
 # The scheduler that calls the scorer, with DRA judging on (no managedResources).
 SCORED_SCHEDULER = "dra-scored-e2e"
+# A DeviceClass that backs the GPU extended resource with DRA (extendedResourceName); pods that
+# request nvidia.com/gpu on a node without a device plugin get a claim the scheduler makes.
+EXTENDED_CLASS = "gpu-extended.nvidia.com"
+GPU_RESOURCE = "nvidia.com/gpu"
 GPUS = 8
 BURST = 20
 CLAIM_NAME = "gpu"
@@ -603,7 +607,11 @@ def dra_scorer(
         log_dir,
         kubeconfig=control_plane.admin_kubeconfig,
         name="gpu-scorer-dra",
-        extra_args=["--dra"],
+        extra_args=[
+            "--dra",
+            f"--dra-device-classes={DRIVER},{EXTENDED_CLASS}",
+            "--dra-extended-resource",
+        ],
     )
     scorer.start()
     try:
@@ -662,6 +670,20 @@ def allocated_claim(api: KubeApi, name: str, pool: str, device: str) -> str:
     return name
 
 
+def scorer_holds(scorer: ScorerProcess, claim: str, pool: str) -> None:
+    """Wait until the scorer's watch has `claim`'s allocation of gpu-3 of `pool` (the layout's
+    last claim: its watch is in order, so it has the earlier ones too)."""
+    probe = {
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
+    }
+    wait_for(
+        "the scorer to hold the other claims' allocations",
+        lambda: explained_claims(scorer, probe, [pool]) == [[pool, "gpu-3"]],
+        timeout_s=WATCH_SYNC_S,
+    )
+
+
 def explained_claims(
     scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]
 ) -> list[list[str]] | None:
@@ -696,6 +718,35 @@ def pools_of(api: KubeApi, pods: list[str]) -> dict[str, str | None]:
     return wait_for(f"{len(pods)} claims to be allocated", allocated, timeout_s=90, interval_s=0.5)
 
 
+def hot_free_gpus_layout(scope: Scope, *, dra_only: bool = False) -> tuple[str, str, list[str]]:
+    """Nodes a and b (and the other workloads' claims on a) as the two scored tests lay them
+    out; `dra_only`: the nodes advertise no GPU extended resource (no device plugin), so a pod
+    requesting it is served by the DeviceClass that names it."""
+    api = scope.api
+    a, b = scope.node("a", cpu="64"), scope.node("b", cpu="4")
+    for node in (a, b):
+        if dra_only:
+            gone = {GPU_RESOURCE: None}
+            api.merge_patch(
+                f"/api/v1/nodes/{node}/status",
+                {"status": {"allocatable": gone, "capacity": gone}},
+            )
+        publish_slice(api, node)
+    others = [allocated_claim(api, scope.name(f"other-{m}"), a, f"gpu-{m}") for m in range(4)]
+    publish(api, a, per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4))
+    publish(api, b, per_gpu_node_state([(0.55, None)] * 8))
+    return a, b, others
+
+
+def remove_layout(api: KubeApi, nodes: list[str], claims: list[str]) -> None:
+    for name in claims:
+        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}"
+        api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+    for node in nodes:
+        api.delete(f"{RESOURCE}/v1/resourceslices/{node}-{DRIVER}")
+
+
 def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
     dra_scorer: ScorerProcess, scope: Scope
 ) -> None:
@@ -706,23 +757,9 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
     hand out a hot GPU there. Every claim pod goes to b; explain shows what was counted on a
     and why."""
     api = scope.api
-    a, b = scope.node("a", cpu="64"), scope.node("b", cpu="4")
-    for node in (a, b):
-        publish_slice(api, node)
-    others = [allocated_claim(api, scope.name(f"other-{m}"), a, f"gpu-{m}") for m in range(4)]
-    publish(api, a, per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4))
-    publish(api, b, per_gpu_node_state([(0.55, None)] * 8))
+    a, b, others = hot_free_gpus_layout(scope)
     try:
-        # The scorer holds the last claim's allocation (its watch is in order) and the nodes'.
-        probe = {
-            "metadata": {"name": "probe", "namespace": "default"},
-            "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": others[-1]}]},
-        }
-        wait_for(
-            "the scorer to hold the other claims' allocations",
-            lambda: explained_claims(dra_scorer, probe, [a]) == [[a, "gpu-3"]],
-            timeout_s=WATCH_SYNC_S,
-        )
+        scorer_holds(dra_scorer, others[-1], a)
         scope.settle()
         pods = claim_pods(scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m")
         placed = pools_of(api, pods)
@@ -738,9 +775,93 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
         assert explained[b]["gpus"]["allocation_checked"] is True
         release(api, pods)
     finally:
-        for name in others:
-            path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}"
-            api.merge_patch(path, {"metadata": {"finalizers": None}})
-            api.delete(path)
-        for node in (a, b):
-            api.delete(f"{RESOURCE}/v1/resourceslices/{node}-{DRIVER}")
+        remove_layout(api, [a, b], others)
+
+
+def extended_claims(api: KubeApi, pods: list[str]) -> dict[str, str] | None:
+    """pod -> `pool/device` of the claim the scheduler made for its extended resource, once
+    every pod has one allocated (None before)."""
+    found: dict[str, str] = {}
+    listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")["items"]
+    for name in pods:
+        owned = [
+            c
+            for c in listing
+            if any(o.get("name") == name for o in c["metadata"].get("ownerReferences", []))
+        ]
+        allocation = owned[0].get("status", {}).get("allocation") if owned else None
+        if not allocation:
+            return None
+        (result,) = allocation["devices"]["results"]
+        found[name] = f"{result['pool']}/{result['device']}"
+    return found
+
+
+def test_scorer_keeps_dra_backed_extended_resource_pods_off_hot_free_gpus(
+    dra_scorer: ScorerProcess, scope: Scope
+) -> None:
+    """The same layout, nodes without a device plugin, and a DeviceClass whose
+    extendedResourceName is nvidia.com/gpu: pods requesting nvidia.com/gpu get a claim the
+    scheduler makes at binding (DRAExtendedResource: beta and on in 1.36, on in 1.37), and the
+    scorer (`--dra-extended-resource`) judges them on the devices left as it judges claims."""
+    api = scope.api
+    api.create(
+        f"{RESOURCE}/v1/deviceclasses",
+        {
+            "metadata": {"name": EXTENDED_CLASS},
+            "spec": {
+                "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                "extendedResourceName": GPU_RESOURCE,
+            },
+        },
+    )
+    a, b, others = hot_free_gpus_layout(scope, dra_only=True)
+    pods: list[str] = []
+    try:
+        scorer_holds(dra_scorer, others[-1], a)
+        scope.settle()
+        for index in range(4):
+            name = scope.name(f"extended-{index}")
+            scope.pod(
+                {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "schedulerName": SCORED_SCHEDULER,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [
+                            {
+                                "name": "cuda",
+                                "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                                "resources": {
+                                    "requests": {"cpu": "500m", GPU_RESOURCE: "1"},
+                                    "limits": {GPU_RESOURCE: "1"},
+                                },
+                            }
+                        ],
+                    },
+                }
+            )
+            pods.append(name)
+        placed = wait_for(
+            "the scheduler's claims for the extended resource to be allocated",
+            lambda: extended_claims(api, pods),
+            timeout_s=90,
+            interval_s=0.5,
+        )
+        assert all(device.startswith(f"{b}/") for device in placed.values()), placed
+        pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
+        pod["spec"].pop("nodeName", None)  # as the scheduler sent it, before binding
+        explained = explain_nodes(dra_scorer.url, api, pod, [a, b], names_only=True)
+        assert [row["status"] for row in explained[a]["gpus"]["table"]][:4] == ["allocated"] * 4
+        assert explained[a]["verdict"] == "fail"
+    finally:
+        for name in pods:
+            api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")["items"]
+        made = [
+            c["metadata"]["name"]
+            for c in listing
+            if any(o.get("name") in pods for o in c["metadata"].get("ownerReferences", []))
+        ]
+        remove_layout(api, [a, b], others + made)
+        api.delete(f"{RESOURCE}/v1/deviceclasses/{EXTENDED_CLASS}")
