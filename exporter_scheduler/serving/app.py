@@ -460,6 +460,8 @@ class ScorerApp:
             blocked=self._spread(request, pod_class)[1],
         )  # fmt: skip
         self.metrics.request_path_judgements_by_verb[verb].inc(len(nodes))
+        if verb == "filter":
+            self.metrics.observe_verdicts(evaluation.verdicts)
         return Response(200, dra_reply(verb, request, evaluation))
 
     def _explain(

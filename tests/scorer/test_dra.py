@@ -334,6 +334,9 @@ def test_app_filters_a_claim_pod_on_the_devices_left() -> None:
     # The same pod without a DRA watch asks for no GPU: both nodes pass.
     plain = ScorerApp(policy=POLICY, clock=fixed_clock(NOW))
     assert len(json.loads(plain.handle("filter", body).body)["Nodes"]["items"]) == 2
+    rendered = app.metrics.render()[0].decode()
+    counted = 'outcome="failed",reason="no gpu at or below utilization 0.90"} 1.0'
+    assert f"gpu_scorer_filter_verdicts_total{{{counted}" in rendered
     scores = json.loads(app.handle("prioritize", body).body)
     assert {s["Host"]: s["Score"] for s in scores}["node-a"] == 0
 
