@@ -517,10 +517,11 @@ class DraCache:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        for watch in self._watches:
-            watch.stop(timeout_s)
+        # Discovery first: it may be starting a watch, which is then in `_watches` to stop.
         if self._thread is not None:
             self._thread.join(timeout_s)
+        for watch in self._watches:
+            watch.stop(timeout_s)
 
     def __enter__(self) -> DraCache:
         return self.start()
