@@ -34,6 +34,8 @@ from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.simulated import SimulatedSource
 from agent.tainter import DeviceTainter, DraState
+from exporter_scheduler.core.dra import NO_DEVICES
+from exporter_scheduler.edges.dracache import DraCache
 from loopback_cluster.control_plane import (
     BuildSpec,
     ControlPlane,
@@ -865,3 +867,53 @@ def test_scorer_keeps_dra_backed_extended_resource_pods_off_hot_free_gpus(
         ]
         remove_layout(api, [a, b], others + made)
         api.delete(f"{RESOURCE}/v1/deviceclasses/{EXTENDED_CLASS}")
+
+
+def test_the_dra_watch_holds_what_the_api_server_holds(
+    control_plane: ControlPlane, scope: Scope
+) -> None:
+    """The scorer's DRA watch (edges/dracache.py) against the real API server: a claim's GPU
+    count, its allocation as the status changes and its deletion; a DeviceTaintRule of the
+    driver in the version the server serves (v1 in 1.37, v1beta2 in 1.36), and its deletion."""
+    api = scope.api
+    pool = scope.name("pool")
+    rules_version = "v1" if control_plane.spec.release >= (1, 37) else "v1beta2"
+    rule_name = scope.name("rule")
+    claim_name = scope.name("watched")
+    with DraCache(
+        driver=DRIVER,
+        device_classes=[DRIVER],
+        kubeconfig=str(control_plane.admin_kubeconfig),
+    ) as cache:
+        assert cache.wait_until(lambda c: c.data.claims_ready and c.data.taints_ready, 30.0)
+        allocated_claim(api, claim_name, pool, "gpu-2")
+        assert cache.wait_until(
+            lambda c: c.data.devices(pool).allocated == {"gpu-2": f"default/{claim_name}"}, 30.0
+        )
+        claim = cache.data.claim("default", claim_name)
+        assert claim is not None
+        assert claim.gpus == 1
+        api.create(
+            f"{RESOURCE}/{rules_version}/devicetaintrules",
+            {
+                "metadata": {"name": rule_name},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER, "pool": pool, "device": "gpu-5"},
+                    "taint": {"key": PREFIX + "utilization", "effect": "NoSchedule"},
+                },
+            },
+        )
+        assert cache.wait_until(
+            lambda c: (
+                [t.key for t in c.data.devices(pool).taints.get("gpu-5", ())]
+                == [PREFIX + "utilization"]
+            ),
+            30.0,
+        )
+        api.delete(f"{RESOURCE}/{rules_version}/devicetaintrules/{rule_name}")
+        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{claim_name}"
+        api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+        assert cache.wait_until(lambda c: c.data.devices(pool) is NO_DEVICES, 30.0)
+        assert cache.data.claim("default", claim_name) is None
+        assert cache.absent is None
