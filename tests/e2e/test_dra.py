@@ -15,6 +15,7 @@ v1beta2 API (API server).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import urllib.request
@@ -42,17 +43,19 @@ from loopback_cluster.control_plane import (
     ExtenderConfig,
     KubeApi,
     SchedulerConfig,
+    free_port,
     running_control_plane,
 )
 from loopback_cluster.workload import (
     ScorerProcess,
-    agent_process,
     per_gpu_node_state,
     publish,
     running,
     scorer_process,
     wait_for,
 )
+from tests.deploy.chart_support import NAMESPACE, Rendered, parse_manifests, template
+from tests.deploy.image_support import chart_container, mounted_image, service_account_files
 from tests.e2e.support import (
     WATCH_SYNC_S,
     AgentIdentity,
@@ -555,7 +558,9 @@ def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
 def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     identity: AgentIdentity, control_plane: ControlPlane, scope: Scope, tmp_path: Path
 ) -> None:
-    """The `gpu-agent run` binary with the chart's identity, on a simulated source losing a GPU."""
+    """`gpu-agent run` from the built image, as the chart's pod spec runs it (its user, its
+    environment, a read-only root, the service-account files of its identity), on a simulated
+    source losing a GPU."""
     seed = 3
     simulated = SimulatedSource(gpus=GPUS, seed=seed)
     uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
@@ -565,27 +570,47 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     # the simulated GPUs instead of the test's own.
     scope.api.delete(f"{RESOURCE}/v1/resourceslices/{identity.own_node}-{DRIVER}")
     publish_slice(scope.api, identity.own_node, uuids)
-    kubeconfig = control_plane.token_kubeconfig(tmp_path / "agent.kubeconfig", identity.token)
-    agent = agent_process(
-        tmp_path,
-        node_name=identity.own_node,
-        kubeconfig=kubeconfig,
-        extra_args=[
-            f"--seed={seed}",
-            "--simulated-lose-gpu-after=3",
-            "--sample-interval=1",
-            "--min-write-interval=1",
-            # Seconds, not the default minute: a busy GPU's taint turns into the health one at once.
-            "--dra-min-write-interval=1",
-        ],
+    values = {
+        "agent": {
+            "source": "simulated",
+            "simulated": {"gpus": GPUS, "seed": seed},
+            # No kubelet here; without its socket the chart runs the agent as its non-root user.
+            "podResources": {"enabled": False},
+            "sampleIntervalSeconds": 1,
+            "minWriteIntervalSeconds": 1,
+            "metricsPort": free_port(),
+        }
+    }
+    text = template(values)
+    rendered = Rendered(text=text, manifests=parse_manifests(text))
+    credentials = service_account_files(
+        tmp_path / "serviceaccount",
+        token=identity.token,
+        ca_file=control_plane.pki.ca_cert,
+        namespace=NAMESPACE,
     )
-    with running(agent):
+    with mounted_image() as mounted:
+        container = chart_container(
+            rendered,
+            "agent",
+            fields={"spec.nodeName": identity.own_node},
+            service_account=credentials,
+            api_port=control_plane.ports.apiserver,
+        )
+        # Not chart values: lose the GPU soon, and write its taint within seconds, not the
+        # default minute, so that a busy GPU's taint turns into the health one at once.
+        container = dataclasses.replace(
+            container,
+            argv=[*container.argv, "--simulated-lose-gpu-after=3", "--dra-min-write-interval=1"],
+        )
+        agent = mounted.process(container, tmp_path / "agent.log", "gpu-agent")
+        with running(agent):
 
-        def health_rule() -> dict[str, str] | None:
-            found = rules(control_plane, identity.own_node)
-            return found if found.get(lost) == PREFIX + "health" else None
+            def health_rule() -> dict[str, str] | None:
+                found = rules(control_plane, identity.own_node)
+                return found if found.get(lost) == PREFIX + "health" else None
 
-        held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
+            held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
     assert held[lost] == PREFIX + "health", agent.log()
     assert all(key.startswith(PREFIX) for key in held.values())
     assert "DRA device taints active" in agent.log()
