@@ -29,6 +29,7 @@ from exporter_scheduler.core.dra import (
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.dracache import (
+    ClaimWatch,
     DraCache,
     DraData,
     _Claim,
@@ -420,3 +421,20 @@ def test_discovery_retries_api_errors_then_finds_the_resources() -> None:
         assert cache.wait_until(lambda c: c.absent is not None, 10.0)
     assert retried.calls[:2] == ["/apis/resource.k8s.io", "/apis/resource.k8s.io"]
     assert cache.absent == "the API server serves no resource.k8s.io DeviceTaintRules"
+
+
+def test_a_malformed_claim_event_is_skipped_and_the_rest_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([])
+    watch = ClaimWatch(data, "v1", metrics=None, tuning=None, rng=None, api=object())
+    bad = {"type": "ADDED", "object": {**CLAIM_V1, "spec": {"devices": {"requests": "x"}}}}
+    with caplog.at_level(logging.WARNING):
+        watch._apply(json.dumps(bad).encode())
+    assert len(data) == 0
+    assert "undecodable claim watch event skipped" in caplog.text
+    watch._apply(json.dumps({"type": "ADDED", "object": CLAIM_V1}).encode())
+    assert data.devices("node-a").allocated == {"gpu-1": "ns/c", "gpu-4": "ns/c"}
+    watch._apply(json.dumps({"type": "DELETED", "object": CLAIM_V1}).encode())
+    assert data.devices("node-a") is NO_DEVICES
