@@ -23,6 +23,7 @@ in the pod's claims and the node's allocations and taints as they are in memory.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Final, Literal
 
 import msgspec
@@ -147,3 +148,41 @@ def excluded_gpus(devices: NodeDevices, pod: DraPod) -> dict[int, Exclusion]:
                 excluded[index] = "tainted"
                 break
     return excluded
+
+
+# Exclusions of one node for a pod, as a memo key: (GPU index, why) pairs.
+ExcludedKey = frozenset[tuple[int, Exclusion]]
+NO_EXCLUSIONS: Final[ExcludedKey] = frozenset()
+# A pod that tolerates no taint and holds no allocation: what every pod's exclusions reduce to
+# on a node where it holds nothing and which has no taint its claims could tolerate.
+_TOLERATING_NONE: Final = DraPod(claims=(), extended=1)
+
+
+def base_exclusions(devices: NodeDevices) -> ExcludedKey:
+    """The GPUs of one node that no pod holding none of them and tolerating no taint can get:
+    every allocated one and every one with a blocking taint (`excluded_gpus` for such a pod)."""
+    if devices is NO_DEVICES:
+        return NO_EXCLUSIONS
+    return frozenset(excluded_gpus(devices, _TOLERATING_NONE).items())
+
+
+def tolerates_any(pod: DraPod) -> bool:
+    """Whether any of the pod's claims has a toleration (else `base_exclusions` is its own
+    exclusions wherever it holds no allocation)."""
+    return any(claim.tolerations for claim in pod.claims)
+
+
+def held_pools(pod: DraPod) -> frozenset[str]:
+    """The pools (nodes) where one of the pod's own claims is allocated already."""
+    return frozenset(pool for claim in pod.claims for pool, _ in claim.allocated)
+
+
+def taints_by_pool(
+    rules: Iterable[tuple[str, str, DeviceTaint]],
+) -> dict[str, Mapping[str, tuple[DeviceTaint, ...]]]:
+    """Rules' (pool, device, taint) as pool -> device -> its taints."""
+    pools: dict[str, dict[str, tuple[DeviceTaint, ...]]] = {}
+    for pool, device, taint in rules:
+        devices = pools.setdefault(pool, {})
+        devices[device] = (*devices.get(device, ()), taint)
+    return {pool: MappingProxyType(devices) for pool, devices in pools.items()}

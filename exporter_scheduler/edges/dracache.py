@@ -28,7 +28,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -38,8 +38,11 @@ from exporter_scheduler.core.dra import (
     NO_DEVICES,
     ClaimInfo,
     DeviceTaint,
+    ExcludedKey,
     NodeDevices,
     Toleration,
+    base_exclusions,
+    taints_by_pool,
 )
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.serving.metrics import ScorerMetrics
@@ -186,7 +189,10 @@ def claim_info(
                 mode = choice.allocationMode or "ExactCount"
                 # `All` takes every matching device of a node: at least one.
                 gpus += max(1, choice.count or 1) if mode == "ExactCount" else 1
-                tolerations.extend(_toleration(t) for t in choice.tolerations or ())
+                tolerations.extend(
+                    Toleration(t.key, t.operator or "Equal", t.value, t.effect)
+                    for t in choice.tolerations or ()
+                )
                 break
     allocated: list[tuple[str, str]] = []
     allocation = None if obj.status is None else obj.status.allocation
@@ -195,10 +201,6 @@ def claim_info(
         if result.driver == driver and result.pool and result.device:
             allocated.append((sys.intern(result.pool), sys.intern(result.device)))
     return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations))
-
-
-def _toleration(t: _Toleration) -> Toleration:
-    return Toleration(key=t.key, operator=t.operator or "Equal", value=t.value, effect=t.effect)
 
 
 def rule_taint(obj: _Rule, *, driver: str) -> tuple[str, str, DeviceTaint] | None:
@@ -232,6 +234,8 @@ class DraData:
         self._allocated: dict[str, Mapping[str, str]] = {}  # pool -> device -> claim ref
         self._rules: dict[str, tuple[str, str, DeviceTaint]] = {}
         self._taints: dict[str, Mapping[str, tuple[DeviceTaint, ...]]] = {}
+        # pool -> `core.dra.base_exclusions` (if any), kept with each write for the request path
+        self.base_exclusions: dict[str, ExcludedKey] = {}
         self.claims_ready = False
         self.taints_ready = False
         self._lock = threading.Lock()
@@ -247,8 +251,20 @@ class DraData:
             return NO_DEVICES
         return NodeDevices(allocated, taints)
 
+    def tainted_pools(self) -> Collection[str]:
+        return self._taints.keys()
+
     def __len__(self) -> int:
         return len(self._claims)
+
+    def _rebase(self, pools: Iterable[str]) -> None:
+        """Under the lock: `base_exclusions` of `pools` again, each replaced whole."""
+        for pool in pools:
+            key = base_exclusions(self.devices(pool))
+            if key:
+                self.base_exclusions[pool] = key
+            else:
+                self.base_exclusions.pop(pool, None)
 
     # ------------------------------------------------------------------ claims (its thread)
     def replace_claims(self, claims: Iterable[ClaimInfo]) -> None:
@@ -260,6 +276,7 @@ class DraData:
         with self._lock:
             self._claims = fresh
             self._allocated = {pool: MappingProxyType(d) for pool, d in allocated.items()}
+            self._rebase([*self._allocated, *self._taints, *self.base_exclusions])
             self.claims_ready = True
 
     def put_claim(self, claim: ClaimInfo) -> bool:
@@ -297,12 +314,14 @@ class DraData:
                 self._allocated[pool] = MappingProxyType(pool_map)
             else:
                 self._allocated.pop(pool, None)
+        self._rebase(changed)
 
     # ------------------------------------------------------------------ rules (its thread)
     def replace_rules(self, rules: Mapping[str, tuple[str, str, DeviceTaint]]) -> None:
         with self._lock:
             self._rules = dict(rules)
-            self._taints = _taints_by_pool(self._rules.values())
+            old, self._taints = self._taints, taints_by_pool(self._rules.values())
+            self._rebase({*old, *self._taints})
             self.taints_ready = True
 
     def put_rule(self, name: str, taint: tuple[str, str, DeviceTaint] | None) -> bool:
@@ -315,18 +334,9 @@ class DraData:
             else:
                 self._rules[name] = taint
             # Rules are few (one per tainted GPU): the index is rebuilt whole.
-            self._taints = _taints_by_pool(self._rules.values())
+            was, self._taints = self._taints, taints_by_pool(self._rules.values())
+            self._rebase(p for p in {*was, *self._taints} if was.get(p) != self._taints.get(p))
         return True
-
-
-def _taints_by_pool(
-    rules: Iterable[tuple[str, str, DeviceTaint]],
-) -> dict[str, Mapping[str, tuple[DeviceTaint, ...]]]:
-    pools: dict[str, dict[str, tuple[DeviceTaint, ...]]] = {}
-    for pool, device, taint in rules:
-        devices = pools.setdefault(pool, {})
-        devices[device] = (*devices.get(device, ()), taint)
-    return {pool: MappingProxyType(devices) for pool, devices in pools.items()}
 
 
 # ----------------------------------------------------------------------------- the watches

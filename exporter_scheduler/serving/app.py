@@ -40,7 +40,7 @@ from exporter_scheduler.core.spread import (
     check_spread,
 )
 from exporter_scheduler.serving import wire
-from exporter_scheduler.serving.dra import dra_nodes, dra_pod, dra_reply
+from exporter_scheduler.serving.dra import dra_nodes, dra_pod, dra_reply, exclusions
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text
 from exporter_scheduler.serving.inputs import (
@@ -203,14 +203,14 @@ class ScorerApp:
                 if placements is not None and verb == "filter":
                     placements.forget(request.pod.uid)  # scheduled again: it did not bind
                 judgement: Judgement | None = None
-                if request.pod.dra is not None:
-                    response = self._dra_reply(verb, request, pod_class, now)
-                elif request.form == "names":
+                if request.form == "names":
                     response, judgement = self._names_reply(verb, request, pod_class, now)
+                elif request.pod.dra is not None:
+                    response = self._dra_reply(verb, request, pod_class, now)
                 else:
                     response, judgement = self._nodes_reply(verb, request, pod_class, now)
                 # A DRA pod's devices show in its claim's allocation, written before binding.
-                if placements is not None and judgement is not None:
+                if placements is not None and judgement is not None and request.pod.dra is None:
                     self._propose(verb, request, pod_class, judgement, now, placements)
                 self.metrics.count_request(verb, pod_class.policy.profile)
         except Exception as exc:
@@ -395,9 +395,14 @@ class ScorerApp:
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
-        judgement = self.node_store.judge(
-            pod_class, request.node_names, now, list_key=request.node_names_json
-        )
+        names, dra = request.node_names, request.pod.dra
+        if dra is not None and self.dra is not None:
+            excluded = exclusions(names, self.dra, dra)
+            judgement = self.node_store.judge_dra(pod_class, names, excluded, now)
+        else:
+            judgement = self.node_store.judge(
+                pod_class, names, now, list_key=request.node_names_json
+            )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         judgement.block(self._spread(request, pod_class)[1])
@@ -453,7 +458,7 @@ class ScorerApp:
     def _dra_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
     ) -> Response:
-        """A DRA pod: its nodes judged now on the GPUs the allocator may give it."""
+        """A DRA pod in full Node objects: judged now on the GPUs the allocator may give it."""
         nodes = self._nodes_of(request)
         evaluation = evaluate(
             request.pod, nodes, now, pod_class.policy, pod_class=pod_class,

@@ -4,19 +4,32 @@ and the verdicts' reply.
 A pod asks for GPUs through DRA when one of its ResourceClaims requests a configured device
 class, or, where the GPU extended resource is DRA-backed (a DeviceClass with
 `extendedResourceName`), when it requests that resource. Its verdicts depend on the claims of
-every other pod on each node, which change without any Node event, so they are not kept in the
-names-only node store's tables: each request judges its nodes (`core.judge.evaluate`) with what
-the DRA watch holds in memory then. No I/O; the verdict is a pure function of (pod, nodes,
-claims and taints, now, policy).
+every other pod on each node, which change without any Node event. A node's verdict is a pure
+function of (pod class, node data, the GPUs excluded for the pod, now), so in names-only mode
+the node store memoises it by exactly that (`NodeStore.judge_dra`), and the request only finds
+each node's excluded GPUs (`exclusions`): one dict lookup per node, because the DRA watch keeps
+each node's exclusions for a pod that holds none of its GPUs and tolerates no taint
+(`core.dra.base_exclusions`), which is every pod's on a node where it holds no allocation and
+which has no taint to tolerate. Full-node requests judge their nodes (`core.judge.evaluate`).
+No I/O: the verdict is a pure function of (pod, nodes, claims and taints, now, policy).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Final
 
-from exporter_scheduler.core.dra import ClaimInfo, DraPod, excluded_gpus
+from exporter_scheduler.core.dra import (
+    NO_EXCLUSIONS,
+    ClaimInfo,
+    DraPod,
+    ExcludedKey,
+    excluded_gpus,
+    held_pools,
+    tolerates_any,
+)
 from exporter_scheduler.core.records import Evaluation, NodeInput, PodInput
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.inputs import DraSource
@@ -57,6 +70,21 @@ def dra_nodes(nodes: Sequence[NodeInput], source: DraSource, dra: DraPod) -> lis
         dataclasses.replace(node, dra_excluded=excluded_gpus(devices(node.name), dra))
         for node in nodes
     ]
+
+
+def exclusions(names: Sequence[str], source: DraSource, dra: DraPod) -> list[ExcludedKey]:
+    """Per name, the GPUs the allocator will not give the pod on that node, as the node
+    store's memo key: the watch's `base_exclusions`, except on the few nodes where the pod
+    holds an allocation already or (its claims tolerating some taint) a device is tainted."""
+    found = list(map(source.base_exclusions.get, names, repeat(NO_EXCLUSIONS)))
+    own = held_pools(dra)
+    tainted = source.tainted_pools() if tolerates_any(dra) else ()
+    if own or tainted:
+        devices = source.devices
+        for index, name in enumerate(names):
+            if name in own or name in tainted:
+                found[index] = frozenset(excluded_gpus(devices(name), dra).items())
+    return found
 
 
 def dra_reply(verb: str, request: wire.ExtenderRequest, evaluation: Evaluation) -> bytes:

@@ -6,11 +6,11 @@ them: each is an in-memory read, with no I/O, on the request path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
-from exporter_scheduler.core.dra import ClaimInfo, NodeDevices
+from exporter_scheduler.core.dra import ClaimInfo, ExcludedKey, NodeDevices
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.ownload import Learned
 
@@ -51,6 +51,12 @@ class DraSource(Protocol):
 
     claims_ready: bool
 
+    @property
+    def base_exclusions(self) -> Mapping[str, ExcludedKey]:
+        """pool -> `core.dra.base_exclusions` of its devices, for pools that have any."""
+
     def claim(self, namespace: str, name: str) -> ClaimInfo | None: ...
+
+    def tainted_pools(self) -> Collection[str]: ...
 
     def devices(self, pool: str) -> NodeDevices: ...

@@ -36,6 +36,7 @@ from operator import is_
 from types import MappingProxyType
 from typing import Final
 
+from exporter_scheduler.core.dra import ExcludedKey
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
@@ -54,6 +55,9 @@ _LISTS_KEPT: Final = 64
 # than by building the list's index (`_View.positions`).
 _FEW_CHANGES: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+# DRA entries a class keeps per node before starting afresh: a node's key changes with each
+# claim allocated or released on it, and with the tolerations of the pods asking.
+_DRA_ENTRIES_PER_NODE: Final = 4
 
 Clock = Callable[[], datetime]
 
@@ -177,6 +181,50 @@ class NodeStore:
                 names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
             )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
+
+    def judge_dra(
+        self,
+        pod_class: PodClass,
+        names: Sequence[str],
+        excluded: Sequence[ExcludedKey],
+        now: datetime,
+    ) -> Judgement:
+        """A DRA pod's verdicts of `names` at `now`, as `evaluate` gives them for the nodes
+        with `excluded` (per name, `serving.dra.exclusions`) as their `dra_excluded`.
+
+        An entry is a pure function of (class, node input, excluded GPUs, time window), so the
+        class's table keeps it by (name, excluded) with the node input it was judged from, and
+        uses it while that is still the store's input for the name and its window covers `now`:
+        the filter and the prioritize of one pod, and the next pods of its class, judge only
+        the nodes whose data, claims or taints changed since."""
+        now = as_utc(now)
+        now_ts = now.timestamp()
+        table = self._table(pod_class)
+        self._uses += 1
+        table.last_used = self._uses
+        memo = table.dra_entries
+        if len(memo) > _DRA_ENTRIES_PER_NODE * max(len(self._nodes), 1000):
+            memo.clear()  # keys of claims and taints gone: started afresh
+        get, nodes = memo.get, self._nodes
+        entries: list[Entry] = []
+        add = entries.append
+        judged = 0
+        for key in zip(names, excluded, strict=True):
+            node = nodes.get(key[0])
+            kept = get(key)
+            if kept is not None and kept[0] is node:
+                entry = kept[1]
+                if entry.from_ts <= now_ts < entry.until_ts:
+                    add(entry)
+                    continue
+            judged += 1
+            name, gone = key
+            known = node or NodeInput(name, _NO_ANNOTATIONS, None)
+            entry = table.judge(dataclasses.replace(known, dra_excluded=dict(gone)), now, now_ts)[0]
+            if node is not None:  # an unknown name is judged, never kept
+                memo[key] = (node, entry)
+            add(entry)
+        return table.judgement(names, entries, judged)
 
     def _table(self, pod_class: PodClass) -> VerdictTable[_View]:
         table = self._tables.get(pod_class.key)

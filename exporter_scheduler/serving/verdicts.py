@@ -22,6 +22,7 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
+from exporter_scheduler.core.dra import ExcludedKey
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.judge import judge_node, resolve_chain
 from exporter_scheduler.core.overrides import Overrides
@@ -92,6 +93,7 @@ class VerdictTable(Generic[ViewT]):
         "_tally_lock",
         "changes",
         "changes_base",
+        "dra_entries",
         "entries",
         "epoch",
         "last_used",
@@ -113,6 +115,10 @@ class VerdictTable(Generic[ViewT]):
         self.changes_base = 0
         self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
+        # DRA pods' entries (`NodeStore.judge_dra`), by (node name, the GPUs excluded for the
+        # pod): with the node's input they were judged from, the owner's current one while the
+        # node is unchanged. Filled by requests; a claim or taint event changes the key.
+        self.dra_entries: dict[tuple[str, ExcludedKey], tuple[NodeInput, Entry]] = {}
         # Bounds over every entry stored since the last `rebuild_window`: every entry in the
         # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
         # numbers instead of reading every entry's window (entries are scattered in memory,
