@@ -163,6 +163,9 @@ def _serve(args: argparse.Namespace) -> int:
         if namespaces is False:
             return 1
         dra = _start_dra_watch(settings, metrics, log)
+        if dra is not None and cache is not None:
+            # Claim and taint events judge DRA pods' entries again off the request path.
+            dra.data.on_exclusions = cache.store.exclusions_changed
         app = ScorerApp(
             policy=policy,
             node_store=None if cache is None else cache.store,

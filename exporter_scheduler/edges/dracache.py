@@ -10,14 +10,12 @@ that decides that, off the request path:
   (pool, device); indexed by pool, which NVIDIA's driver names after the node;
 - of each DeviceTaintRule naming a device of the driver: (pool, device, key, value, effect).
 
-Everything else of those objects is skipped by msgspec in C. At 5,000 nodes and 30,000 GPU
-claims that is about 30,000 small records (a few MB), and one watch event per claim
-allocation or deallocation (docs/scoring.md, "DRA pods").
+Everything else of those objects is skipped by msgspec in C: at 30,000 GPU claims a few MB,
+and one watch event per claim allocated or released (docs/scoring.md, "DRA pods").
 
 The API's versions are found once at start (resource.k8s.io v1, else v1beta2/v1beta1). A
-cluster without DRA, or without DeviceTaintRules, is answered by one log line: DRA pods are
-then judged without claims or without taints, never a crash loop. Until the claims' first LIST
-the cache says it is not ready, and DRA pods are judged as any other pod.
+cluster without DRA or without DeviceTaintRules gets one log line (DRA pods judged without
+claims or taints), never a crash loop; until the claims' first LIST, as any other pod.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ import msgspec
 
 from exporter_scheduler.core.dra import (
     NO_DEVICES,
+    NO_EXCLUSIONS,
     ClaimInfo,
     DeviceTaint,
     ExcludedKey,
@@ -234,8 +233,9 @@ class DraData:
         self._allocated: dict[str, Mapping[str, str]] = {}  # pool -> device -> claim ref
         self._rules: dict[str, tuple[str, str, DeviceTaint]] = {}
         self._taints: dict[str, Mapping[str, tuple[DeviceTaint, ...]]] = {}
-        # pool -> `core.dra.base_exclusions` (if any), kept with each write for the request path
+        # pool -> `core.dra.base_exclusions`, kept at each write; each change to `on_exclusions`
         self.base_exclusions: dict[str, ExcludedKey] = {}
+        self.on_exclusions: Callable[[str, ExcludedKey], None] | None = None
         self.claims_ready = False
         self.taints_ready = False
         self._lock = threading.Lock()
@@ -258,13 +258,13 @@ class DraData:
         return len(self._claims)
 
     def _rebase(self, pools: Iterable[str]) -> None:
-        """Under the lock: `base_exclusions` of `pools` again, each replaced whole."""
+        """Under the lock: `base_exclusions` of `pools` again, each change told the listener."""
         for pool in pools:
             key = base_exclusions(self.devices(pool))
-            if key:
+            if key != self.base_exclusions.get(pool, NO_EXCLUSIONS):
                 self.base_exclusions[pool] = key
-            else:
-                self.base_exclusions.pop(pool, None)
+                if self.on_exclusions is not None:
+                    self.on_exclusions(pool, key)
 
     # ------------------------------------------------------------------ claims (its thread)
     def replace_claims(self, claims: Iterable[ClaimInfo]) -> None:

@@ -31,8 +31,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from itertools import repeat
-from operator import is_
+from itertools import compress, repeat
+from operator import eq, is_, itemgetter, not_
 from types import MappingProxyType
 from typing import Final
 
@@ -55,9 +55,10 @@ _LISTS_KEPT: Final = 64
 # than by building the list's index (`_View.positions`).
 _FEW_CHANGES: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
-# DRA entries a class keeps per node before starting afresh: a node's key changes with each
-# claim allocated or released on it, and with the tolerations of the pods asking.
-_DRA_ENTRIES_PER_NODE: Final = 4
+# A name without a DRA entry (`NodeStore.judge_dra`): matches no node, its entry never read.
+_NOT_KEPT: Final = (None, None, None)
+_DRA_STAMP: Final = itemgetter(0, 1)
+_DRA_ENTRY: Final = itemgetter(2)
 
 Clock = Callable[[], datetime]
 
@@ -193,38 +194,61 @@ class NodeStore:
         with `excluded` (per name, `serving.dra.exclusions`) as their `dra_excluded`.
 
         An entry is a pure function of (class, node input, excluded GPUs, time window), so the
-        class's table keeps it by (name, excluded) with the node input it was judged from, and
-        uses it while that is still the store's input for the name and its window covers `now`:
-        the filter and the prioritize of one pod, and the next pods of its class, judge only
-        the nodes whose data, claims or taints changed since."""
+        class's table keeps each name's last one with the node input and the exclusions it was
+        judged from, and a request uses it while both are what they are now (the same objects,
+        or equal) and its window covers `now`: the filter and the prioritize of one pod, and the
+        next pods of its class, judge only the nodes whose data, claims or taints changed."""
         now = as_utc(now)
         now_ts = now.timestamp()
         table = self._table(pod_class)
         self._uses += 1
         table.last_used = self._uses
         memo = table.dra_entries
-        if len(memo) > _DRA_ENTRIES_PER_NODE * max(len(self._nodes), 1000):
-            memo.clear()  # keys of claims and taints gone: started afresh
-        get, nodes = memo.get, self._nodes
-        entries: list[Entry] = []
-        add = entries.append
+        # In C, one pass each: the kept (node, excluded, entry), and whether each matches.
+        wanted = list(zip(map(self._nodes.get, names), excluded, strict=True))
+        kept = list(map(memo.get, names, repeat(_NOT_KEPT)))
+        entries: list[Entry] = list(map(_DRA_ENTRY, kept))
+        hits = list(map(eq, map(_DRA_STAMP, kept), wanted))
+        if all(hits):
+            if all_hold(entries, now_ts):
+                return table.judgement(names, entries, 0)
+            todo: Iterable[int] = range(len(names))
+        elif all_hold(list(compress(entries, hits)), now_ts):
+            todo = compress(range(len(names)), map(not_, hits))  # the misses alone, in C
+        else:
+            todo = range(len(names))
+        if len(memo) > 2 * len(self._nodes) + 1000:
+            memo.clear()  # names of nodes gone: started afresh
         judged = 0
-        for key in zip(names, excluded, strict=True):
-            node = nodes.get(key[0])
-            kept = get(key)
-            if kept is not None and kept[0] is node:
-                entry = kept[1]
-                if entry.from_ts <= now_ts < entry.until_ts:
-                    add(entry)
-                    continue
+        for index in todo:
+            entry = entries[index]
+            if hits[index] and entry.from_ts <= now_ts < entry.until_ts:
+                continue
             judged += 1
-            name, gone = key
+            name = names[index]
+            node, gone = wanted[index]
             known = node or NodeInput(name, _NO_ANNOTATIONS, None)
             entry = table.judge(dataclasses.replace(known, dra_excluded=dict(gone)), now, now_ts)[0]
             if node is not None:  # an unknown name is judged, never kept
-                memo[key] = (node, entry)
-            add(entry)
+                memo[name] = (node, gone, entry)
+            entries[index] = entry
         return table.judgement(names, entries, judged)
+
+    def exclusions_changed(self, name: str, excluded: ExcludedKey) -> None:
+        """The DRA watch changed node `name`'s exclusions for a pod holding none of its GPUs
+        and tolerating no taint (`core.dra.base_exclusions`): each class that has a DRA entry
+        for it gets one judged with them now, off the request path, as a node event would."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return
+            now = as_utc(self.clock())
+            now_ts = now.timestamp()
+            judged = dataclasses.replace(node, dra_excluded=dict(excluded))
+            for table in self._tables.values():
+                kept = table.dra_entries.get(name)
+                if kept is not None and kept[1] != excluded:
+                    table.dra_entries[name] = (node, excluded, table.judge(judged, now, now_ts)[0])
 
     def _table(self, pod_class: PodClass) -> VerdictTable[_View]:
         table = self._tables.get(pod_class.key)

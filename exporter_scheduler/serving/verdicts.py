@@ -115,10 +115,11 @@ class VerdictTable(Generic[ViewT]):
         self.changes_base = 0
         self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
-        # DRA pods' entries (`NodeStore.judge_dra`), by (node name, the GPUs excluded for the
-        # pod): with the node's input they were judged from, the owner's current one while the
-        # node is unchanged. Filled by requests; a claim or taint event changes the key.
-        self.dra_entries: dict[tuple[str, ExcludedKey], tuple[NodeInput, Entry]] = {}
+        # DRA pods' entries (`NodeStore.judge_dra`), by node name: the last one judged, with
+        # the node input and the GPUs excluded it was judged from (one tuple: a reader sees
+        # the three together). Filled by requests; node, claim and taint events change what a
+        # request compares them with.
+        self.dra_entries: dict[str, tuple[NodeInput, ExcludedKey, Entry]] = {}
         # Bounds over every entry stored since the last `rebuild_window`: every entry in the
         # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
         # numbers instead of reading every entry's window (entries are scattered in memory,

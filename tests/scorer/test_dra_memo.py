@@ -106,6 +106,7 @@ def assert_same_as_uncached(
     own=st.lists(st.integers(0, 1).flatmap(lambda i: claims(f"ns/p{i}")), max_size=2),
     extended=st.integers(0, 2),
     changes=st.lists(events, max_size=6),
+    listened=st.booleans(),
 )
 def test_memoised_verdicts_are_the_uncached_ones_through_claim_taint_and_node_events(
     *,
@@ -115,6 +116,7 @@ def test_memoised_verdicts_are_the_uncached_ones_through_claim_taint_and_node_ev
     own: list[ClaimInfo],
     extended: int,
     changes: list[tuple[str, int, Any]],
+    listened: bool,
 ) -> None:
     own = list({claim.ref: claim for claim in own}.values())
     if not own and not extended:
@@ -122,6 +124,8 @@ def test_memoised_verdicts_are_the_uncached_ones_through_claim_taint_and_node_ev
     store = NodeStore(clock=fixed_clock(NOW))
     store.replace(node_of(name, u) for name, u in zip(NAMES, utilizations, strict=True))
     data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    if listened:  # as served: the watch's events judge the store's entries again
+        data.on_exclusions = store.exclusions_changed
     data.replace_claims([*others, *own])
     data.replace_rules({f"r{i}": rule(taint, f"r{i}") for i, taint in enumerate(rules)})
     dra = DraPod(tuple(own), (), extended)
@@ -153,7 +157,7 @@ def test_base_exclusions_follow_claim_and_taint_events() -> None:
     assert data.delete_claim("ns/a")
     assert data.base_exclusions["node-0"] == {(2, "tainted")}
     data.put_rule("r", None)
-    assert data.base_exclusions == {}
+    assert data.base_exclusions == {"node-0": NO_EXCLUSIONS}
     assert base_exclusions(data.devices("node-0")) == NO_EXCLUSIONS
 
 
@@ -169,14 +173,31 @@ def test_a_claim_event_judges_again_only_the_node_it_changed() -> None:
     assert assert_same_as_uncached(store, data, dra, NAMES) == 1
     data.put_rule("r", ("node-2", "gpu-1", DeviceTaint("a", "NoExecute")))
     assert assert_same_as_uncached(store, data, dra, NAMES) == 1
-    # A pod tolerating the taint finds node-2 as it was before the taint: that entry is kept.
+    # A pod tolerating the taint sees node-2 as before it: judged again (one entry per node).
     tolerant = DraPod((ClaimInfo("ns/p", 1, (), (Toleration("a", "Exists"),)),))
+    assert assert_same_as_uncached(store, data, tolerant, NAMES) == 1
     assert assert_same_as_uncached(store, data, tolerant, NAMES) == 0
-    # Nor this one: the taint excludes for it the GPU the first pod had excluded.
-    data.put_rule("r", ("node-2", "gpu-1", DeviceTaint("b", "NoExecute")))
-    assert assert_same_as_uncached(store, data, tolerant, NAMES) == 0
+    # A taint it does not tolerate: its exclusions change on node-2 alone.
     data.put_rule("r2", ("node-2", "gpu-3", DeviceTaint("b", "NoSchedule")))
     assert assert_same_as_uncached(store, data, tolerant, NAMES) == 1
+    # A node event: that node alone.
+    store.put(node_of("node-3", [0.97] * GPUS))
+    assert assert_same_as_uncached(store, data, tolerant, NAMES) == 1
+
+
+def test_with_the_listener_claim_events_are_judged_off_the_request_path() -> None:
+    store = NodeStore(clock=fixed_clock(NOW))
+    store.replace(node_of(name, [0.05] * GPUS) for name in NAMES)
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.on_exclusions = store.exclusions_changed
+    data.replace_claims([ClaimInfo("ns/p", 1)])
+    dra = DraPod((ClaimInfo("ns/p", 1),))
+    assert assert_same_as_uncached(store, data, dra, NAMES) == len(NAMES)
+    data.put_claim(ClaimInfo("ns/o", 1, (("node-1", "gpu-0"),)))
+    data.put_rule("r", ("node-2", "gpu-1", DeviceTaint("a", "NoExecute")))
+    assert assert_same_as_uncached(store, data, dra, NAMES) == 0
+    assert data.delete_claim("ns/o")
+    assert assert_same_as_uncached(store, data, dra, NAMES) == 0
 
 
 def test_app_names_only_claim_pod_uses_the_store() -> None:
