@@ -33,6 +33,7 @@ import copy
 import json
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -77,7 +78,10 @@ def _node(name: str, rng: random.Random) -> NodeInput:
 
 def _claims(names: list[str], rng: random.Random) -> list[ClaimInfo]:
     """`CLAIMS` one-GPU claims: three in four of the nodes' GPUs allocated, the rest elsewhere."""
-    devices = [(name, f"gpu-{i}") for name in names for i in range(GPUS_PER_NODE)]
+    # Interned, as the watch keeps pools and devices (`dracache.claim_info`).
+    devices = [
+        (sys.intern(name), sys.intern(f"gpu-{i}")) for name in names for i in range(GPUS_PER_NODE)
+    ]
     rng.shuffle(devices)
     allocated = devices[: min(CLAIMS, len(devices) * 3 // 4)]
     claims = [ClaimInfo(f"ns/c{i}", 1, (device,)) for i, device in enumerate(allocated)]
