@@ -37,11 +37,12 @@ from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.logs import configure_logging
 from exporter_scheduler.serving import wire
-from exporter_scheduler.serving.app import ObservabilityApp, ScorerApp
+from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.explain import explain, render_text
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodedata import NodeDataCollector
 from exporter_scheduler.serving.nodestore import DEFAULT_MAX_CLASSES
+from exporter_scheduler.serving.observability import ObservabilityApp
 from exporter_scheduler.serving.workloads import WorkloadLoads
 from gpu_contract.schema import Keys, parse_timestamp
 
@@ -49,6 +50,7 @@ PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
 if TYPE_CHECKING:
+    from exporter_scheduler.edges.dracache import DraCache
     from exporter_scheduler.edges.namespacecache import NamespaceCache
     from exporter_scheduler.edges.nodecache import NodeCache
     from exporter_scheduler.edges.podcache import PodCache
@@ -130,6 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     cache = None
     pod_cache = None
     namespaces: NamespaceCache | Literal[False] | None = None
+    dra: DraCache | None = None
     policies = settings.policy_set()
     workloads = WorkloadLoads(
         keys_prefix=policy.keys.prefix,
@@ -160,6 +163,10 @@ def _serve(args: argparse.Namespace) -> int:
         namespaces = _start_namespace_watch(settings, policies, metrics, log)
         if namespaces is False:
             return 1
+        dra = _start_dra_watch(settings, metrics, log)
+        if dra is not None and cache is not None:
+            # Claim and taint events judge DRA pods' entries again off the request path.
+            dra.data.on_exclusions = cache.store.exclusions_changed
         app = ScorerApp(
             policy=policy,
             node_store=None if cache is None else cache.store,
@@ -176,6 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
             learn_from_requests=cache is None,
             profiles=policies.profiles,
             namespace_labels=namespaces,
+            dra=None if dra is None else dra.data,
+            dra_extended_resource=settings.dra_extended_resource,
         )
         try:
             server = HttpServer(
@@ -228,6 +237,8 @@ def _serve(args: argparse.Namespace) -> int:
                 signal.signal(sig, handler)
         return 0
     finally:
+        if dra is not None:
+            dra.stop()
         if namespaces:
             namespaces.stop()
         if pod_cache is not None:
@@ -272,6 +283,30 @@ def _start_pod_watch(
         log.warning(
             "in-flight accounting off: verdicts read the nodes' annotations alone",
             extra={"fields": {"why": f"no Kubernetes credentials for the pod watch: {exc}"}},
+        )
+        return None
+
+
+def _start_dra_watch(
+    settings: ScorerSettings, metrics: ScorerMetrics, log: logging.Logger
+) -> DraCache | None:
+    """The DRA watch for DRA pods' verdicts, or None when it is off or has no credentials
+    (DRA pods are then judged as other pods: one log line says so, the scorer serves on)."""
+    if not settings.dra:
+        return None
+    from exporter_scheduler.edges.dracache import DraCache  # noqa: PLC0415
+
+    try:
+        return DraCache(
+            driver=settings.dra_driver,
+            device_classes=[c.strip() for c in settings.dra_device_classes.split(",") if c],
+            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            metrics=metrics,
+        ).start()
+    except Exception as exc:
+        log.warning(
+            "DRA pods judged as other pods: no DRA data",
+            extra={"fields": {"why": f"no Kubernetes credentials for the DRA watch: {exc}"}},
         )
         return None
 

@@ -756,7 +756,9 @@ class ExtenderConfig:
     ignorable: bool = False
     http_timeout_s: float = 5.0
     weight: int = 5
-    managed_resource: str = GPU_RESOURCE
+    # None: no managedResources, so kube-scheduler sends every pod of the profile (a pod that
+    # asks for GPUs only through ResourceClaims requests no extended resource).
+    managed_resource: str | None = GPU_RESOURCE
     tls: ExtenderTls | None = None
 
     def as_config(self) -> dict[str, Any]:
@@ -768,8 +770,11 @@ class ExtenderConfig:
             "nodeCacheCapable": self.node_cache_capable,
             "ignorable": self.ignorable,
             "httpTimeout": f"{self.http_timeout_s:g}s",
-            "managedResources": [{"name": self.managed_resource, "ignoredByScheduler": False}],
         }
+        if self.managed_resource is not None:
+            entry["managedResources"] = [
+                {"name": self.managed_resource, "ignoredByScheduler": False}
+            ]
         if self.tls is not None:
             tls: dict[str, Any] = {"caFile": str(self.tls.ca_file)}
             if self.tls.cert_file is not None and self.tls.key_file is not None:

@@ -147,6 +147,28 @@ class ScorerSettings(BaseSettings):
         description="Watch GPU pods bound to nodes and count those the nodes' data cannot show "
         "yet (in-flight accounting; needs list/watch on pods, and credentials as --node-cache).",
     )
+    # -- DRA pods (docs/scoring.md, "DRA pods")
+    dra: bool = Field(
+        False,
+        description="Judge pods that ask for GPUs through DRA on the devices the allocator may "
+        "still give them (a watch of ResourceClaims and DeviceTaintRules; needs list/watch on "
+        "both, and credentials as --node-cache).",
+    )
+    dra_driver: str = Field(
+        "gpu.nvidia.com",
+        min_length=1,
+        description="The DRA driver whose devices are GPUs (pools named after nodes).",
+    )
+    dra_device_classes: str = Field(
+        "gpu.nvidia.com",
+        min_length=1,
+        description="Comma-separated DeviceClasses whose requests count as GPUs.",
+    )
+    dra_extended_resource: bool = Field(
+        False,
+        description="The GPU extended resource (gpu-resource-name) is DRA-backed: a DeviceClass "
+        "names it in extendedResourceName, so a pod requesting it is judged as a DRA pod.",
+    )
     inflight_max_s: float = _field(p.INFLIGHT_MAX_S)
     inflight_load_delay_s: float = _field(p.INFLIGHT_LOAD_DELAY_S)
     inflight_gpu_load: float = _field(p.INFLIGHT_GPU_LOAD)

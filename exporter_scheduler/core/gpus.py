@@ -28,14 +28,21 @@ The rule runs in three stages: `_survey` sorts each GPU into a candidate or the 
 it failed, `_hold_for_inflight` gives the in-flight pods their GPUs, and one of `_shortfall`,
 `_blind_draw` and `_best_k` reads the outcome. The survey runs per GPU of every node judged,
 so it counts in plain locals.
+
+A DRA pod (`core.dra`) is judged the same way on what kube-scheduler's allocator may give it:
+the GPUs allocated to other claims (`allocated`) and those with a taint its claims do not
+tolerate (`tainted`) leave the pool, the claims' allocations are the allocations (known, so the
+blind draw applies: the allocator takes the first fit, blind to load), and in-flight pods hold
+no GPUs: their claims' allocations are in the claims the scheduler writes before binding.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, NamedTuple
 
+from exporter_scheduler.core.dra import Exclusion
 from exporter_scheduler.core.inflight import InFlight
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.records import (
@@ -53,6 +60,7 @@ _FAILED_STEP: Final[dict[GpuStatus, int]] = {
     "unmeasured": 0,
     "allocated": 1,
     "not-offered": 1,
+    "tainted": 1,
     "utilization": 2,
     "temperature": 3,
     "memory": 4,
@@ -95,21 +103,26 @@ def fit_bp(suitable: int, pool: int, k: int) -> int:
 
 
 def judge_gpus(
-    gpus: tuple[GpuState, ...], c: PodClass, inflight: InFlight | None = None
+    gpus: tuple[GpuState, ...],
+    c: PodClass,
+    inflight: InFlight | None = None,
+    excluded: Mapping[int, Exclusion] | None = None,
 ) -> GpuJudgement | None:
     """The k-GPU rule (k = the pod's GPU request, at least 1) on a node's per-GPU table, or
     None when no GPU has an NVML value (nothing per GPU to judge: the node-level rules apply).
-    The module docstring has the rule."""
-    allocation_checked = False
-    for gpu in gpus:
-        if gpu.allocated is not None:
-            allocation_checked = True
-            break
-    survey = _survey(gpus, c, allocation_checked=allocation_checked)
+    `excluded`: a DRA pod's GPUs the allocator will not give it (`core.dra`), None for any other
+    pod. The module docstring has the rule."""
+    allocation_checked = excluded is not None
+    if not allocation_checked:
+        for gpu in gpus:
+            if gpu.allocated is not None:
+                allocation_checked = True
+                break
+    survey = _survey(gpus, c, allocation_checked=allocation_checked, excluded=excluded)
     if survey is None:
         return None
     held = 0
-    if inflight is not None:
+    if inflight is not None and excluded is None:
         held = inflight.allocation_gpus if allocation_checked else inflight.load_gpus
     taken = _hold_for_inflight(survey, held) if held else 0
     pool = survey.pool
@@ -117,12 +130,18 @@ def judge_gpus(
         pool = [i for i in pool if survey.status[i] != "in-flight"]
     if len(survey.candidates) < c.gpu_request:
         return _shortfall(survey, c, len(gpus), taken, pool if allocation_checked else None)
-    if allocation_checked and c.policy.blind_device_plugin:
+    if allocation_checked and (c.policy.blind_device_plugin or excluded is not None):
         return _blind_draw(survey, c, taken, len(pool))
     return _best_k(survey, c, taken, allocation_checked=allocation_checked)
 
 
-def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool) -> _Survey | None:
+def _survey(
+    gpus: tuple[GpuState, ...],
+    c: PodClass,
+    *,
+    allocation_checked: bool,
+    excluded: Mapping[int, Exclusion] | None = None,
+) -> _Survey | None:
     """Each GPU as a candidate or the first criterion it failed; None when every GPU is lost."""
     limit_bp, threshold_bp = c.limit_bp, c.threshold_bp
     # The pod's own load: a GPU is a candidate only if it stays within the limit under it,
@@ -146,6 +165,11 @@ def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool
             add("unmeasured")
             continue
         offered = not allocation_checked or allocated is False
+        exclusion: Exclusion | None = None
+        if excluded is not None:
+            # DRA: the claims say what is allocated; a GPU the kubelet reports held stays held.
+            exclusion = excluded.get(index)
+            offered = exclusion is None and not allocated
         if offered and allocation_checked:
             pool.append(index)
         u_bp = -1 if u is None else round(u * BASIS_POINTS)
@@ -155,7 +179,10 @@ def _survey(gpus: tuple[GpuState, ...], c: PodClass, *, allocation_checked: bool
             continue
         if not offered:
             allocated_n += 1
-            add("allocated" if allocated else "not-offered")
+            if exclusion is not None:
+                add(exclusion)
+            else:
+                add("allocated" if allocated else "not-offered")
             continue
         if u_bp > fit_limit_bp:
             hot_util += 1

@@ -130,7 +130,15 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
                 else None
             )
             verdict = judge_fresh(
-                node.name, decoded, state, age_s, server_age_s, written, c, inflight
+                node.name,
+                decoded,
+                state,
+                age_s,
+                server_age_s,
+                written,
+                c,
+                inflight,
+                node.dra_excluded,
             )
         else:
             verdict = untimely(node.name, decoded, status, age_s, server_age_s, written, c)

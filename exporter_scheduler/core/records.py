@@ -14,6 +14,7 @@ from typing import Final, Literal, NamedTuple
 
 import msgspec
 
+from exporter_scheduler.core.dra import DraPod, Exclusion
 from exporter_scheduler.core.hints import NO_HINTS, HintError, PodHints
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod, InFlight
 from exporter_scheduler.core.ownload import Learned, OwnLoad
@@ -26,12 +27,14 @@ Outcome = Literal["pass", "fail", "unknown", "not-checked", "per-gpu"]
 ChainBasis = Literal["at-or-below-threshold", "all-above-threshold", "no-candidate"]
 # One GPU under the k-GPU rule: a candidate, or the first criterion it failed, in `GPU_STEPS`
 # order (`not-offered`: allocations are published but the kubelet does not hand this GPU out;
-# `in-flight`: taken, as the rule assumes, by a pod bound since the data was sampled).
+# `in-flight`: taken, as the rule assumes, by a pod bound since the data was sampled; a DRA
+# pod's `allocated`/`tainted`: allocated to another claim, or tainted against its claims).
 GpuStatus = Literal[
     "candidate",
     "unmeasured",
     "allocated",
     "not-offered",
+    "tainted",
     "in-flight",
     "utilization",
     "temperature",
@@ -77,6 +80,9 @@ class NodeInput:
     # when unknown (a full-node request's Nodes carry theirs, decoded only when a cap needs
     # them).
     labels: Mapping[str, str] | None = None
+    # A DRA pod's verdict only: the node's GPUs kube-scheduler's allocator will not give it
+    # (index -> why, `core.dra.excluded_gpus`). None for any other pod.
+    dra_excluded: Mapping[int, Exclusion] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,12 @@ class PodInput:
     # What the running pods of its workload use per GPU (`ownload.learn`), from the scorer's
     # watches; None when nothing is learned. Part of the pod's class (`pod_class_key`).
     learned: Learned | None = None
+    # The pod's ResourceClaims by name in its namespace (`pod.spec.resourceClaims`, templates
+    # resolved through `pod.status.resourceClaimStatuses`); a template claim not made yet is
+    # left out. Read by the serving layer to look the claims up; no verdict reads it.
+    claim_names: tuple[str, ...] = ()
+    # A DRA pod as its verdicts read it (its claims looked up); None for any other pod.
+    dra: DraPod | None = None
 
 
 class RuleOutcome(msgspec.Struct, frozen=True, gc=False):

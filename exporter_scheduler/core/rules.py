@@ -10,8 +10,10 @@ it. Every outcome and reason text is the pod class's own (`core.podclass`), shar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
+from exporter_scheduler.core.dra import Exclusion
 from exporter_scheduler.core.gpus import judge_gpus
 from exporter_scheduler.core.hints import model_rank
 from exporter_scheduler.core.inflight import InFlight
@@ -37,6 +39,7 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     written: datetime | None,
     c: PodClass,
     inflight: InFlight | None = None,
+    dra_excluded: Mapping[int, Exclusion] | None = None,
 ) -> NodeVerdict:
     """Fresh data: the node-level rules in order (the first failure gives the reason), the
     k-GPU rule where the node publishes per-GPU data and the pod asks for GPUs, then the score
@@ -48,7 +51,11 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     # utilization and memory rules, whose values are summaries (mean, maximum) of the same
     # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
     # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
-    per_gpu = judge_gpus(state.gpus, c, inflight) if state.gpus and c.gpu_request > 0 else None
+    per_gpu = (
+        judge_gpus(state.gpus, c, inflight, dra_excluded)
+        if state.gpus and c.gpu_request > 0
+        else None
+    )
     failed: RuleOutcome | None = None
     status: DataStatus = "fresh"
     health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass

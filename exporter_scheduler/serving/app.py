@@ -39,13 +39,19 @@ from exporter_scheduler.core.spread import (
     SpreadCheck,
     check_spread,
 )
-from exporter_scheduler.logs import DeferredFields
 from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.dra import dra_nodes, dra_pod, dra_reply, exclusions
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text, with_learned_basis
-from exporter_scheduler.serving.inputs import Groups, LearnedLoads, NamespaceLabels, Placements
-from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
-from exporter_scheduler.serving.metrics import ScorerMetrics, Verb, VerdictTally
+from exporter_scheduler.serving.inputs import (
+    DraSource,
+    Groups,
+    LearnedLoads,
+    NamespaceLabels,
+    Placements,
+)
+from exporter_scheduler.serving.logfields import log_request_rejections, rejection_fields
+from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
 from exporter_scheduler.serving.nodestore import NodeStore
 from exporter_scheduler.serving.responses import (
@@ -55,7 +61,7 @@ from exporter_scheduler.serving.responses import (
     method_not_allowed,
     normalize_path_prefix,
 )
-from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement, TallyKey
+from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement
 
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
@@ -109,6 +115,8 @@ class ScorerApp:
         groups: Groups | None = None,
         workloads: LearnedLoads | None = None,
         learn_from_requests: bool = False,
+        dra: DraSource | None = None,
+        dra_extended_resource: bool = False,
     ) -> None:
         # The top-level policy; a pod whose namespace a tenant profile matches gets that
         # profile's policy instead (`_policy_for`).
@@ -129,6 +137,8 @@ class ScorerApp:
         # Within a burst the next pod's filter can come before the previous pod's bind is in
         # the watch: each decision is recorded as a provisional placement (see inflight.py).
         self.placements = placements
+        # DRA pods' claims and device taints (serving/dra.py); None: no DRA watch.
+        self.dra, self.dra_extended_resource = dra, dra_extended_resource
         self.clock = clock
         self.node_store = node_store
         self.max_body_bytes = max_body_bytes
@@ -187,6 +197,9 @@ class ScorerApp:
         try:
             if self.learn_from_requests and request.form == "nodes" and self.workloads is not None:
                 self.workloads.observe_requested(request.records, request.keys)
+            if self.dra is not None:
+                pod = dra_pod(request.pod, self.dra, extended=self.dra_extended_resource)
+                request = dataclasses.replace(request, pod=pod)
             pod_class = self._pod_class(request, now)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
@@ -194,11 +207,15 @@ class ScorerApp:
                 placements = self.placements
                 if placements is not None and verb == "filter":
                     placements.forget(request.pod.uid)  # scheduled again: it did not bind
+                judgement: Judgement | None = None
                 if request.form == "names":
                     response, judgement = self._names_reply(verb, request, pod_class, now)
+                elif request.pod.dra is not None:
+                    response = self._dra_reply(verb, request, pod_class, now)
                 else:
                     response, judgement = self._nodes_reply(verb, request, pod_class, now)
-                if placements is not None:
+                # A DRA pod's devices show in its claim's allocation, written before binding.
+                if placements is not None and judgement is not None and request.pod.dra is None:
                     self._propose(verb, request, pod_class, judgement, now, placements)
                 self.metrics.count_request(verb, pod_class.policy.profile)
         except Exception as exc:
@@ -387,9 +404,14 @@ class ScorerApp:
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
-        judgement = self.node_store.judge(
-            pod_class, request.node_names, now, list_key=request.node_names_json
-        )
+        names, dra = request.node_names, request.pod.dra
+        if dra is not None and self.dra is not None:
+            excluded = exclusions(names, self.dra, dra)
+            judgement = self.node_store.judge_dra(pod_class, names, excluded, now)
+        else:
+            judgement = self.node_store.judge(
+                pod_class, names, now, list_key=request.node_names_json
+            )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         judgement.block(self._spread(request, pod_class)[1])
@@ -438,7 +460,23 @@ class ScorerApp:
             if not verdict.passed:
                 logged += 1
                 _log_rejection(pod, verdict)
-        _log_request_rejections(pod, pod_class, counts, tally, logged)
+        log_request_rejections(
+            log, pod, pod_class, counts, tally.rejected, tally.unresolvable, logged
+        )
+
+    def _dra_reply(
+        self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
+    ) -> Response:
+        """A DRA pod in full Node objects: judged now on the GPUs the allocator may give it."""
+        nodes = self._nodes_of(request, now)
+        evaluation = evaluate(
+            request.pod, nodes, now, pod_class.policy, pod_class=pod_class,
+            blocked=self._spread(request, pod_class)[1],
+        )  # fmt: skip
+        self.metrics.request_path_judgements_by_verb[verb].inc(len(nodes))
+        if verb == "filter":
+            self.metrics.observe_verdicts(evaluation.verdicts)
+        return Response(200, dra_reply(verb, request, evaluation))
 
     def _explain(
         self,
@@ -494,12 +532,16 @@ class ScorerApp:
         return response
 
     def _nodes_of(self, request: wire.ExtenderRequest, now: datetime) -> Sequence[NodeInput]:
+        dra = request.pod.dra
         if request.form == "names" and self.node_store is not None:
-            return self.node_store.lookup(request.node_names)
-        pods_of = self._pods_of_at(now)
-        if pods_of is None:
-            return request.nodes
-        return [dataclasses.replace(n, pods=pods_of(n.name)) for n in request.nodes]
+            nodes: Sequence[NodeInput] = self.node_store.lookup(request.node_names)
+        else:
+            pods_of = self._pods_of_at(now)
+            if pods_of is None:
+                nodes = request.nodes
+            else:
+                nodes = [dataclasses.replace(n, pods=pods_of(n.name)) for n in request.nodes]
+        return nodes if dra is None or self.dra is None else dra_nodes(nodes, self.dra, dra)
 
     def _pods_of_at(self, now: datetime) -> Callable[[str], tuple[BoundPod, ...]] | None:
         """Full-node mode: each node's bound pods, stamped with their workloads' figures."""
@@ -549,56 +591,3 @@ def _log_rejection(pod: str, verdict: NodeVerdict) -> None:
     """One structured line per rejected node judged: the uniform reason plus what was read."""
     fields = {"pod": pod, **rejection_fields(verdict)}
     log.info("node rejected", extra={"fields": fields})
-
-
-def _log_request_rejections(
-    pod: str,
-    pod_class: PodClass,
-    counts: Mapping[TallyKey, int],
-    tally: VerdictTally,
-    logged: int,
-) -> None:
-    """One line per filter request with rejections: the counts by reason. The per-node values
-    are in the `node rejected` lines written where each verdict was judged (`judged_rejected`
-    of them by this request).
-
-    Its fields are built by the log's writer thread (`DeferredFields`), off the request path:
-    they read the pod class (immutable), `counts` (this request's own dict, not changed after
-    it is made) and numbers."""
-
-    def fields() -> dict[str, object]:
-        reasons: dict[str, int] = {}
-        for (passed, _, reason, _), count in counts.items():
-            if not passed and reason is not None:
-                reasons[reason] = reasons.get(reason, 0) + count
-        return {
-            "pod": pod,
-            "pod_class": describe_pod_class(pod_class),
-            "rejected": tally.rejected,
-            "unresolvable": tally.unresolvable,
-            "judged_rejected": logged,
-            "reasons": dict(sorted(reasons.items())),
-        }
-
-    log.info("nodes rejected", extra={"fields": DeferredFields(fields)})
-
-
-class ObservabilityApp:
-    """Only `/metrics`, `/healthz` and `/readyz` of a `ScorerApp`, for a port of their own.
-
-    A scraper allowed onto that port (by a NetworkPolicy) cannot reach the extender verbs."""
-
-    # A GET carries no body; anything larger is refused before it is read.
-    max_body_bytes: Final = 1024
-
-    def __init__(self, app: ScorerApp) -> None:
-        self._app = app
-
-    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response:
-        if path not in ("/healthz", "/readyz", "/metrics"):
-            return Response(404, wire.encode_json({"Error": f"no such path: {path[:200]}"}))
-        return self._app.respond(method, path, query, body)
-
-    def body_too_large(self) -> Response:
-        error = f"request body exceeds {self.max_body_bytes} bytes"
-        return Response(413, wire.encode_json({"Error": error}))

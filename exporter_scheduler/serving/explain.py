@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from exporter_scheduler.core.dra import DraPod
 from exporter_scheduler.core.hints import HINT_NAMES
 from exporter_scheduler.core.ownload import Learned, OwnLoad
 from exporter_scheduler.core.ownload import describe as describe_own_load
@@ -84,6 +85,9 @@ def explain(
             "name": pod.name,
             "gpu_request": pod.gpu_request,
             "hint_annotations": hint_annotations,
+            # Only for a pod asking GPUs through DRA (judged on the devices the allocator may
+            # give it: each GPU's status says `allocated` to another claim or `tainted`).
+            **({} if pod.dra is None else {"dra": _dra(pod.dra)}),
         },
         "hints": {
             "model_preference": list(hints.model_preference),
@@ -213,6 +217,18 @@ def _breakdown(b: ScoreBreakdown) -> dict[str, Any]:
     }
 
 
+def _dra(dra: DraPod) -> dict[str, Any]:
+    """A DRA pod's claims as its verdicts counted them."""
+    return {
+        "claims": [
+            {"claim": c.ref, "gpus": c.gpus, "allocated": [list(a) for a in c.allocated]}
+            for c in dra.claims
+        ],
+        "unknown_claims": list(dra.missing),
+        "extended_resource_gpus": dra.extended,
+    }
+
+
 def _why_not_texts(
     utilization_limit: str, temperature_limit_c: int, min_memory_mib: int | None
 ) -> dict[GpuStatus, str]:
@@ -222,6 +238,7 @@ def _why_not_texts(
         "unmeasured": "not measured",
         "allocated": "allocated to pods",
         "not-offered": "not offered by the kubelet",
+        "tainted": "tainted (DeviceTaintRule not tolerated)",
         "in-flight": "taken by an in-flight pod",
         "utilization": f"utilization above {utilization_limit}",
         "temperature": f"temperature at or above {temperature_limit_c}C",

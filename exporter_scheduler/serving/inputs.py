@@ -6,10 +6,11 @@ them: each is an in-memory read, with no I/O, on the request path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from exporter_scheduler.core.dra import ClaimInfo, ExcludedKey, NodeDevices
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.ownload import Learned
 from gpu_contract.schema import Keys
@@ -55,3 +56,19 @@ class Groups(Protocol):
     def active(self) -> bool: ...
 
     def group_pods(self, namespace: str, group: str) -> tuple[BoundPod, ...]: ...
+
+
+class DraSource(Protocol):
+    """ResourceClaims and device taints from the DRA watch (`dracache.DraData`)."""
+
+    claims_ready: bool
+
+    @property
+    def base_exclusions(self) -> Mapping[str, ExcludedKey]:
+        """pool -> `core.dra.base_exclusions` of its devices, for pools that have any."""
+
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None: ...
+
+    def tainted_pools(self) -> Collection[str]: ...
+
+    def devices(self, pool: str) -> NodeDevices: ...

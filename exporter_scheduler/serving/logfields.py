@@ -7,8 +7,12 @@ without depending on the module that renders explanations.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.records import BASIS_POINTS, NodeVerdict
+from exporter_scheduler.logs import DeferredFields
 from gpu_contract.schema import format_timestamp
 
 
@@ -65,3 +69,37 @@ def rejection_fields(verdict: NodeVerdict) -> dict[str, object]:
     }
     fields.update(verdict_values(verdict))
     return fields
+
+
+def log_request_rejections(  # noqa: PLR0917 (the request's tallies, passed as they are)
+    log: logging.Logger,
+    pod: str,
+    pod_class: PodClass,
+    counts: Mapping[tuple[bool, bool, str | None, str], int],
+    rejected: int,
+    unresolvable: int,
+    logged: int,
+) -> None:
+    """One line per filter request with rejections: the counts by reason. The per-node values
+    are in the `node rejected` lines written where each verdict was judged (`judged_rejected`
+    of them by this request).
+
+    Its fields are built by the log's writer thread (`DeferredFields`), off the request path:
+    they read the pod class (immutable), `counts` (this request's own dict, not changed after
+    it is made) and numbers."""
+
+    def fields() -> dict[str, object]:
+        reasons: dict[str, int] = {}
+        for (passed, _, reason, _), count in counts.items():
+            if not passed and reason is not None:
+                reasons[reason] = reasons.get(reason, 0) + count
+        return {
+            "pod": pod,
+            "pod_class": describe_pod_class(pod_class),
+            "rejected": rejected,
+            "unresolvable": unresolvable,
+            "judged_rejected": logged,
+            "reasons": dict(sorted(reasons.items())),
+        }
+
+    log.info("nodes rejected", extra={"fields": DeferredFields(fields)})

@@ -269,6 +269,42 @@ class ScorerMetrics:
             "1 once the namespace watch holds its first full LIST (profiles chosen by labels).",
             registry=r,
         )
+        # The DRA watch (DRA pods' verdicts): ResourceClaims and DeviceTaintRules.
+        for kind, what in (("claim", "ResourceClaims"), ("taint_rule", "DeviceTaintRules")):
+            setattr(
+                self,
+                f"{kind}_cache_relists",
+                Counter(f"gpu_scorer_{kind}_cache_relists", f"Full LISTs of {what}.", registry=r),
+            )
+            setattr(
+                self,
+                f"{kind}_cache_watch_restarts",
+                Counter(
+                    f"gpu_scorer_{kind}_cache_watch_restarts",
+                    f"{what} watches that ended and were reopened.",
+                    ["cause"],
+                    registry=r,
+                ),
+            )
+            setattr(
+                self,
+                f"{kind}_cache_event_seconds",
+                Histogram(
+                    f"gpu_scorer_{kind}_cache_event_seconds",
+                    f"Time the {what} watch spent on one event that changed what it keeps.",
+                    buckets=EVENT_BUCKETS_S,
+                    registry=r,
+                ),
+            )
+            setattr(
+                self,
+                f"{kind}_cache_ready",
+                Gauge(
+                    f"gpu_scorer_{kind}_cache_ready",
+                    f"1 once the {what} watch holds its first full LIST.",
+                    registry=r,
+                ),
+            )
 
         # Bound children for the request path: `labels()` takes a lock and builds a key per call.
         self.request_seconds_by_verb = {v: self.request_seconds.labels(v) for v in VERBS}
@@ -288,6 +324,8 @@ class ScorerMetrics:
             self.pod_cache_watch_restarts.labels(cause)
             self.nominated_pod_cache_watch_restarts.labels(cause)
             self.namespace_cache_watch_restarts.labels(cause)
+            self.claim_cache_watch_restarts.labels(cause)  # type: ignore[attr-defined]
+            self.taint_rule_cache_watch_restarts.labels(cause)  # type: ignore[attr-defined]
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}
 

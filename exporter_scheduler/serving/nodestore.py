@@ -31,11 +31,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from itertools import repeat
-from operator import is_
+from itertools import compress, repeat
+from operator import eq, is_, itemgetter, not_
 from types import MappingProxyType
 from typing import Final
 
+from exporter_scheduler.core.dra import ExcludedKey
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
@@ -55,6 +56,10 @@ _LISTS_KEPT: Final = 64
 # than by building the list's index (`_View.positions`).
 _FEW_CHANGES: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+# A name without a DRA entry (`NodeStore.judge_dra`): matches no node, its entry never read.
+_NOT_KEPT: Final = (None, None, None)
+_DRA_STAMP: Final = itemgetter(0, 1)
+_DRA_ENTRY: Final = itemgetter(2)
 
 Clock = Callable[[], datetime]
 
@@ -189,6 +194,73 @@ class NodeStore:
                 names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
             )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
+
+    def judge_dra(
+        self,
+        pod_class: PodClass,
+        names: Sequence[str],
+        excluded: Sequence[ExcludedKey],
+        now: datetime,
+    ) -> Judgement:
+        """A DRA pod's verdicts of `names` at `now`, as `evaluate` gives them for the nodes
+        with `excluded` (per name, `serving.dra.exclusions`) as their `dra_excluded`.
+
+        An entry is a pure function of (class, node input, excluded GPUs, time window), so the
+        class's table keeps each name's last one with the node input and the exclusions it was
+        judged from, and a request uses it while both are what they are now (the same objects,
+        or equal) and its window covers `now`: the filter and the prioritize of one pod, and the
+        next pods of its class, judge only the nodes whose data, claims or taints changed."""
+        now = as_utc(now)
+        now_ts = now.timestamp()
+        table = self._table(pod_class)
+        self._uses += 1
+        table.last_used = self._uses
+        memo = table.dra_entries
+        # In C, one pass each: the kept (node, excluded, entry), and whether each matches.
+        wanted = list(zip(map(self._nodes.get, names), excluded, strict=True))
+        kept = list(map(memo.get, names, repeat(_NOT_KEPT)))
+        entries: list[Entry] = list(map(_DRA_ENTRY, kept))
+        hits = list(map(eq, map(_DRA_STAMP, kept), wanted))
+        if all(hits):
+            if all_hold(entries, now_ts):
+                return table.judgement(names, entries, 0)
+            todo: Iterable[int] = range(len(names))
+        elif all_hold(list(compress(entries, hits)), now_ts):
+            todo = compress(range(len(names)), map(not_, hits))  # the misses alone, in C
+        else:
+            todo = range(len(names))
+        if len(memo) > 2 * len(self._nodes) + 1000:
+            memo.clear()  # names of nodes gone: started afresh
+        judged = 0
+        for index in todo:
+            entry = entries[index]
+            if hits[index] and entry.from_ts <= now_ts < entry.until_ts:
+                continue
+            judged += 1
+            name = names[index]
+            node, gone = wanted[index]
+            known = node or NodeInput(name, _NO_ANNOTATIONS, None)
+            entry = table.judge(dataclasses.replace(known, dra_excluded=dict(gone)), now, now_ts)[0]
+            if node is not None:  # an unknown name is judged, never kept
+                memo[name] = (node, gone, entry)
+            entries[index] = entry
+        return table.judgement(names, entries, judged)
+
+    def exclusions_changed(self, name: str, excluded: ExcludedKey) -> None:
+        """The DRA watch changed node `name`'s exclusions for a pod holding none of its GPUs
+        and tolerating no taint (`core.dra.base_exclusions`): each class that has a DRA entry
+        for it gets one judged with them now, off the request path, as a node event would."""
+        with self._lock:
+            node = self._nodes.get(name)
+            if node is None:
+                return
+            now = as_utc(self.clock())
+            now_ts = now.timestamp()
+            judged = dataclasses.replace(node, dra_excluded=dict(excluded))
+            for table in self._tables.values():
+                kept = table.dra_entries.get(name)
+                if kept is not None and kept[1] != excluded:
+                    table.dra_entries[name] = (node, excluded, table.judge(judged, now, now_ts)[0])
 
     def _table(self, pod_class: PodClass) -> VerdictTable[_View]:
         table = self._tables.get(pod_class.key)

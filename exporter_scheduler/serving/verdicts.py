@@ -22,6 +22,7 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
+from exporter_scheduler.core.dra import ExcludedKey
 from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.judge import judge_node, resolve_chain
 from exporter_scheduler.core.overrides import Overrides
@@ -92,6 +93,7 @@ class VerdictTable(Generic[ViewT]):
         "_tally_lock",
         "changes",
         "changes_base",
+        "dra_entries",
         "entries",
         "epoch",
         "last_used",
@@ -113,6 +115,11 @@ class VerdictTable(Generic[ViewT]):
         self.changes_base = 0
         self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
+        # DRA pods' entries (`NodeStore.judge_dra`), by node name: the last one judged, with
+        # the node input and the GPUs excluded it was judged from (one tuple: a reader sees
+        # the three together). Filled by requests; node, claim and taint events change what a
+        # request compares them with.
+        self.dra_entries: dict[str, tuple[NodeInput, ExcludedKey, Entry]] = {}
         # Bounds over every entry stored since the last `rebuild_window`: every entry in the
         # table holds for POSIX times in [max_from_ts, min_until_ts), so a request checks two
         # numbers instead of reading every entry's window (entries are scattered in memory,

@@ -50,9 +50,26 @@ class _Container(msgspec.Struct):
     resources: _Resources | None = None
 
 
+class _PodResourceClaim(msgspec.Struct):
+    name: str = ""
+    resourceClaimName: str | None = None  # noqa: N815 (Kubernetes JSON name)
+    resourceClaimTemplateName: str | None = None  # noqa: N815
+
+
+class _PodResourceClaimStatus(msgspec.Struct):
+    name: str = ""
+    resourceClaimName: str | None = None  # noqa: N815
+
+
 class _PodSpec(msgspec.Struct):
     containers: list[_Container] | None = None
     initContainers: list[_Container] | None = None  # noqa: N815 (Kubernetes JSON name)
+    # DRA: the pod's claims, by name or through a template (`_claim_names`).
+    resourceClaims: list[_PodResourceClaim] | None = None  # noqa: N815
+
+
+class _PodStatus(msgspec.Struct):
+    resourceClaimStatuses: list[_PodResourceClaimStatus] | None = None  # noqa: N815
 
 
 class _OwnerReference(msgspec.Struct):
@@ -74,6 +91,7 @@ class _ObjectMeta(msgspec.Struct):
 class _Pod(msgspec.Struct):
     metadata: _ObjectMeta | None = None
     spec: _PodSpec | None = None
+    status: _PodStatus | None = None
 
 
 _POD_DECODER: Final = msgspec.json.Decoder(_Pod)
@@ -204,6 +222,26 @@ def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     return max(total, largest_init)
 
 
+def _claim_names(pod: _Pod) -> tuple[str, ...]:
+    """The ResourceClaims the pod uses, by name in its namespace: `resourceClaimName` as given;
+    a template's claim as the resourceclaim controller named it in the pod's status (left out
+    while it has not, or when it made none: kube-scheduler waits for it before filtering)."""
+    spec = pod.spec
+    if spec is None or not spec.resourceClaims:
+        return ()
+    made: dict[str, str] = {}
+    status = pod.status
+    for entry in (status.resourceClaimStatuses or ()) if status is not None else ():
+        if entry.resourceClaimName:
+            made[entry.name] = entry.resourceClaimName
+    names: list[str] = []
+    for claim in spec.resourceClaims:
+        name = claim.resourceClaimName or made.get(claim.name)
+        if name and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
 def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
     meta = pod.metadata or _ObjectMeta()
     labels = meta.labels
@@ -224,6 +262,7 @@ def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
             meta.annotations,
             keys.prefix,
         ),
+        claim_names=_claim_names(pod),
     )
 
 

@@ -108,6 +108,10 @@ VARIANTS: dict[str, Variant] = {
     "full-node": Variant({"scorer": {"nodeCache": False}}),
     "full-node-no-pod-watch": Variant({"scorer": {"nodeCache": False, "podWatch": False}}),
     "no-pod-watch": Variant({"scorer": {"podWatch": False}}),
+    "scorer-dra": Variant(
+        {"scorer": {"dra": {"enabled": True, "extendedResource": True}}},
+        kube_version="1.37.0",
+    ),
     "sidecar": Variant({"scorer": {"mode": "sidecar"}}),
     "sidecar-full-node": Variant({"scorer": {"mode": "sidecar", "nodeCache": False}}),
     "admission-policy-off": Variant({"agent": {"admissionPolicy": {"enabled": False}}}),

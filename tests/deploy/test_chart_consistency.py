@@ -196,8 +196,12 @@ def test_scorer_settings_from_the_chart_validate(
         extender = rendered.scheduler_config()["extenders"][0]
         # The scheduler sends names only when the scorer has its own cache, and vice versa.
         assert extender["nodeCacheCapable"] is settings.node_cache
-        managed = {r["name"] for r in extender["managedResources"]}
-        assert settings.gpu_resource_name in managed
+        if settings.dra:
+            # Every pod is sent (claim-only pods request no managed resource).
+            assert "managedResources" not in extender
+        else:
+            managed = {r["name"] for r in extender["managedResources"]}
+            assert settings.gpu_resource_name in managed
     assert (
         settings.annotation_prefix
         == values.get("annotationPrefix", "gpu-scheduler.example.com") + "/"

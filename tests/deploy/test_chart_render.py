@@ -134,7 +134,7 @@ def _scheduler_config_problems(config: dict[str, Any]) -> list[str]:
     for extender in config["extenders"]:
         problems += [f"extender.{k}" for k in set(extender) - EXTENDER_FIELDS]
         problems += [f"tlsConfig.{k}" for k in set(extender.get("tlsConfig", {})) - TLS_FIELDS]
-        for resource in extender["managedResources"]:
+        for resource in extender.get("managedResources", ()):
             problems += [f"managedResources.{k}" for k in set(resource) - MANAGED_RESOURCE_FIELDS]
         if not isinstance(extender["weight"], int) or extender["weight"] <= 0:
             problems.append("weight must be a positive integer")
@@ -426,6 +426,38 @@ def test_scorer_may_only_list_and_watch_what_its_watches_read(
     assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is node_cache
     env = env_of(containers(deployment)["scorer"], rendered)
     assert env["GPU_SCORER_POD_WATCH"] == pod_watch
+
+
+DRA_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["resourceclaims", "devicetaintrules"],
+    "verbs": ["list", "watch"],
+}
+
+
+def test_dra_judging_sends_every_pod_and_lets_the_scorer_watch_claims_and_taints() -> None:
+    """A pod asking only through ResourceClaims requests no extended resource, and
+    kube-scheduler sends an extender with managedResources only pods that request one of
+    them: with DRA judging on, the registration has none, and the scorer may list and watch
+    claims and device taint rules (and nothing more)."""
+    rendered = render("scorer-dra")
+    extender = rendered.scheduler_config()["extenders"][0]
+    assert "managedResources" not in extender
+    assert rendered.get("ClusterRole", SCORER)["rules"] == [NODES_RULE, PODS_RULE, DRA_RULE]
+    env = env_of(containers(rendered.get("Deployment", SCORER))["scorer"], rendered)
+    assert env["GPU_SCORER_DRA"] == "true"
+    assert env["GPU_SCORER_DRA_DRIVER"] == "gpu.nvidia.com"
+    assert env["GPU_SCORER_DRA_DEVICE_CLASSES"] == "gpu.nvidia.com"
+    assert env["GPU_SCORER_DRA_EXTENDED_RESOURCE"] == "true"
+    # Off (the default): the GPU resource is managed, no DRA rule, the watch off.
+    defaults = render("defaults")
+    assert defaults.scheduler_config()["extenders"][0]["managedResources"] == [
+        {"name": "nvidia.com/gpu", "ignoredByScheduler": False}
+    ]
+    assert DRA_RULE not in defaults.get("ClusterRole", SCORER)["rules"]
+    default_env = env_of(containers(defaults.get("Deployment", SCORER))["scorer"], defaults)
+    assert default_env["GPU_SCORER_DRA"] == "false"
+    assert "GPU_SCORER_DRA_DRIVER" not in default_env
 
 
 @pytest.mark.parametrize("variant", ["sidecar", "sidecar-full-node"])

@@ -15,7 +15,10 @@ v1beta2 API (API server).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,19 +35,45 @@ from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.simulated import SimulatedSource
 from agent.tainter import DeviceTainter, DraState
+from exporter_scheduler.core.dra import NO_DEVICES
+from exporter_scheduler.edges.dracache import DraCache
 from loopback_cluster.control_plane import (
     BuildSpec,
     ControlPlane,
+    ExtenderConfig,
     KubeApi,
     SchedulerConfig,
+    free_port,
     running_control_plane,
 )
-from loopback_cluster.workload import agent_process, running, wait_for
-from tests.e2e.support import AgentIdentity, Scope, installed_agent, require_control_plane
+from loopback_cluster.workload import (
+    ScorerProcess,
+    per_gpu_node_state,
+    publish,
+    running,
+    scorer_process,
+    wait_for,
+)
+from tests.deploy.chart_support import NAMESPACE, Rendered, parse_manifests, template
+from tests.deploy.image_support import chart_container, mounted_image, service_account_files
+from tests.e2e.support import (
+    WATCH_SYNC_S,
+    AgentIdentity,
+    Scope,
+    explain_nodes,
+    installed_agent,
+    require_control_plane,
+)
 
 DRIVER = "gpu.nvidia.com"
 PREFIX = "gpu-scheduler.example.com/"
 SCHEDULER = "dra-e2e"
+# The scheduler that calls the scorer, with DRA judging on (no managedResources).
+SCORED_SCHEDULER = "dra-scored-e2e"
+# A DeviceClass that backs the GPU extended resource with DRA (extendedResourceName); pods that
+# request nvidia.com/gpu on a node without a device plugin get a claim the scheduler makes.
+EXTENDED_CLASS = "gpu-extended.nvidia.com"
+GPU_RESOURCE = "nvidia.com/gpu"
 GPUS = 8
 BURST = 20
 CLAIM_NAME = "gpu"
@@ -221,7 +250,9 @@ def rules(plane: ControlPlane, node: str) -> dict[str, str]:
 # ----------------------------------------------------------------------------- claims and pods
 
 
-def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
+def claim_pods(
+    scope: Scope, prefix: str, count: int, *, scheduler: str = SCHEDULER, cpu: str | None = None
+) -> list[str]:
     """`count` pods, each with a claim from the template made as the resourceclaim controller
     makes it; each pod is held by a scheduling gate until its claim is ready, then released."""
     api = scope.api
@@ -233,7 +264,7 @@ def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
             {
                 "metadata": {"name": name},
                 "spec": {
-                    "schedulerName": SCHEDULER,
+                    "schedulerName": scheduler,
                     "schedulingGates": [{"name": GATE}],
                     "terminationGracePeriodSeconds": 0,
                     "resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": TEMPLATE}],
@@ -241,7 +272,10 @@ def claim_pods(scope: Scope, prefix: str, count: int) -> list[str]:
                         {
                             "name": "cuda",
                             "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                            "resources": {"claims": [{"name": CLAIM_NAME}]},
+                            "resources": {
+                                "claims": [{"name": CLAIM_NAME}],
+                                **({"requests": {"cpu": cpu}} if cpu else {}),
+                            },
                         }
                     ],
                 },
@@ -524,7 +558,9 @@ def test_a_claim_that_tolerates_the_key_may_get_a_tainted_gpu(
 def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     identity: AgentIdentity, control_plane: ControlPlane, scope: Scope, tmp_path: Path
 ) -> None:
-    """The `gpu-agent run` binary with the chart's identity, on a simulated source losing a GPU."""
+    """`gpu-agent run` from the built image, as the chart's pod spec runs it (its user, its
+    environment, a read-only root, the service-account files of its identity), on a simulated
+    source losing a GPU."""
     seed = 3
     simulated = SimulatedSource(gpus=GPUS, seed=seed)
     uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
@@ -534,27 +570,47 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     # the simulated GPUs instead of the test's own.
     scope.api.delete(f"{RESOURCE}/v1/resourceslices/{identity.own_node}-{DRIVER}")
     publish_slice(scope.api, identity.own_node, uuids)
-    kubeconfig = control_plane.token_kubeconfig(tmp_path / "agent.kubeconfig", identity.token)
-    agent = agent_process(
-        tmp_path,
-        node_name=identity.own_node,
-        kubeconfig=kubeconfig,
-        extra_args=[
-            f"--seed={seed}",
-            "--simulated-lose-gpu-after=3",
-            "--sample-interval-s=1",
-            "--min-write-interval-s=1",
-            # Seconds, not the default minute: a busy GPU's taint turns into the health one at once.
-            "--dra-min-write-interval=1",
-        ],
+    values = {
+        "agent": {
+            "source": "simulated",
+            "simulated": {"gpus": GPUS, "seed": seed},
+            # No kubelet here; without its socket the chart runs the agent as its non-root user.
+            "podResources": {"enabled": False},
+            "sampleIntervalSeconds": 1,
+            "minWriteIntervalSeconds": 1,
+            "metricsPort": free_port(),
+        }
+    }
+    text = template(values)
+    rendered = Rendered(text=text, manifests=parse_manifests(text))
+    credentials = service_account_files(
+        tmp_path / "serviceaccount",
+        token=identity.token,
+        ca_file=control_plane.pki.ca_cert,
+        namespace=NAMESPACE,
     )
-    with running(agent):
+    with mounted_image() as mounted:
+        container = chart_container(
+            rendered,
+            "agent",
+            fields={"spec.nodeName": identity.own_node},
+            service_account=credentials,
+            api_port=control_plane.ports.apiserver,
+        )
+        # Not chart values: lose the GPU soon, and write its taint within seconds, not the
+        # default minute, so that a busy GPU's taint turns into the health one at once.
+        container = dataclasses.replace(
+            container,
+            argv=[*container.argv, "--simulated-lose-gpu-after=3", "--dra-min-write-interval=1"],
+        )
+        agent = mounted.process(container, tmp_path / "agent.log", "gpu-agent")
+        with running(agent):
 
-        def health_rule() -> dict[str, str] | None:
-            found = rules(control_plane, identity.own_node)
-            return found if found.get(lost) == PREFIX + "health" else None
+            def health_rule() -> dict[str, str] | None:
+                found = rules(control_plane, identity.own_node)
+                return found if found.get(lost) == PREFIX + "health" else None
 
-        held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
+            held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
     assert held[lost] == PREFIX + "health", agent.log()
     assert all(key.startswith(PREFIX) for key in held.values())
     assert "DRA device taints active" in agent.log()
@@ -562,3 +618,327 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     with control_plane.admin() as api:
         for device in held:
             api.delete(f"{RESOURCE}/v1/devicetaintrules/gpu-scheduler.{identity.own_node}.{device}")
+
+
+# ----------------------------------------------------------------------------- with the scorer
+
+
+@pytest.fixture(scope="module")
+def dra_scorer(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ScorerProcess]:
+    """`gpu-scorer serve --dra` (names only) and a kube-scheduler calling it for every pod of
+    its profile, as the chart registers it with scorer.dra.enabled (no managedResources)."""
+    log_dir = tmp_path_factory.mktemp("dra-scorer")
+    scorer = scorer_process(
+        log_dir,
+        kubeconfig=control_plane.admin_kubeconfig,
+        name="gpu-scorer-dra",
+        extra_args=[
+            "--dra",
+            f"--dra-device-classes={DRIVER},{EXTENDED_CLASS}",
+            "--dra-extended-resource",
+        ],
+    )
+    scorer.start()
+    try:
+        scorer.wait_ready()
+        watches = ("gpu_scorer_claim_cache_ready", "gpu_scorer_taint_rule_cache_ready")
+        wait_for(
+            "the scorer's DRA watches to list",
+            lambda: all(scorer.metric(m) == 1 for m in watches),
+            timeout_s=WATCH_SYNC_S,
+        )
+        extender = ExtenderConfig(
+            scorer.url, node_cache_capable=True, ignorable=False, managed_resource=None
+        )
+        control_plane.start_scheduler(SchedulerConfig(SCORED_SCHEDULER, extender))
+        try:
+            yield scorer
+        finally:
+            control_plane.stop_scheduler(f"kube-scheduler-{SCORED_SCHEDULER}")
+    finally:
+        scorer.kill()
+
+
+def allocated_claim(api: KubeApi, name: str, pool: str, device: str) -> str:
+    """A claim of another workload holding `device` of `pool`, allocated as the scheduler
+    records it (status.allocation), so the allocator and the scorer count it as taken."""
+    api.create(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims",
+        {
+            "metadata": {"name": name, "finalizers": ["resource.kubernetes.io/delete-protection"]},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": CLAIM_NAME, "exactly": {"deviceClassName": DRIVER}}]
+                }
+            },
+        },
+    )
+    api.merge_patch(
+        f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}/status",
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": CLAIM_NAME,
+                                "driver": DRIVER,
+                                "pool": pool,
+                                "device": device,
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    )
+    return name
+
+
+def scorer_holds(scorer: ScorerProcess, claim: str, pool: str) -> None:
+    """Wait until the scorer's watch has `claim`'s allocation of gpu-3 of `pool` (the layout's
+    last claim: its watch is in order, so it has the earlier ones too)."""
+    probe = {
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
+    }
+    wait_for(
+        "the scorer to hold the other claims' allocations",
+        lambda: explained_claims(scorer, probe, [pool]) == [[pool, "gpu-3"]],
+        timeout_s=WATCH_SYNC_S,
+    )
+
+
+def explained_claims(
+    scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]
+) -> list[list[str]] | None:
+    """The allocations of the pod's claims as the scorer's explain reports them (None: the
+    scorer does not know the pod's claims yet)."""
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": nodes}).encode()
+    request = urllib.request.Request(
+        f"{scorer.url}/explain", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        document = json.loads(response.read())
+    dra = document.get("pod", {}).get("dra")
+    if not dra or not dra["claims"]:
+        return None
+    return [list(pair) for claim in dra["claims"] for pair in claim["allocated"]]
+
+
+def pools_of(api: KubeApi, pods: list[str]) -> dict[str, str | None]:
+    """pod -> the pool (node) of its claim's device, once every pod is allocated."""
+
+    def allocated() -> dict[str, str | None] | None:
+        found: dict[str, str | None] = {}
+        for name in pods:
+            claim = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}-{CLAIM_NAME}")
+            allocation = claim.get("status", {}).get("allocation")
+            if not allocation:
+                return None
+            (result,) = allocation["devices"]["results"]
+            found[name] = f"{result['pool']}/{result['device']}"
+        return found
+
+    return wait_for(f"{len(pods)} claims to be allocated", allocated, timeout_s=90, interval_s=0.5)
+
+
+def hot_free_gpus_layout(scope: Scope, *, dra_only: bool = False) -> tuple[str, str, list[str]]:
+    """Nodes a and b (and the other workloads' claims on a) as the two scored tests lay them
+    out; `dra_only`: the nodes advertise no GPU extended resource (no device plugin), so a pod
+    requesting it is served by the DeviceClass that names it."""
+    api = scope.api
+    a, b = scope.node("a", cpu="64"), scope.node("b", cpu="4")
+    for node in (a, b):
+        if dra_only:
+            gone = {GPU_RESOURCE: None}
+            api.merge_patch(
+                f"/api/v1/nodes/{node}/status",
+                {"status": {"allocatable": gone, "capacity": gone}},
+            )
+        publish_slice(api, node)
+    others = [allocated_claim(api, scope.name(f"other-{m}"), a, f"gpu-{m}") for m in range(4)]
+    publish(api, a, per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4))
+    publish(api, b, per_gpu_node_state([(0.55, None)] * 8))
+    return a, b, others
+
+
+def remove_layout(api: KubeApi, nodes: list[str], claims: list[str]) -> None:
+    for name in claims:
+        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}"
+        api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+    for node in nodes:
+        api.delete(f"{RESOURCE}/v1/resourceslices/{node}-{DRIVER}")
+
+
+def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
+    dra_scorer: ScorerProcess, scope: Scope
+) -> None:
+    """Node a: its 4 idle GPUs are allocated to other claims, its 4 free ones are hot (no taint
+    yet: the agent's write waits its minute). Node a's mean (0.49) is below node b's (0.55, on
+    GPUs that still fit a pod's own load) and b has few CPUs, so on node-level data alone and by
+    kube-scheduler's own scores a looks better; only the claims show that the allocator would
+    hand out a hot GPU there. Every claim pod goes to b; explain shows what was counted on a
+    and why."""
+    api = scope.api
+    a, b, others = hot_free_gpus_layout(scope)
+    try:
+        scorer_holds(dra_scorer, others[-1], a)
+        scope.settle()
+        pods = claim_pods(scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m")
+        placed = pools_of(api, pods)
+        assert all(str(device).startswith(f"{b}/") for device in placed.values()), placed
+        pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
+        explained = explain_nodes(dra_scorer.url, api, pod, [a, b], names_only=True)
+        table_a = explained[a]["gpus"]["table"]
+        assert [row["status"] for row in table_a] == ["allocated"] * 4 + ["utilization"] * 4
+        assert explained[a]["verdict"] == "fail"
+        assert explained[a]["reason"] == "no gpu at or below utilization 0.90"
+        assert explained[b]["verdict"] == "pass"
+        assert explained[b]["gpus"]["counted"] != []
+        assert explained[b]["gpus"]["allocation_checked"] is True
+        release(api, pods)
+    finally:
+        remove_layout(api, [a, b], others)
+
+
+def extended_claims(api: KubeApi, pods: list[str]) -> dict[str, str] | None:
+    """pod -> `pool/device` of the claim the scheduler made for its extended resource, once
+    every pod has one allocated (None before)."""
+    found: dict[str, str] = {}
+    listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")["items"]
+    for name in pods:
+        owned = [
+            c
+            for c in listing
+            if any(o.get("name") == name for o in c["metadata"].get("ownerReferences", []))
+        ]
+        allocation = owned[0].get("status", {}).get("allocation") if owned else None
+        if not allocation:
+            return None
+        (result,) = allocation["devices"]["results"]
+        found[name] = f"{result['pool']}/{result['device']}"
+    return found
+
+
+def test_scorer_keeps_dra_backed_extended_resource_pods_off_hot_free_gpus(
+    dra_scorer: ScorerProcess, scope: Scope
+) -> None:
+    """The same layout, nodes without a device plugin, and a DeviceClass whose
+    extendedResourceName is nvidia.com/gpu: pods requesting nvidia.com/gpu get a claim the
+    scheduler makes at binding (DRAExtendedResource: beta and on in 1.36, on in 1.37), and the
+    scorer (`--dra-extended-resource`) judges them on the devices left as it judges claims."""
+    api = scope.api
+    api.create(
+        f"{RESOURCE}/v1/deviceclasses",
+        {
+            "metadata": {"name": EXTENDED_CLASS},
+            "spec": {
+                "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                "extendedResourceName": GPU_RESOURCE,
+            },
+        },
+    )
+    a, b, others = hot_free_gpus_layout(scope, dra_only=True)
+    pods: list[str] = []
+    try:
+        scorer_holds(dra_scorer, others[-1], a)
+        scope.settle()
+        for index in range(4):
+            name = scope.name(f"extended-{index}")
+            scope.pod(
+                {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "schedulerName": SCORED_SCHEDULER,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [
+                            {
+                                "name": "cuda",
+                                "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                                "resources": {
+                                    "requests": {"cpu": "500m", GPU_RESOURCE: "1"},
+                                    "limits": {GPU_RESOURCE: "1"},
+                                },
+                            }
+                        ],
+                    },
+                }
+            )
+            pods.append(name)
+        placed = wait_for(
+            "the scheduler's claims for the extended resource to be allocated",
+            lambda: extended_claims(api, pods),
+            timeout_s=90,
+            interval_s=0.5,
+        )
+        assert all(device.startswith(f"{b}/") for device in placed.values()), placed
+        pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
+        pod["spec"].pop("nodeName", None)  # as the scheduler sent it, before binding
+        explained = explain_nodes(dra_scorer.url, api, pod, [a, b], names_only=True)
+        assert [row["status"] for row in explained[a]["gpus"]["table"]][:4] == ["allocated"] * 4
+        assert explained[a]["verdict"] == "fail"
+    finally:
+        for name in pods:
+            api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
+        listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")["items"]
+        made = [
+            c["metadata"]["name"]
+            for c in listing
+            if any(o.get("name") in pods for o in c["metadata"].get("ownerReferences", []))
+        ]
+        remove_layout(api, [a, b], others + made)
+        api.delete(f"{RESOURCE}/v1/deviceclasses/{EXTENDED_CLASS}")
+
+
+def test_the_dra_watch_holds_what_the_api_server_holds(
+    control_plane: ControlPlane, scope: Scope
+) -> None:
+    """The scorer's DRA watch (edges/dracache.py) against the real API server: a claim's GPU
+    count, its allocation as the status changes and its deletion; a DeviceTaintRule of the
+    driver in the version the server serves (v1 in 1.37, v1beta2 in 1.36), and its deletion."""
+    api = scope.api
+    pool = scope.name("pool")
+    rules_version = "v1" if control_plane.spec.release >= (1, 37) else "v1beta2"
+    rule_name = scope.name("rule")
+    claim_name = scope.name("watched")
+    with DraCache(
+        driver=DRIVER,
+        device_classes=[DRIVER],
+        kubeconfig=str(control_plane.admin_kubeconfig),
+    ) as cache:
+        assert cache.wait_until(lambda c: c.data.claims_ready and c.data.taints_ready, 30.0)
+        allocated_claim(api, claim_name, pool, "gpu-2")
+        assert cache.wait_until(
+            lambda c: c.data.devices(pool).allocated == {"gpu-2": f"default/{claim_name}"}, 30.0
+        )
+        claim = cache.data.claim("default", claim_name)
+        assert claim is not None
+        assert claim.gpus == 1
+        api.create(
+            f"{RESOURCE}/{rules_version}/devicetaintrules",
+            {
+                "metadata": {"name": rule_name},
+                "spec": {
+                    "deviceSelector": {"driver": DRIVER, "pool": pool, "device": "gpu-5"},
+                    "taint": {"key": PREFIX + "utilization", "effect": "NoSchedule"},
+                },
+            },
+        )
+        assert cache.wait_until(
+            lambda c: (
+                [t.key for t in c.data.devices(pool).taints.get("gpu-5", ())]
+                == [PREFIX + "utilization"]
+            ),
+            30.0,
+        )
+        api.delete(f"{RESOURCE}/{rules_version}/devicetaintrules/{rule_name}")
+        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{claim_name}"
+        api.merge_patch(path, {"metadata": {"finalizers": None}})
+        api.delete(path)
+        assert cache.wait_until(lambda c: c.data.devices(pool) is NO_DEVICES, 30.0)
+        assert cache.data.claim("default", claim_name) is None
+        assert cache.absent is None

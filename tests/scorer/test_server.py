@@ -19,7 +19,7 @@ from exporter_scheduler.config.serving import DEFAULT_KEEP_ALIVE_S, TlsFiles
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import HttpServer
-from exporter_scheduler.serving.app import ObservabilityApp
+from exporter_scheduler.serving.observability import ObservabilityApp
 from exporter_scheduler.serving.responses import normalize_path_prefix
 from tests.scorer._http_helpers import (
     NOW,

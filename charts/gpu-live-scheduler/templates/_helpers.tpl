@@ -117,7 +117,7 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 Pod watch (in-flight accounting) or its Namespace watch (profiles chosen by namespace labels).
 Only then does it get RBAC and a service account token. */}}
 {{- define "gls.scorer.needsApi" -}}
-{{- if or .Values.scorer.nodeCache .Values.scorer.podWatch (include "gls.scorer.readsNamespaces" .) -}}true{{- end -}}
+{{- if or .Values.scorer.nodeCache .Values.scorer.podWatch (include "gls.scorer.readsNamespaces" .) .Values.scorer.dra.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{- define "gls.scorer.sidecar" -}}
@@ -226,6 +226,12 @@ GPU_SCORER_METRICS_PORT: {{ .Values.scorer.metricsPort | toString | quote }}
 GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_POD_WATCH: {{ .Values.scorer.podWatch | toString | quote }}
+GPU_SCORER_DRA: {{ .Values.scorer.dra.enabled | toString | quote }}
+{{- if .Values.scorer.dra.enabled }}
+GPU_SCORER_DRA_DRIVER: {{ .Values.scorer.dra.driver | quote }}
+GPU_SCORER_DRA_DEVICE_CLASSES: {{ join "," .Values.scorer.dra.deviceClasses | quote }}
+GPU_SCORER_DRA_EXTENDED_RESOURCE: {{ .Values.scorer.dra.extendedResource | toString | quote }}
+{{- end }}
 GPU_SCORER_LOG_LEVEL: {{ .Values.scorer.logLevel | quote }}
 GPU_SCORER_ANNOTATION_PREFIX: {{ include "gls.annotationPrefix" . | quote }}
 GPU_SCORER_STALE_AFTER_S: {{ include "gls.scorer.staleAfterSeconds" . | quote }}
@@ -459,6 +465,11 @@ extenders:
       keyFile: {{ include "gls.scheduler.tlsDir" . }}/client/tls.key
       {{- end }}
     {{- end }}
+    {{- if .Values.scorer.dra.enabled }}
+    # No managedResources: kube-scheduler sends an extender that has them only the pods whose
+    # containers request one (HTTPExtender.IsInterested), never a pod that asks through claims.
+    {{- else }}
     managedResources:
       {{- toYaml $ext.managedResources | nindent 6 }}
+    {{- end }}
 {{- end -}}

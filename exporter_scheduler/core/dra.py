@@ -1,0 +1,188 @@
+"""DRA pods: the GPUs kube-scheduler's allocator may still give a pod, from claims and taints.
+
+Where GPUs are Dynamic Resource Allocation devices, kube-scheduler's structured allocator picks
+them: among the node's devices of the requested class it takes the first that fit, skipping a
+device already allocated to another claim and a device with a `NoSchedule` or `NoExecute` taint
+that the claim does not tolerate. It is blind to load. So a DRA pod is judged on the GPUs left
+after those exclusions, with the k-GPU rule's blind draw (`core.gpus`): the allocator's order is
+not the GPUs' merit, and the node passes only when the chance that the GPUs handed out are all
+candidates reaches the policy's `min_gpu_fit_probability`.
+
+The inputs are what the scorer's DRA watch keeps (exporter_scheduler/edges/dracache.py), the
+least that decides a verdict:
+
+- per claim, its GPU request count for the configured device classes, its allocation results
+  for the driver as (pool, device), and the taint keys its GPU requests tolerate;
+- per DeviceTaintRule of the driver, the (pool, device, key, effect) it names.
+
+A device is matched to the agent's per-GPU readings by its name: NVIDIA's driver names a whole
+GPU `gpu-<n>`, in a pool named after the node. Everything here is pure: the request path hands
+in the pod's claims and the node's allocations and taints as they are in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Final, Literal
+
+import msgspec
+
+# Why the allocator will not give a GPU to this pod.
+Exclusion = Literal["allocated", "tainted"]
+# Taint effects the allocator honours at allocation (`NoExecute` also evicts; `None`: none).
+_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+_DEVICE_PREFIX: Final = "gpu-"
+
+
+class Toleration(msgspec.Struct, frozen=True, gc=False):
+    """A device toleration of a claim's request (resource.k8s.io DeviceToleration)."""
+
+    key: str | None = None
+    operator: str = "Equal"  # `Exists` with no key tolerates every taint
+    value: str | None = None
+    effect: str | None = None  # None: every effect
+
+
+class DeviceTaint(msgspec.Struct, frozen=True, gc=False):
+    """A taint on one device, from a DeviceTaintRule."""
+
+    key: str
+    effect: str
+    value: str | None = None
+    rule: str = ""  # the rule's name, for the explanation
+
+
+class ClaimInfo(msgspec.Struct, frozen=True, gc=False):
+    """What a verdict reads of one ResourceClaim."""
+
+    # `namespace/name`
+    ref: str
+    # Devices its requests for the configured classes ask for (ExactCount; `All` counts 1).
+    gpus: int
+    # (pool, device) of its allocation results for the driver; empty while unallocated.
+    allocated: tuple[tuple[str, str], ...] = ()
+    # The tolerations of its GPU requests (every request's, as one list).
+    tolerations: tuple[Toleration, ...] = ()
+
+
+class DraPod(msgspec.Struct, frozen=True, gc=False):
+    """A pod that asks for GPUs through DRA, as its verdicts read it."""
+
+    # Its GPU claims as known now (unknown names are in `missing`).
+    claims: tuple[ClaimInfo, ...]
+    # Claim names the pod references that the watch does not know (yet): counted as no GPUs.
+    missing: tuple[str, ...] = ()
+    # GPUs asked through a DRA-backed extended resource (the scheduler makes the claim later).
+    extended: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return sum(claim.gpus for claim in self.claims) + self.extended
+
+    @property
+    def own(self) -> frozenset[str]:
+        return frozenset(claim.ref for claim in self.claims)
+
+
+class NodeDevices(msgspec.Struct, frozen=True, gc=False):
+    """One node's (pool's) DRA state: its allocated devices and their taints."""
+
+    # device name -> the claim (`namespace/name`) it is allocated to
+    allocated: Mapping[str, str] = msgspec.field(default_factory=dict)
+    # device name -> its taints
+    taints: Mapping[str, tuple[DeviceTaint, ...]] = msgspec.field(default_factory=dict)
+
+
+NO_DEVICES: Final = NodeDevices()
+
+
+def device_index(name: str) -> int | None:
+    """The GPU index a device name stands for: `gpu-3` -> 3; None for any other device (a MIG
+    device `gpu-0-mig-...`, a channel), which the per-GPU readings cannot speak for."""
+    if not name.startswith(_DEVICE_PREFIX):
+        return None
+    digits = name[len(_DEVICE_PREFIX) :]
+    if not digits.isdigit() or len(digits) > 4:
+        return None
+    return int(digits)
+
+
+def tolerates(tolerations: Iterable[Toleration], taint: DeviceTaint) -> bool:
+    """Kubernetes' toleration match (`DeviceToleration.ToleratesTaint`)."""
+    for toleration in tolerations:
+        if toleration.effect is not None and toleration.effect != taint.effect:
+            continue
+        if toleration.operator == "Exists":
+            if toleration.key is None or toleration.key == taint.key:
+                return True
+        elif toleration.key == taint.key and (toleration.value or "") == (taint.value or ""):
+            return True
+    return False
+
+
+def excluded_gpus(devices: NodeDevices, pod: DraPod) -> dict[int, Exclusion]:
+    """The GPU indexes of one node the allocator will not give `pod`: allocated to a claim that
+    is not one of the pod's own, or tainted with a blocking effect that one of its claims does
+    not tolerate (every claim must take its device through the same filter; an extended-resource
+    request's claim, made by the scheduler, tolerates nothing)."""
+    excluded: dict[int, Exclusion] = {}
+    own = pod.own
+    for device, claim in devices.allocated.items():
+        index = device_index(device)
+        if index is not None and claim not in own:
+            excluded[index] = "allocated"
+    if not devices.taints:
+        return excluded
+    tolerating = [claim.tolerations for claim in pod.claims]
+    if pod.extended or not tolerating:
+        tolerating.append(())
+    for device, taints in devices.taints.items():
+        index = device_index(device)
+        if index is None or index in excluded:
+            continue
+        for taint in taints:
+            if taint.effect not in _BLOCKING_EFFECTS:
+                continue
+            if not all(tolerates(tolerations, taint) for tolerations in tolerating):
+                excluded[index] = "tainted"
+                break
+    return excluded
+
+
+# Exclusions of one node for a pod, as a memo key: (GPU index, why) pairs.
+ExcludedKey = frozenset[tuple[int, Exclusion]]
+NO_EXCLUSIONS: Final[ExcludedKey] = frozenset()
+# A pod that tolerates no taint and holds no allocation: what every pod's exclusions reduce to
+# on a node where it holds nothing and which has no taint its claims could tolerate.
+_TOLERATING_NONE: Final = DraPod(claims=(), extended=1)
+
+
+def base_exclusions(devices: NodeDevices) -> ExcludedKey:
+    """The GPUs of one node that no pod holding none of them and tolerating no taint can get:
+    every allocated one and every one with a blocking taint (`excluded_gpus` for such a pod)."""
+    if devices is NO_DEVICES:
+        return NO_EXCLUSIONS
+    return frozenset(excluded_gpus(devices, _TOLERATING_NONE).items())
+
+
+def tolerates_any(pod: DraPod) -> bool:
+    """Whether any of the pod's claims has a toleration (else `base_exclusions` is its own
+    exclusions wherever it holds no allocation)."""
+    return any(claim.tolerations for claim in pod.claims)
+
+
+def held_pools(pod: DraPod) -> frozenset[str]:
+    """The pools (nodes) where one of the pod's own claims is allocated already."""
+    return frozenset(pool for claim in pod.claims for pool, _ in claim.allocated)
+
+
+def taints_by_pool(
+    rules: Iterable[tuple[str, str, DeviceTaint]],
+) -> dict[str, Mapping[str, tuple[DeviceTaint, ...]]]:
+    """Rules' (pool, device, taint) as pool -> device -> its taints."""
+    pools: dict[str, dict[str, tuple[DeviceTaint, ...]]] = {}
+    for pool, device, taint in rules:
+        devices = pools.setdefault(pool, {})
+        devices[device] = (*devices.get(device, ()), taint)
+    return {pool: MappingProxyType(devices) for pool, devices in pools.items()}

@@ -1,0 +1,600 @@
+"""The DRA watch: what DRA pods' verdicts read of ResourceClaims and DeviceTaintRules.
+
+A pod that asks for GPUs through Dynamic Resource Allocation is judged on the GPUs
+kube-scheduler's allocator may still give it (`core.dra`): the node's devices less those
+allocated to another claim and those tainted against its claims. This cache keeps the least
+that decides that, off the request path:
+
+- of each ResourceClaim (all namespaces): its GPU request count for the configured device
+  classes, the tolerations of those requests, and its allocation results for the driver as
+  (pool, device); indexed by pool, which NVIDIA's driver names after the node;
+- of each DeviceTaintRule naming a device of the driver: (pool, device, key, value, effect).
+
+Everything else of those objects is skipped by msgspec in C: at 30,000 GPU claims a few MB,
+and one watch event per claim allocated or released (docs/scoring.md, "DRA pods").
+
+The API's versions are found once at start (resource.k8s.io v1, else v1beta2/v1beta1). A
+cluster without DRA or without DeviceTaintRules gets one log line (DRA pods judged without
+claims or taints), never a crash loop; until the claims' first LIST, as any other pod.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
+
+import msgspec
+
+from exporter_scheduler.core.dra import (
+    NO_DEVICES,
+    NO_EXCLUSIONS,
+    ClaimInfo,
+    DeviceTaint,
+    ExcludedKey,
+    NodeDevices,
+    Toleration,
+    base_exclusions,
+    taints_by_pool,
+)
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
+from exporter_scheduler.serving.metrics import ScorerMetrics
+
+log = logging.getLogger("exporter_scheduler.dracache")
+
+DRA_GROUP: Final = "resource.k8s.io"
+# Newest first. ResourceClaim is v1 from 1.34; DeviceTaintRule is v1 from 1.37, v1beta2 (gated)
+# in 1.36.
+DRA_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+_NO_TAINTS: Final[Mapping[str, tuple[DeviceTaint, ...]]] = MappingProxyType({})
+_NO_ALLOCATIONS: Final[Mapping[str, str]] = MappingProxyType({})
+
+
+# ----------------------------------------------------------------------------- wire structs
+class _Meta(msgspec.Struct):
+    name: str | None = None
+    namespace: str | None = None
+    resourceVersion: str | None = None  # noqa: N815 (Kubernetes JSON name)
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _Toleration(msgspec.Struct):
+    key: str | None = None
+    operator: str | None = None
+    value: str | None = None
+    effect: str | None = None
+
+
+class _Exact(msgspec.Struct):
+    deviceClassName: str | None = None  # noqa: N815
+    allocationMode: str | None = None  # noqa: N815
+    count: int | None = None
+    tolerations: list[_Toleration] | None = None
+
+
+class _Request(_Exact):
+    # v1: the request is `exactly` one class or `firstAvailable` of several; v1beta1 has the
+    # `exactly` fields on the request itself.
+    exactly: _Exact | None = None
+    firstAvailable: list[_Exact] | None = None  # noqa: N815
+
+
+class _Devices(msgspec.Struct):
+    requests: list[_Request] | None = None
+
+
+class _ClaimSpec(msgspec.Struct):
+    devices: _Devices | None = None
+
+
+class _Result(msgspec.Struct):
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+
+
+class _AllocatedDevices(msgspec.Struct):
+    results: list[_Result] | None = None
+
+
+class _Allocation(msgspec.Struct):
+    devices: _AllocatedDevices | None = None
+
+
+class _ClaimStatus(msgspec.Struct):
+    allocation: _Allocation | None = None
+
+
+class _Selector(msgspec.Struct):
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class _Taint(msgspec.Struct):
+    key: str = ""
+    value: str | None = None
+    effect: str = ""
+
+
+class _RuleSpec(msgspec.Struct):
+    deviceSelector: _Selector | None = None  # noqa: N815
+    taint: _Taint | None = None
+
+
+class _Claim(msgspec.Struct):
+    metadata: _Meta | None = None
+    spec: _ClaimSpec | None = None
+    status: _ClaimStatus | None = None
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class _Rule(msgspec.Struct):
+    metadata: _Meta | None = None
+    spec: _RuleSpec | None = None
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class _ClaimList(msgspec.Struct):
+    metadata: _Meta | None = None
+    items: list[_Claim] | None = None
+
+
+class _ClaimEvent(msgspec.Struct):
+    type: str = ""
+    object: _Claim | None = None
+
+
+class _RuleList(msgspec.Struct):
+    metadata: _Meta | None = None
+    items: list[_Rule] | None = None
+
+
+class _RuleEvent(msgspec.Struct):
+    type: str = ""
+    object: _Rule | None = None
+
+
+# ----------------------------------------------------------------------------- what is kept
+def claim_info(
+    obj: _Claim, *, device_classes: frozenset[str], driver: str
+) -> tuple[str, ClaimInfo] | None:
+    """`(namespace/name, what a verdict reads)` of a decoded claim; None without a name."""
+    meta = obj.metadata
+    if meta is None or not meta.name:
+        return None
+    ref = sys.intern(f"{meta.namespace or ''}/{meta.name}")
+    gpus = 0
+    tolerations: list[Toleration] = []
+    devices = None if obj.spec is None else obj.spec.devices
+    for request in (None if devices is None else devices.requests) or ():
+        exact = request.exactly or request
+        choices: list[_Exact] = [exact] if exact.deviceClassName else []
+        # firstAvailable: the allocator tries each in order; the first GPU one is what a GPU
+        # node would give (a node is judged as if that one is chosen).
+        choices.extend(request.firstAvailable or ())
+        for choice in choices:
+            if choice.deviceClassName in device_classes:
+                mode = choice.allocationMode or "ExactCount"
+                # `All` takes every matching device of a node: at least one.
+                gpus += max(1, choice.count or 1) if mode == "ExactCount" else 1
+                tolerations.extend(
+                    Toleration(t.key, t.operator or "Equal", t.value, t.effect)
+                    for t in choice.tolerations or ()
+                )
+                break
+    allocated: list[tuple[str, str]] = []
+    allocation = None if obj.status is None else obj.status.allocation
+    results = None if allocation is None or allocation.devices is None else allocation.devices
+    for result in (None if results is None else results.results) or ():
+        if result.driver == driver and result.pool and result.device:
+            allocated.append((sys.intern(result.pool), sys.intern(result.device)))
+    return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations))
+
+
+def rule_taint(obj: _Rule, *, driver: str) -> tuple[str, str, DeviceTaint] | None:
+    """`(pool, device, taint)` of a rule that names one device of the driver; None for any
+    other (another driver's, or a selector wider than one device: the agent writes one rule
+    per GPU, and a rule over a whole pool cannot be placed on the per-GPU readings)."""
+    meta, spec = obj.metadata, obj.spec
+    if meta is None or spec is None or spec.deviceSelector is None or spec.taint is None:
+        return None
+    selector, taint = spec.deviceSelector, spec.taint
+    if selector.driver != driver or not selector.pool or not selector.device or not taint.key:
+        return None
+    return (
+        sys.intern(selector.pool),
+        sys.intern(selector.device),
+        DeviceTaint(taint.key, taint.effect, taint.value, meta.name or ""),
+    )
+
+
+class DraData:
+    """The claims and taints, as the request path reads them (one dict lookup each).
+
+    Written by the two watch threads, read by requests without a lock: every write replaces a
+    pool's mapping whole (copy on write), so a reader sees it before or after a change.
+    """
+
+    def __init__(self, *, driver: str, device_classes: Iterable[str]) -> None:
+        self.driver = driver
+        self.device_classes = frozenset(device_classes)
+        self._claims: dict[str, ClaimInfo] = {}
+        self._allocated: dict[str, Mapping[str, str]] = {}  # pool -> device -> claim ref
+        self._rules: dict[str, tuple[str, str, DeviceTaint]] = {}
+        self._taints: dict[str, Mapping[str, tuple[DeviceTaint, ...]]] = {}
+        # pool -> `core.dra.base_exclusions`, kept at each write; each change to `on_exclusions`
+        self.base_exclusions: dict[str, ExcludedKey] = {}
+        self.on_exclusions: Callable[[str, ExcludedKey], None] | None = None
+        self.claims_ready = False
+        self.taints_ready = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reads (any thread)
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
+        return self._claims.get(f"{namespace}/{name}")
+
+    def devices(self, pool: str) -> NodeDevices:
+        allocated = self._allocated.get(pool, _NO_ALLOCATIONS)
+        taints = self._taints.get(pool, _NO_TAINTS)
+        if allocated is _NO_ALLOCATIONS and taints is _NO_TAINTS:
+            return NO_DEVICES
+        return NodeDevices(allocated, taints)
+
+    def tainted_pools(self) -> Collection[str]:
+        return self._taints.keys()
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def _rebase(self, pools: Iterable[str]) -> None:
+        """Under the lock: `base_exclusions` of `pools` again, each change told the listener."""
+        for pool in pools:
+            key = base_exclusions(self.devices(pool))
+            if key != self.base_exclusions.get(pool, NO_EXCLUSIONS):
+                self.base_exclusions[pool] = key
+                if self.on_exclusions is not None:
+                    self.on_exclusions(pool, key)
+
+    # ------------------------------------------------------------------ claims (its thread)
+    def replace_claims(self, claims: Iterable[ClaimInfo]) -> None:
+        fresh = {claim.ref: claim for claim in claims}
+        allocated: dict[str, dict[str, str]] = {}
+        for claim in fresh.values():
+            for pool, device in claim.allocated:
+                allocated.setdefault(pool, {})[device] = claim.ref
+        with self._lock:
+            self._claims = fresh
+            self._allocated = {pool: MappingProxyType(d) for pool, d in allocated.items()}
+            self._rebase([*self._allocated, *self._taints, *self.base_exclusions])
+            self.claims_ready = True
+
+    def put_claim(self, claim: ClaimInfo) -> bool:
+        with self._lock:
+            old = self._claims.get(claim.ref)
+            if old == claim:
+                return False
+            self._claims[claim.ref] = claim
+            self._reindex(old, claim)
+        return True
+
+    def delete_claim(self, ref: str) -> bool:
+        with self._lock:
+            old = self._claims.pop(ref, None)
+            if old is None:
+                return False
+            self._reindex(old, None)
+        return True
+
+    def _reindex(self, old: ClaimInfo | None, new: ClaimInfo | None) -> None:
+        before = set() if old is None else set(old.allocated)
+        after = set() if new is None else set(new.allocated)
+        if before == after:
+            return
+        changed: dict[str, dict[str, str]] = {}
+        for pool, device in before - after:
+            pool_map = changed.setdefault(pool, dict(self._allocated.get(pool, {})))
+            if old is not None and pool_map.get(device) == old.ref:
+                del pool_map[device]
+        for pool, device in after - before:
+            assert new is not None
+            changed.setdefault(pool, dict(self._allocated.get(pool, {})))[device] = new.ref
+        for pool, pool_map in changed.items():
+            if pool_map:
+                self._allocated[pool] = MappingProxyType(pool_map)
+            else:
+                self._allocated.pop(pool, None)
+        self._rebase(changed)
+
+    # ------------------------------------------------------------------ rules (its thread)
+    def replace_rules(self, rules: Mapping[str, tuple[str, str, DeviceTaint]]) -> None:
+        with self._lock:
+            self._rules = dict(rules)
+            old, self._taints = self._taints, taints_by_pool(self._rules.values())
+            self._rebase({*old, *self._taints})
+            self.taints_ready = True
+
+    def put_rule(self, name: str, taint: tuple[str, str, DeviceTaint] | None) -> bool:
+        with self._lock:
+            old = self._rules.get(name)
+            if old == taint:
+                return False
+            if taint is None:
+                del self._rules[name]
+            else:
+                self._rules[name] = taint
+            # Rules are few (one per tainted GPU): the index is rebuilt whole.
+            was, self._taints = self._taints, taints_by_pool(self._rules.values())
+            self._rebase(p for p in {*was, *self._taints} if was.get(p) != self._taints.get(p))
+        return True
+
+
+# ----------------------------------------------------------------------------- the watches
+class _DraWatch(ListWatch):
+    """A list + watch of one resource.k8s.io resource through the client's `call_api`: the
+    client's typed APIs do not cover every version of DeviceTaintRule this meets."""
+
+    resource = ""
+
+    def __init__(
+        self,
+        data: DraData,
+        version: str,
+        *,
+        metrics: ScorerMetrics | None,
+        tuning: CacheTuning | None,
+        rng: random.Random | None,
+        api: Any,
+    ) -> None:
+        super().__init__(kubeconfig=None, metrics=metrics, tuning=tuning, rng=rng, api=api)
+        self.data = data
+        self._path = f"/apis/{DRA_GROUP}/{version}/{self.resource}"
+
+    def _list(self, **kwargs: Any) -> Any:
+        return call_list(self._api, self._path, **kwargs)
+
+
+class ClaimWatch(_DraWatch):
+    kind = "claim"
+    resource = "resourceclaims"
+    _page = msgspec.json.Decoder(_ClaimList)
+    _event = msgspec.json.Decoder(_ClaimEvent)
+
+    def _keep(self, items: list[Any]) -> list[Any]:
+        data = self.data
+        kept = []
+        for item in items:
+            info = claim_info(item, device_classes=data.device_classes, driver=data.driver)
+            if info is not None:
+                kept.append(info[1])
+        return kept
+
+    def _replace(self, items: list[Any]) -> None:
+        self.data.replace_claims(items)
+
+    def _on_event(self, kind: str, obj: Any) -> bool:
+        data = self.data
+        info = claim_info(obj, device_classes=data.device_classes, driver=data.driver)
+        if info is None:
+            return False
+        if kind == "DELETED":
+            return data.delete_claim(info[0])
+        return data.put_claim(info[1])
+
+
+class TaintRuleWatch(_DraWatch):
+    kind = "taint_rule"
+    resource = "devicetaintrules"
+    _page = msgspec.json.Decoder(_RuleList)
+    _event = msgspec.json.Decoder(_RuleEvent)
+
+    def _keep(self, items: list[Any]) -> list[Any]:
+        kept = []
+        for item in items:
+            taint = rule_taint(item, driver=self.data.driver)
+            if taint is not None and item.metadata is not None:
+                kept.append((item.metadata.name, taint))
+        return kept
+
+    def _replace(self, items: list[Any]) -> None:
+        self.data.replace_rules(dict(items))
+
+    def _on_event(self, kind: str, obj: Any) -> bool:
+        name = obj.metadata.name
+        taint = None if kind == "DELETED" else rule_taint(obj, driver=self.data.driver)
+        return self.data.put_rule(name, taint)
+
+
+def call_list(api: Any, path: str, **kwargs: Any) -> Any:
+    """A LIST or WATCH of `path` with the arguments the list + watch loop passes to a typed
+    list call, through the client's `call_api` (the raw response, read by msgspec)."""
+    names = {
+        "limit": "limit",
+        "_continue": "continue",
+        "resource_version": "resourceVersion",
+        "allow_watch_bookmarks": "allowWatchBookmarks",
+        "timeout_seconds": "timeoutSeconds",
+        "watch": "watch",
+    }
+    query: list[tuple[str, str]] = []
+    for arg, name in names.items():
+        value = kwargs.get(arg)
+        if value is None or value is False:
+            continue
+        query.append((name, "true" if value is True else str(value)))
+    return api.api_client.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=kwargs.get("_request_timeout"),
+    )
+
+
+def discover(api: Any) -> dict[str, str]:
+    """resource name -> the newest version serving it, of the two this cache watches; empty
+    when the API server serves no resource.k8s.io (404)."""
+    found: dict[str, str] = {}
+    try:
+        group = _get_json(api, f"/apis/{DRA_GROUP}")
+    except Exception as exc:
+        if getattr(exc, "status", None) == 404:
+            return found
+        raise
+    served = {v.get("version") for v in group.get("versions", []) if isinstance(v, dict)}
+    for version in DRA_VERSIONS:
+        if version not in served:
+            continue
+        listing = _get_json(api, f"/apis/{DRA_GROUP}/{version}")
+        names = {r.get("name") for r in listing.get("resources", []) if isinstance(r, dict)}
+        for resource in ("resourceclaims", "devicetaintrules"):
+            if resource in names:
+                found.setdefault(resource, version)
+    return found
+
+
+def _get_json(api: Any, path: str) -> dict[str, Any]:
+    response = api.api_client.call_api(
+        path,
+        "GET",
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=(10.0, 30.0),
+    )
+    try:
+        body = json.loads(response.data or b"{}")
+    finally:
+        response.release_conn()
+    return body if isinstance(body, dict) else {}
+
+
+class DraCache:
+    """The two watches over one `DraData`, started once the API's versions are known.
+
+    `start` returns at once; discovery runs in the background and retries API errors with
+    back-off. A cluster that serves no ResourceClaims gets one log line and no watch.
+    """
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        device_classes: Iterable[str],
+        kubeconfig: str | None = None,
+        metrics: ScorerMetrics | None = None,
+        tuning: CacheTuning | None = None,
+        rng: random.Random | None = None,
+        api: Any = None,
+    ) -> None:
+        self.data = DraData(driver=driver, device_classes=device_classes)
+        self.kubeconfig = kubeconfig
+        self.metrics = metrics if metrics is not None else ScorerMetrics()
+        self.tuning = tuning if tuning is not None else CacheTuning()
+        self._rng = rng if rng is not None else random.Random()
+        self._api = api
+        self._stop = threading.Event()
+        self._watches: list[ListWatch] = []
+        self._thread: threading.Thread | None = None
+        # Why there is no DRA data, once discovery found the API lacking (None: it is there,
+        # or discovery has not answered yet).
+        self.absent: str | None = None
+
+    def start(self) -> DraCache:
+        if self._api is None:
+            from exporter_scheduler.edges.listwatch import make_api  # noqa: PLC0415
+
+            self._api = make_api(self.kubeconfig)
+        self._thread = threading.Thread(
+            target=self._discover, name="gpu-scorer-dra-discovery", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        # Discovery first: it may be starting a watch, which is then in `_watches` to stop.
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        for watch in self._watches:
+            watch.stop(timeout_s)
+
+    def __enter__(self) -> DraCache:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _discover(self) -> None:
+        backoff_s = self.tuning.backoff_initial_s
+        while not self._stop.is_set():
+            try:
+                found = discover(self._api)
+                break
+            except Exception as exc:
+                log.warning(
+                    "DRA API discovery failed; retrying",
+                    extra={"fields": {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}},
+                )
+                self._stop.wait(self._rng.uniform(backoff_s / 2, backoff_s))
+                backoff_s = min(backoff_s * 2, self.tuning.backoff_max_s)
+        else:
+            return
+        if "resourceclaims" not in found:
+            self.absent = f"the API server serves no {DRA_GROUP} ResourceClaims"
+            log.info(
+                "DRA pods judged as other pods: no DRA data",
+                extra={"fields": {"why": self.absent}},
+            )
+            return
+        if "devicetaintrules" not in found:
+            self.absent = f"the API server serves no {DRA_GROUP} DeviceTaintRules"
+            log.info(
+                "DRA pods judged without device taints",
+                extra={"fields": {"why": self.absent}},
+            )
+        kinds: list[tuple[type[_DraWatch], str]] = [(ClaimWatch, found["resourceclaims"])]
+        if "devicetaintrules" in found:
+            kinds.append((TaintRuleWatch, found["devicetaintrules"]))
+        watches: list[ListWatch] = [
+            kind(
+                self.data,
+                version,
+                metrics=self.metrics,
+                tuning=self.tuning,
+                rng=self._rng,
+                api=self._api,
+            )
+            for kind, version in kinds
+        ]
+        for watch in watches:
+            if self._stop.is_set():
+                return
+            watch.start()
+            self._watches.append(watch)
+
+    @property
+    def ready(self) -> bool:
+        return self.data.claims_ready
+
+    def wait_until(self, predicate: Callable[[DraCache], bool], timeout_s: float) -> bool:
+        """Poll `predicate(self)` until it holds or the deadline passes (tests, start-up)."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self):
+            if time.monotonic() >= deadline or self._stop.wait(0.02):
+                return predicate(self)
+        return True

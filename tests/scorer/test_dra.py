@@ -1,0 +1,440 @@
+"""DRA pods: judged on the GPUs kube-scheduler's allocator may still give them.
+
+The core rule (`core.dra.excluded_gpus` feeding the k-GPU rule), what the DRA watch keeps of a
+ResourceClaim and a DeviceTaintRule (`edges.dracache`), and the request path (`ScorerApp`) with
+a DRA source in memory: a claim-only pod, a DRA-backed extended-resource pod, unknown claims,
+and a request whose claims the watch has not listed yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import msgspec
+import pytest
+
+from exporter_scheduler.core.dra import (
+    NO_DEVICES,
+    ClaimInfo,
+    DeviceTaint,
+    DraPod,
+    NodeDevices,
+    Toleration,
+    device_index,
+    excluded_gpus,
+)
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.core.records import NodeInput
+from exporter_scheduler.edges.dracache import (
+    ClaimWatch,
+    DraCache,
+    DraData,
+    _Claim,
+    _Rule,
+    claim_info,
+    discover,
+    rule_taint,
+)
+from exporter_scheduler.edges.listwatch import CacheTuning
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.dra import dra_pod
+from exporter_scheduler.serving.explain import explain
+from tests.scorer._http_helpers import fixed_clock
+from tests.scorer.scoring_builders import NOW, Gpu, bound_pod, gpu_node, pod, run, runs, with_pods
+
+DRIVER = "gpu.nvidia.com"
+PREFIX = "gpu-scheduler.example.com/"
+HOT = Gpu(utilization=0.97)
+COOL = Gpu(utilization=0.05)
+POLICY = Policy(own_load=False)
+UTIL_TAINT = DeviceTaint(PREFIX + "utilization", "NoSchedule", rule="r")
+
+
+def claim(ref: str = "default/c", gpus: int = 1, *allocated: str, **kw: Any) -> ClaimInfo:
+    return ClaimInfo(ref, gpus, tuple(("node-a", d) for d in allocated), **kw)
+
+
+def dra_judged(node: NodeInput, devices: NodeDevices, dra: DraPod) -> NodeInput:
+    return dataclasses.replace(node, dra_excluded=excluded_gpus(devices, dra))
+
+
+def dra_pod_input(dra: DraPod) -> Any:
+    return dataclasses.replace(pod(gpus=dra.gpus), dra=dra)
+
+
+# ------------------------------------------------------------------------------- the core rule
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [("gpu-0", 0), ("gpu-12", 12), ("gpu-0-mig-9-0-1", None), ("gpu-", None), ("nic-0", None)],
+)
+def test_device_index(name: str, index: int | None) -> None:
+    assert device_index(name) == index
+
+
+def test_devices_of_other_claims_are_excluded_not_the_pods_own() -> None:
+    mine = claim("default/mine", 1, "gpu-2")
+    devices = NodeDevices({"gpu-0": "default/other", "gpu-2": "default/mine"})
+    assert excluded_gpus(devices, DraPod((mine,))) == {0: "allocated"}
+
+
+@pytest.mark.parametrize(
+    ("case", "tolerations", "excluded"),
+    [
+        ("no toleration", (), {3: "tainted"}),
+        ("key tolerated", (Toleration(PREFIX + "utilization", "Exists"),), {}),
+        ("every key tolerated", (Toleration(None, "Exists"),), {}),
+        ("other key", (Toleration(PREFIX + "temperature", "Exists"),), {3: "tainted"}),
+        ("other effect", (Toleration(None, "Exists", effect="NoExecute"),), {3: "tainted"}),
+    ],
+)
+def test_taints_exclude_unless_tolerated(
+    case: str, tolerations: tuple[Toleration, ...], excluded: dict[int, str]
+) -> None:
+    devices = NodeDevices(taints={"gpu-3": (UTIL_TAINT,)})
+    pod_claim = claim("default/c", 1, tolerations=tolerations)
+    assert excluded_gpus(devices, DraPod((pod_claim,))) == excluded, case
+
+
+def test_an_extended_resource_claim_tolerates_nothing() -> None:
+    devices = NodeDevices(taints={"gpu-1": (UTIL_TAINT,)})
+    assert excluded_gpus(devices, DraPod((), extended=1)) == {1: "tainted"}
+
+
+def test_a_none_effect_taint_excludes_nothing() -> None:
+    devices = NodeDevices(taints={"gpu-1": (DeviceTaint("k", "None"),)})
+    assert excluded_gpus(devices, DraPod((claim(),))) == {}
+
+
+def test_claim_pod_rejected_where_its_only_untainted_unallocated_gpus_are_hot() -> None:
+    """Node a: GPUs 0-3 cool but allocated to others or tainted; 4-7 hot and free. Node b: all
+    cool. The claim pod passes only b, and a's reason is the utilization step."""
+    a = gpu_node("node-a", runs((4, COOL), (4, HOT)))
+    b = gpu_node("node-b", runs((8, COOL)))
+    dra = DraPod((claim(),))
+    devices = NodeDevices(
+        {"gpu-0": "default/x", "gpu-1": "default/y"},
+        {"gpu-2": (UTIL_TAINT,), "gpu-3": (UTIL_TAINT,)},
+    )
+    nodes = [dra_judged(a, devices, dra), dra_judged(b, NO_DEVICES, dra)]
+    evaluation = run(nodes, dra_pod_input(dra), POLICY)
+    verdict_a, verdict_b = evaluation.verdicts
+    assert (verdict_a.passed, verdict_b.passed) == (False, True)
+    assert verdict_a.reason == "no gpu at or below utilization 0.90"
+    assert verdict_a.gpus is not None
+    assert verdict_a.gpus.status[:5] == (
+        "allocated",
+        "allocated",
+        "tainted",
+        "tainted",
+        "utilization",
+    )
+    assert verdict_a.gpus.pool == 4
+    # Without the claims' data the same node passes on its four cool GPUs.
+    assert run([a], pod(), POLICY).verdicts[0].passed
+
+
+def test_claim_pod_judged_as_a_blind_draw_over_what_is_left() -> None:
+    """Left: 3 cool and 1 hot: the chance of a cool one is 0.75, the default least."""
+    node = gpu_node("node-a", runs((3, COOL), (1, HOT), (4, COOL)))
+    dra = DraPod((claim(),))
+    devices = NodeDevices({f"gpu-{i}": "default/o" for i in range(4, 8)})
+    verdict = run([dra_judged(node, devices, dra)], dra_pod_input(dra), POLICY).verdicts[0]
+    assert verdict.passed
+    assert verdict.gpus is not None
+    assert verdict.gpus.fit_bp == 7500
+    stricter = Policy(own_load=False, min_gpu_fit_probability=0.8)
+    assert (
+        not run([dra_judged(node, devices, dra)], dra_pod_input(dra), stricter).verdicts[0].passed
+    )
+
+
+def test_in_flight_pods_hold_no_gpus_for_a_dra_pod() -> None:
+    """Claims show allocations; a bound pod's allocation-pending GPUs are not taken twice."""
+    node = with_pods(gpu_node("node-a", runs((1, COOL), (7, HOT))), bound_pod(gpus=1))
+    dra = DraPod((claim(),))
+    judged = dra_judged(node, NO_DEVICES, dra)
+    verdict = run([judged], dra_pod_input(dra), POLICY).verdicts[0]
+    assert verdict.gpus is not None
+    assert verdict.gpus.inflight == 0
+
+
+def test_explain_names_each_excluded_device() -> None:
+    node = gpu_node("node-a", runs((8, COOL)))
+    dra = DraPod((claim(),))
+    devices = NodeDevices({"gpu-0": "default/x"}, {"gpu-1": (UTIL_TAINT,)})
+    the_pod = dra_pod_input(dra)
+    evaluation = run([dra_judged(node, devices, dra)], the_pod, POLICY)
+    document = explain(evaluation, the_pod, NOW, POLICY)
+    text = json.dumps(document)
+    assert '"allocated"' in text
+    assert '"tainted"' in text
+
+
+# ------------------------------------------------------------------------------- the watch's keep
+CLAIM_V1 = {
+    "metadata": {"name": "c", "namespace": "ns", "resourceVersion": "5"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": DRIVER,
+                        "allocationMode": "ExactCount",
+                        "count": 2,
+                        "tolerations": [{"key": PREFIX + "utilization", "operator": "Exists"}],
+                    },
+                },
+                {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}},
+            ]
+        }
+    },
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-1"},
+                    {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-4"},
+                    {"request": "nic", "driver": "nic.example.com", "pool": "n", "device": "x"},
+                ]
+            }
+        }
+    },
+}
+
+
+def test_claim_keeps_gpu_count_tolerations_and_the_drivers_allocation() -> None:
+    obj = msgspec.json.decode(json.dumps(CLAIM_V1), type=_Claim)
+    kept = claim_info(obj, device_classes=frozenset({DRIVER}), driver=DRIVER)
+    assert kept is not None
+    ref, info = kept
+    assert ref == "ns/c"
+    assert info.gpus == 2
+    assert info.allocated == (("node-a", "gpu-1"), ("node-a", "gpu-4"))
+    assert info.tolerations == (Toleration(PREFIX + "utilization", "Exists"),)
+
+
+def test_claim_v1beta1_request_shape_and_first_available() -> None:
+    body = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "a", "deviceClassName": DRIVER},
+                    {
+                        "name": "b",
+                        "firstAvailable": [
+                            {"deviceClassName": "x"},
+                            {"deviceClassName": DRIVER, "count": 3},
+                        ],
+                    },
+                ]
+            }
+        },
+    }
+    obj = msgspec.json.decode(json.dumps(body), type=_Claim)
+    kept = claim_info(obj, device_classes=frozenset({DRIVER}), driver=DRIVER)
+    assert kept is not None
+    assert kept[1].gpus == 4
+    assert kept[1].allocated == ()
+
+
+@pytest.mark.parametrize(
+    ("selector", "kept"),
+    [
+        ({"driver": DRIVER, "pool": "node-a", "device": "gpu-3"}, True),
+        ({"driver": "other", "pool": "node-a", "device": "gpu-3"}, False),
+        ({"driver": DRIVER, "pool": "node-a"}, False),
+    ],
+)
+def test_rule_kept_only_for_one_device_of_the_driver(selector: dict[str, str], kept: bool) -> None:
+    body = {
+        "metadata": {"name": "r"},
+        "spec": {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}},
+    }
+    taint = rule_taint(msgspec.json.decode(json.dumps(body), type=_Rule), driver=DRIVER)
+    assert (taint is not None) == kept
+    if taint is not None:
+        assert taint[:2] == ("node-a", "gpu-3")
+        assert taint[2].key == "k"
+
+
+def test_data_indexes_allocations_by_pool_through_changes() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([claim("ns/a", 1, "gpu-0")])
+    assert data.devices("node-a").allocated == {"gpu-0": "ns/a"}
+    assert data.put_claim(claim("ns/a", 1, "gpu-1"))
+    assert not data.put_claim(claim("ns/a", 1, "gpu-1"))  # no change, no event
+    assert data.devices("node-a").allocated == {"gpu-1": "ns/a"}
+    assert data.delete_claim("ns/a")
+    assert data.devices("node-a") is NO_DEVICES
+    data.replace_rules({"r": ("node-a", "gpu-2", UTIL_TAINT)})
+    assert data.devices("node-a").taints == {"gpu-2": (UTIL_TAINT,)}
+    assert data.put_rule("r", None)
+    assert data.devices("node-a") is NO_DEVICES
+
+
+# ------------------------------------------------------------------------------- the request path
+class _Source:
+    def __init__(self, data: DraData) -> None:
+        self.data = data
+        self.claims_ready = data.claims_ready
+
+    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
+        return self.data.claim(namespace, name)
+
+    def devices(self, pool: str) -> NodeDevices:
+        return self.data.devices(pool)
+
+
+def test_dra_pod_from_claims_unknown_claims_and_an_unlisted_watch() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    base = dataclasses.replace(pod(gpus=0), claim_names=("c", "unknown", "nic"))
+    assert dra_pod(base, data, extended=False) is base  # not listed yet
+    data.replace_claims([claim("default/c", 2), claim("default/nic", 0)])
+    judged = dra_pod(base, data, extended=False)
+    assert judged.dra is not None
+    assert judged.gpu_request == 2
+    assert judged.dra.missing == ("unknown",)
+    assert dra_pod(pod(gpus=1), data, extended=False).dra is None
+    extended = dra_pod(pod(gpus=2), data, extended=True)
+    assert extended.dra == DraPod((), (), 2)
+    assert extended.gpu_request == 2
+
+
+def _claim_pod_doc(claim_name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u1"},
+        "spec": {
+            "containers": [{"name": "main"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim_name}]},
+    }
+
+
+def test_app_filters_a_claim_pod_on_the_devices_left() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([claim("default/p-gpu", 1), claim("default/x", 1, "gpu-0")])
+    data.replace_rules({f"r{i}": ("node-a", f"gpu-{i}", UTIL_TAINT) for i in range(1, 4)})
+    nodes = [
+        gpu_node("node-a", runs((4, COOL), (4, HOT))),
+        gpu_node("node-b", runs((8, COOL))),
+    ]
+    items = [{"metadata": {"name": n.name, "annotations": dict(n.annotations)}} for n in nodes]
+    body = json.dumps(
+        {"Pod": _claim_pod_doc("p-gpu"), "Nodes": {"items": items}, "NodeNames": None}
+    ).encode()
+    app = ScorerApp(policy=POLICY, clock=fixed_clock(NOW), dra=data)
+    reply = json.loads(app.handle("filter", body).body)
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["node-b"]
+    assert reply["FailedNodes"] == {"node-a": "no gpu at or below utilization 0.90"}
+    # The same pod without a DRA watch asks for no GPU: both nodes pass.
+    plain = ScorerApp(policy=POLICY, clock=fixed_clock(NOW))
+    assert len(json.loads(plain.handle("filter", body).body)["Nodes"]["items"]) == 2
+    rendered = app.metrics.render()[0].decode()
+    counted = 'outcome="failed",reason="no gpu at or below utilization 0.90"} 1.0'
+    assert f"gpu_scorer_filter_verdicts_total{{{counted}" in rendered
+    scores = json.loads(app.handle("prioritize", body).body)
+    assert {s["Host"]: s["Score"] for s in scores}["node-a"] == 0
+
+
+# ------------------------------------------------------------------------------- faults at start
+class _ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class _Response:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Client:
+    """The client's `call_api` as discovery uses it: a scripted answer per path."""
+
+    def __init__(self, answers: dict[str, list[Any]]) -> None:
+        self.answers = answers
+        self.calls: list[str] = []
+
+    def call_api(self, path: str, method: str, **_: Any) -> _Response:
+        self.calls.append(path)
+        queue = self.answers[path]
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return _Response(answer)
+
+
+class _Api:
+    def __init__(self, client: _Client) -> None:
+        self.api_client = client
+
+
+FAST = CacheTuning(backoff_initial_s=0.01, backoff_max_s=0.02)
+
+
+def test_without_the_dra_api_one_line_and_no_watch(caplog: pytest.LogCaptureFixture) -> None:
+    client = _Client({"/apis/resource.k8s.io": [_ApiError(404)]})
+    with caplog.at_level(logging.INFO, logger="exporter_scheduler.dracache"):
+        cache = DraCache(driver=DRIVER, device_classes=[DRIVER], api=_Api(client), tuning=FAST)
+        with cache:
+            assert cache.wait_until(lambda c: c.absent is not None, 10.0)
+    assert cache.absent == "the API server serves no resource.k8s.io ResourceClaims"
+    assert not cache.ready
+    assert client.calls == ["/apis/resource.k8s.io"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["DRA pods judged as other pods: no DRA data"]
+
+
+def test_discovery_retries_api_errors_then_finds_the_resources() -> None:
+    """An API error is not an answer: discovery raises (the cache retries with back-off), and
+    the next try finds what is served."""
+    group = {"versions": [{"version": "v1"}]}
+    resources = {"resources": [{"name": "resourceclaims"}]}
+    client = _Client(
+        {
+            "/apis/resource.k8s.io": [_ApiError(503), group],
+            "/apis/resource.k8s.io/v1": [resources],
+        }
+    )
+    with pytest.raises(_ApiError):
+        discover(_Api(client))
+    assert discover(_Api(client)) == {"resourceclaims": "v1"}
+    retried = _Client(
+        {
+            "/apis/resource.k8s.io": [_ApiError(503), group],
+            "/apis/resource.k8s.io/v1": [resources],
+        }
+    )
+    cache = DraCache(driver=DRIVER, device_classes=[DRIVER], api=_Api(retried), tuning=FAST)
+    # Discovery succeeds on its second try and starts the claim watch (whose LIST this fake
+    # client cannot answer: it retries until stopped).
+    with cache:
+        assert cache.wait_until(lambda c: c.absent is not None, 10.0)
+    assert retried.calls[:2] == ["/apis/resource.k8s.io", "/apis/resource.k8s.io"]
+    assert cache.absent == "the API server serves no resource.k8s.io DeviceTaintRules"
+
+
+def test_a_malformed_claim_event_is_skipped_and_the_rest_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([])
+    watch = ClaimWatch(data, "v1", metrics=None, tuning=None, rng=None, api=object())
+    bad = {"type": "ADDED", "object": {**CLAIM_V1, "spec": {"devices": {"requests": "x"}}}}
+    with caplog.at_level(logging.WARNING):
+        watch._apply(json.dumps(bad).encode())
+    assert len(data) == 0
+    assert "undecodable claim watch event skipped" in caplog.text
+    watch._apply(json.dumps({"type": "ADDED", "object": CLAIM_V1}).encode())
+    assert data.devices("node-a").allocated == {"gpu-1": "ns/c", "gpu-4": "ns/c"}
+    watch._apply(json.dumps({"type": "DELETED", "object": CLAIM_V1}).encode())
+    assert data.devices("node-a") is NO_DEVICES
