@@ -324,9 +324,9 @@ class Judgement:
         overrides' (unresolvable), each in request order."""
         keys, ids, names = self.tally_keys, self._tally_ids(), self.names
         overruled = self.overruled()
-        # Built in C from per-key tables (a handful of keys), not name by name: a window of
-        # hundreds of names is mostly rejections, and a Python step per name cost more than
-        # the rest of the reply. `dict(zip(...))` keeps request order as assignment would.
+        # Built in C from per-key tables (a handful of keys): a Python step per rejected name
+        # cost more, over a window of hundreds of names, than the rest of the reply.
+        # `dict(zip(...))` keeps request order, as assignment in a loop would.
         reason_by_id = [key[2] or "" for key in keys]
 
         def rejected_by(cannot_cure: bool) -> dict[str, str]:
@@ -334,9 +334,8 @@ class Judgement:
             mask = list(map(by_id.__getitem__, ids))
             for i, _ in overruled:
                 mask[i] = False  # its reason is the override's
-            return dict(
-                zip(compress(names, mask), map(reason_by_id.__getitem__, compress(ids, mask)))
-            )
+            reasons = map(reason_by_id.__getitem__, compress(ids, mask))
+            return dict(zip(compress(names, mask), reasons, strict=False))
 
         failed = rejected_by(False)
         unresolvable = rejected_by(True)
