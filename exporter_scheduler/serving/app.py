@@ -214,16 +214,7 @@ class ScorerApp:
             )
             if request.form == "names" and self.node_store is not None and not request.node_names:
                 names = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
-                # Built directly: `dataclasses.replace` reads the fields' metadata per call.
-                request = wire.ExtenderRequest(
-                    request.pod,
-                    request.form,
-                    names,
-                    node_names_json=request.node_names_json,
-                    records=request.records,
-                    echo=request.echo,
-                    keys=request.keys,
-                )
+                request = dataclasses.replace(request, node_names=names)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
             return bad_request(verb, str(exc))

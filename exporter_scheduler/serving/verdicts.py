@@ -322,23 +322,21 @@ class Judgement:
     def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
         """`FailedNodes` and `FailedAndUnresolvableNodes`: the rules' rejections, then the
         overrides' (unresolvable), each in request order."""
-        keys, ids, names = self.tally_keys, self._tally_ids(), self.names
+        keys, ids = self.tally_keys, self._tally_ids()
+        rejected = [not key[0] for key in keys]
         overruled = self.overruled()
-        # Built in C from per-key tables (a handful of keys): a Python step per rejected name
-        # cost more, over a window of hundreds of names, than the rest of the reply.
-        # `dict(zip(...))` keeps request order, as assignment in a loop would.
-        reason_by_id = [key[2] or "" for key in keys]
-
-        def rejected_by(cannot_cure: bool) -> dict[str, str]:
-            by_id = [not key[0] and bool(key[1]) == cannot_cure for key in keys]
-            mask = list(map(by_id.__getitem__, ids))
+        if overruled:
+            rejected_here = list(map(rejected.__getitem__, ids))
             for i, _ in overruled:
-                mask[i] = False  # its reason is the override's
-            reasons = map(reason_by_id.__getitem__, compress(ids, mask))
-            return dict(zip(compress(names, mask), reasons, strict=False))
-
-        failed = rejected_by(False)
-        unresolvable = rejected_by(True)
+                rejected_here[i] = False  # its reason is the override's
+        else:
+            rejected_here = list(map(rejected.__getitem__, ids))
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, i in compress(zip(self.names, ids, strict=False), rejected_here):
+            _, cannot_cure, reason, _ = keys[i]
+            (unresolvable if cannot_cure else failed)[name] = reason or ""
+        names = self.names
         for i, reason in overruled:
             unresolvable[names[i]] = reason
         return failed, unresolvable
