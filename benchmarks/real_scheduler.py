@@ -646,13 +646,21 @@ def markdown_section(
         else ""
     )
     variants = {m for r in document["sizes"] for m in r["modes"] if m in VARIANT_MODES}
+    # Runs from before the pod's own load was counted have no `names-no-own-load` variant.
+    own_load_text = (
+        ", and counting the load each pod will add to the GPUs it gets (its own load: each pod "
+        "is a Deployment's replica, none of which ever runs here, so the estimate is the "
+        "policy's default)"
+        if "names-no-own-load" in variants
+        else ""
+    )
     inflight_text = (
         "\n\n`names` is the scorer as `gpu-scorer serve` starts it: with its Pod watch, so it "
         "counts each pod bound since a node's last measurement in that node's verdicts "
         "(in-flight accounting; with no kubelet here, every pod a burst binds counts until its "
-        "round deletes it), and counting the load each pod will add to the GPUs it gets (its "
-        "own load: each pod is a Deployment's replica, none of which ever runs here, so the "
-        "estimate is the policy's default)."
+        "round deletes it)"
+        + own_load_text
+        + "."
         + "".join(
             f" `{mode}` is the same scorer with `{VARIANT_FLAGS[mode]}`."
             for mode in VARIANT_MODES

@@ -7,7 +7,8 @@ section on its own; this module runs it for the figures and keeps its summary.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 from benchmarks import real_scheduler
 from benchmarks.sections.section import RunContext, Section, not_measured, run_benchmark, skipped
@@ -18,10 +19,11 @@ STEP: Final = "benchmark: real kube-scheduler"
 MODULE: Final = "benchmarks.real_scheduler"
 
 
-def arguments(*, quick: bool) -> list[str]:
-    """The benchmark's arguments: every mode, on a small cluster for one round when quick."""
+def arguments(*, quick: bool, modes: Sequence[str] = real_scheduler.ALL_MODES) -> list[str]:
+    """The benchmark's arguments: every mode (or `modes`, those a kept run measured), on a small
+    cluster for one round when quick."""
     # Every mode, the null extenders included: they show what any extender costs the scheduler.
-    extra = ["--modes", ",".join(real_scheduler.ALL_MODES)]
+    extra = ["--modes", ",".join(modes)]
     return extra + (
         ["--nodes", "50", "--pods", "30", "--full-pods", "30", "--rounds", "1"] if quick else []
     )
@@ -43,6 +45,12 @@ def run(ctx: RunContext) -> str:
     return real_scheduler.markdown_section(
         bench["data"], command=bench["command"], before=before, plotted=plotted
     )
+
+
+def measured_modes(data: Mapping[str, Any]) -> list[str]:
+    """The modes a kept run measured, in its order: its command names these, not the modes the
+    benchmark has now (a mode added since is measured at the next regeneration)."""
+    return [str(mode) for mode in data["sizes"][0]["modes"]]
 
 
 SECTION: Final = Section(name="scheduler", heading=HEADING, steps=(STEP,), run=run)

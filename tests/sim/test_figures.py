@@ -362,7 +362,12 @@ def _placement(summary: Mapping[str, Any]) -> str:
 def _scheduler(summary: Mapping[str, Any]) -> str:
     return real_scheduler.markdown_section(
         summary["real_scheduler"],
-        command=command_line(scheduler.MODULE, scheduler.arguments(quick=False)),
+        command=command_line(
+            scheduler.MODULE,
+            scheduler.arguments(
+                quick=False, modes=scheduler.measured_modes(summary["real_scheduler"])
+            ),
+        ),
         before=summary["real_scheduler_before"],
         plotted=True,
     )
