@@ -638,6 +638,9 @@ def dra_scorer(
             "--dra",
             f"--dra-device-classes={DRIVER},{EXTENDED_CLASS}",
             "--dra-extended-resource",
+            # What these pods add to a GPU, stated rather than the policy's default: node b's
+            # GPUs (0.55) must keep room for it under the 0.90 limit.
+            "--own-load-gpu-load=0.30",
         ],
     )
     scorer.start()

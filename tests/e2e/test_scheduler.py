@@ -99,16 +99,18 @@ def per_gpu_state(
 
 
 def _split_and_even(scope: Scope, *, busy_allocated: bool = True) -> tuple[str, str]:
-    """Two 8-GPU nodes with the same node mean (0.50): four idle and four saturated GPUs, or
-    eight half-busy ones. The node-level keys alone cannot tell them apart. `busy_allocated`:
-    the kubelet's allocations account for the saturated GPUs (their pods are known), so the
-    device plugin hands out only the idle ones; else it may hand out any of the eight."""
+    """Two 8-GPU nodes with the same node mean (0.35): four idle and four busy GPUs (0.70: one
+    more pod's default own load, 0.50, takes a busy one over the 0.90 limit), or eight GPUs at
+    0.35, each with room for that load. The node-level keys alone cannot tell them apart.
+    `busy_allocated`: the kubelet's allocations account for the busy GPUs (their pods are
+    known), so the device plugin hands out only the idle ones; else it may hand out any of the
+    eight."""
     now = datetime.now(UTC)
     split = scope.node("split")
     even = scope.node("even")
     busy = [False] * 4 + [busy_allocated] * 4
-    publish(scope.api, split, per_gpu_state([0.0] * 4 + [1.0] * 4, at=now, allocated=busy))
-    publish(scope.api, even, per_gpu_state([0.5] * 8, at=now))
+    publish(scope.api, split, per_gpu_state([0.0] * 4 + [0.7] * 4, at=now, allocated=busy))
+    publish(scope.api, even, per_gpu_state([0.35] * 8, at=now))
     scope.settle()
     return split, even
 
@@ -121,10 +123,10 @@ class FourGpuCase:
 
 
 FOUR_GPU_CASES = [
-    # The split node offers exactly its four idle GPUs and scores 9 (their mean), the even
-    # one 6.
+    # The split node offers exactly its four idle GPUs and scores higher (their headroom) than
+    # the even one.
     FourGpuCase("busy-gpus-allocated", busy_allocated=True, binds_to="split"),
-    # Nothing accounts for the saturated GPUs: a device plugin blind to load hands out four of
+    # Nothing accounts for the busy GPUs: a device plugin blind to load hands out four of
     # the eight, all idle with a chance of 1 in 70, so only the even node is fit.
     FourGpuCase("busy-gpus-unaccounted", busy_allocated=False, binds_to="even"),
 ]
