@@ -248,7 +248,9 @@ def test_prioritize_gets_only_the_nodes_that_passed(scorer_url: str) -> None:
 
 
 def test_a_node_without_a_free_gpu_is_never_sent(scorer_url: str) -> None:
-    nodes = [make_node("node-a", utilization=0.1), make_node("node-b", utilization=0.2)]
+    # node-b clearly busier: with the pod's own load (the default, 0.50 per GPU) nodes at 0.1
+    # and 0.2 both score 5, and the tie would not say where the 8-GPU pod goes.
+    nodes = [make_node("node-a", utilization=0.1), make_node("node-b", utilization=0.35)]
     driver, client = driver_for(scorer_url, nodes)
     try:
         first = driver.schedule(pod("big", gpus=8), now_s=0.0)
