@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from gpu_contract.schema import DEFAULT_PREFIX
 from loopback_cluster.control_plane import ControlPlane, ExtenderConfig, KubeApi, SchedulerConfig
 from loopback_cluster.workload import (
     gpu_pod,
@@ -91,8 +92,12 @@ def claim(name: str) -> dict[str, Any]:
 
 def gang_worker(name: str, *, group: str, node: str, claim_name: str) -> dict[str, Any]:
     """A one-GPU worker of pod group `group`, pinned to `node` (the gang's rack), with a
-    scratch volume that is never provisioned."""
+    scratch volume that is never provisioned. It says it fills its GPU (`expected-gpu-load`
+    0.90, as training workers do), so the gang, counted where it waits, leaves its rack
+    clearly busier than the other node (4 x 0.90 over 8 GPUs: +0.45 to its mean), whatever the
+    policy's default estimate."""
     pod = gpu_pod(name, scheduler_name=SCHEDULER)
+    pod["metadata"].setdefault("annotations", {})[DEFAULT_PREFIX + "expected-gpu-load"] = "0.90"
     spec = pod["spec"]
     spec["schedulingGroup"] = {"podGroupName": group}
     spec["affinity"] = {
