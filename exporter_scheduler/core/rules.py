@@ -128,32 +128,14 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
             failed = gpus
 
     rules = Rules(health, util, temp, mem, model, gpus)
-    if failed is not None:
+    if failed is not None or status != "fresh":
+        # A failed rule; or, lenient on a node whose utilization is unknown, a pass that scores
+        # lowest and says why.
         return NodeVerdict(
             name=name,
-            passed=False,
-            reason=failed.reason,
-            unresolvable=failed.unresolvable,
-            score=0,
-            data_status=status,
-            inputs=decoded,
-            rules=rules,
-            age_s=age_s,
-            server_age_s=server_age_s,
-            agent_write_time=written,
-            model_rank=rank,
-            gpus=check,
-            inflight=inflight,
-            utilization_judged=judged_utilization,
-            memory_largest_free_judged_mib=judged_largest,
-        )
-    if status != "fresh":
-        # Lenient on a node whose utilization is unknown: passes, scores lowest, says why.
-        return NodeVerdict(
-            name=name,
-            passed=True,
-            reason=c.status_reason[status],
-            unresolvable=False,
+            passed=failed is None,
+            reason=c.status_reason[status] if failed is None else failed.reason,
+            unresolvable=failed is not None and failed.unresolvable,
             score=0,
             data_status=status,
             inputs=decoded,
