@@ -134,8 +134,10 @@ the tables are in `img/figures.json`.
   GPU index first (the real one picks by NVLink topology or in no defined order, blind to load
   either way). The lag from bind to load is drawn per pod from fixed distributions: a node's
   image cache is not modelled (a fixed share of pods finds its image cached), nor registry or
-  kubelet contention within a burst. A pod's load is constant over its run once its ramp is
-  over. Its fleet is small (tens of nodes) to keep the regeneration within minutes.
+  kubelet contention within a burst. Once its ramp is over, a training pod's or a notebook's
+  load is constant over its run, and an inference replica's follows its Deployment's traffic
+  (a slow swing over two hours, shared by all its replicas at once), never a burst within
+  seconds. Its fleet is small (tens of nodes) to keep the regeneration within minutes.
 
 {TIMING_HEADING}
 

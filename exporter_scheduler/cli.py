@@ -50,6 +50,7 @@ PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
 if TYPE_CHECKING:
+    from exporter_scheduler.core.policy import Policy
     from exporter_scheduler.edges.dracache import DraCache
     from exporter_scheduler.edges.namespacecache import NamespaceCache
     from exporter_scheduler.edges.nodecache import NodeCache
@@ -133,12 +134,15 @@ def _serve(args: argparse.Namespace) -> int:
     pod_cache = None
     namespaces: NamespaceCache | Literal[False] | None = None
     dra: DraCache | None = None
+    learning: NodeCache | None = None  # full-node mode's Node watch that only teaches
     policies = settings.policy_set()
     workloads = WorkloadLoads(
         keys_prefix=policy.keys.prefix,
         load_delay_s=policy.inflight_load_delay_s,
+        settle_s=settings.own_load_settle_s,
+        settle_floor=policy.own_load_gpu_load,
         max_age_s=settings.own_load_max_age_s,
-        min_samples=settings.own_load_min_samples,
+        min_pods=settings.own_load_min_pods,
         max_workloads=settings.own_load_max_workloads,
     )
     try:
@@ -159,6 +163,8 @@ def _serve(args: argparse.Namespace) -> int:
                 log.error("cannot load Kubernetes credentials for --node-cache: %s", exc)
                 return 1
             metrics.registry.register(NodeDataCollector(cache, policy))
+        elif settings.own_load_node_watch and settings.pod_watch:
+            learning = _start_learning_node_watch(settings, policy, metrics, log, workloads)
         pod_cache = _start_pod_watch(settings, metrics, cache, log, workloads)
         namespaces = _start_namespace_watch(settings, policies, metrics, log)
         if namespaces is False:
@@ -180,7 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
             # Learning needs the pods' workloads (the Pod watch) and the nodes' per-pod usage:
             # from the Node watch in names-only mode, from the requests' Nodes in full-node mode.
             workloads=workloads if pod_cache is not None else None,
-            learn_from_requests=cache is None,
+            learn_from_requests=cache is None and learning is None,
             profiles=policies.profiles,
             namespace_labels=namespaces,
             dra=None if dra is None else dra.data,
@@ -243,9 +249,37 @@ def _serve(args: argparse.Namespace) -> int:
             namespaces.stop()
         if pod_cache is not None:
             pod_cache.stop()
-        if cache is not None:
-            cache.stop()
+        for watch in (cache, learning):
+            if watch is not None:
+                watch.stop()
         listener.stop()
+
+
+def _start_learning_node_watch(
+    settings: ScorerSettings,
+    policy: Policy,
+    metrics: ScorerMetrics,
+    log: logging.Logger,
+    workloads: WorkloadLoads,
+) -> NodeCache | None:
+    """Full-node mode with --own-load-node-watch: a Node watch whose only reader is the
+    workloads' store (verdicts still read the Nodes of each request), started; None without
+    credentials, and the Nodes of the requests teach instead (one log line says so)."""
+    from exporter_scheduler.edges.nodecache import NodeCache  # noqa: PLC0415
+
+    try:
+        return NodeCache(
+            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            keys=policy.keys,
+            metrics=metrics,
+            workloads=workloads,
+        ).start()
+    except Exception as exc:
+        log.warning(
+            "learning from the requests' Nodes only",
+            extra={"fields": {"why": f"no Kubernetes credentials for the Node watch: {exc}"}},
+        )
+        return None
 
 
 def _start_pod_watch(

@@ -330,6 +330,20 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Traffic:
+    """A replica's load over time: its Deployment's base load times the traffic swing at that
+    time, plus the replica's own offset (module constants `TRAFFIC_*`, `REPLICA_SPREAD`)."""
+
+    base: float
+    phase: float
+    offset: float
+
+    def load_at(self, time_s: float) -> float:
+        swing = 1.0 + TRAFFIC_SWING * math.sin(2 * math.pi * time_s / TRAFFIC_PERIOD_S + self.phase)
+        return round(min(1.0, max(0.02, self.base * swing + self.offset)), 3)
+
+
+@dataclass(frozen=True, slots=True)
 class PodRequest:
     """One pod of the stream. Memory and utilization are per GPU slot."""
 
@@ -355,6 +369,13 @@ class PodRequest:
     # containers running to load on the GPUs (the ramp).
     start_delay_s: float = 0.0
     ramp_s: float = 0.0
+    # A Deployment's replica: its load follows the Deployment's traffic while it runs
+    # (`Traffic`); `utilization` is its load at arrival. None: a constant load.
+    traffic: Traffic | None = None
+
+    def load_at(self, time_s: float) -> float:
+        """The pod's load per GPU slot at `time_s` (its true mean load then)."""
+        return self.utilization if self.traffic is None else self.traffic.load_at(time_s)
 
     @property
     def burst_kind(self) -> BurstKind | None:
@@ -651,10 +672,11 @@ SCALE_UP_SPREAD_S: Final = 0.2
 
 # Inference Deployments: the stream's single inference pods and the scale-ups are replicas of
 # these (a fleet serves a few dozen models, not one per pod). Replicas of one Deployment share
-# its template (GPUs, memory, chain) and its load, which moves with traffic: a replica started
-# at time t runs at the Deployment's base load times `1 + TRAFFIC_SWING x sin(2 pi t / period +
-# phase)`, with a little spread between replicas (`REPLICA_SPREAD`); one replica's load is
-# constant over its life (the model keeps a pod's load fixed once it runs).
+# its template (GPUs, memory, chain) and its load, which moves with traffic: at time t each
+# running replica carries the Deployment's base load times `1 + TRAFFIC_SWING x sin(2 pi t /
+# period + phase)`, with a little spread between replicas (`REPLICA_SPREAD`, fixed per
+# replica). A load balancer spreads the requests over the replicas, so their loads rise and fall
+# together (`Traffic`), and a new replica carries what its siblings carry then.
 INFERENCE_DEPLOYMENTS: Final = 24
 SHARED_DEPLOYMENTS: Final = 8
 TRAFFIC_SWING: Final = 0.3
@@ -879,14 +901,13 @@ def _as_workloads(pods: Sequence[PodRequest], rng: random.Random) -> list[PodReq
         else:
             index = rng.randrange(len(pool))
         template, phase = pool[index]
-        traffic = 1.0 + TRAFFIC_SWING * math.sin(
-            2 * math.pi * pod.arrival_s / TRAFFIC_PERIOD_S + phase
-        )
-        load = template.utilization * traffic + rng.uniform(-REPLICA_SPREAD, REPLICA_SPREAD)
+        offset = rng.uniform(-REPLICA_SPREAD, REPLICA_SPREAD)
+        follows = Traffic(template.utilization, phase, offset)
         out.append(
             replace(
                 pod,
-                utilization=round(min(1.0, max(0.02, load)), 3),
+                utilization=follows.load_at(pod.arrival_s),
+                traffic=follows,
                 memory_mib=template.memory_mib,
                 chain=template.chain,
                 fallback_utilization=template.fallback_utilization,
@@ -1240,7 +1261,8 @@ def _choose(
         if variant.own_load == "off":
             scorer_policy = _without_own_load(scorer_policy)
         elif variant.own_load == "oracle":
-            learned = Learned(round(pod.utilization * BASIS_POINTS), pod.memory_mib, 1, 1)
+            load = pod.load_at((now - EPOCH).total_seconds())
+            learned = Learned(round(load * BASIS_POINTS), pod.memory_mib, 1, 1)
         elif variant.own_load == "learned" and learner is not None and pod.workload:
             learned = learner.learned_for(f"{SIM_NAMESPACE}/{pod.workload}", now)
         scores = _score_project(
@@ -1289,7 +1311,8 @@ def _estimate_label(
         source, estimate = "learned", learned.utilization_bp / BASIS_POINTS
     else:
         source, estimate = "default", scorer_policy.own_load_gpu_load
-    return f"{source}-{pod.kind}-" + ("under" if estimate < pod.utilization else "covered")
+    truth = pod.load_at((now - EPOCH).total_seconds())
+    return f"{source}-{pod.kind}-" + ("under" if estimate < truth else "covered")
 
 
 def _memory_fits(node: _Node, gpus: Sequence[int], memory_mib: int) -> bool:
@@ -1338,6 +1361,8 @@ class _Placed:
     started: bool = False
     fits: bool = True
     loaded_s: float | None = None
+    # The load per slot it adds to its GPUs now (from its load's arrival; `PodRequest.load_at`).
+    load: float = 0.0
     ended: bool = False
     # Where the scorer's estimate of the pod's own load came from, and whether it was below
     # the pod's true load (`_estimate_label`).
@@ -1416,6 +1441,8 @@ class _Run:
         self.alpha = 1.0 - math.exp(-1.0 / THERMAL_TIME_CONSTANT_S)
         # (time, kind, sequence, pod) of what happens next to the bound pods.
         self.events: list[tuple[float, int, int, _Placed]] = []
+        # The loaded replicas whose load follows traffic (`_follow_traffic`).
+        self.following: list[_Placed] = []
         self.seq = itertools.count()
         # The pods bound to each node, by name.
         self.on_node: dict[str, dict[str, _Placed]] = {n.setup.name: {} for n in self.nodes}
@@ -1426,6 +1453,7 @@ class _Run:
             WorkloadLoads(
                 keys_prefix=DEFAULT_KEYS.prefix,
                 load_delay_s=config.scorer_policy.inflight_load_delay_s,
+                settle_floor=config.scorer_policy.own_load_gpu_load,
             )
             if variant is not None and variant.own_load == "learned"
             else None
@@ -1456,7 +1484,8 @@ class _Run:
                 self._start(placed, time_s, at)
             elif kind == _LOAD:
                 before = [node.gpu_util(g) for g in range(node.setup.gpu_count)]
-                pushed = pushed_over_limit(before, placed.gpus, pod.utilization, limit_u)
+                load = pod.load_at(time_s)
+                pushed = pushed_over_limit(before, placed.gpus, load, limit_u)
                 result = self.result
                 result.gpus_pushed_over_limit += len(pushed)
                 result.gpus_pushed_over_limit_unaccounted += sum(
@@ -1470,10 +1499,28 @@ class _Run:
                 by_estimate = result.gpus_pushed_over_limit_by_estimate
                 by_estimate[placed.estimate] = by_estimate.get(placed.estimate, 0) + len(pushed)
                 for g in placed.gpus:
-                    node.util[g] += pod.utilization
-                placed.loaded_s = time_s
+                    node.util[g] += load
+                placed.loaded_s, placed.load = time_s, load
+                if pod.traffic is not None:
+                    self.following.append(placed)
             else:
                 self._end(placed)
+
+    def _follow_traffic(self, t: float) -> None:
+        """The running replicas' loads follow their Deployments' traffic (every agent interval:
+        the traffic moves over hours)."""
+        following: list[_Placed] = []
+        for placed in self.following:
+            if placed.ended:
+                continue
+            load = placed.pod.load_at(t)
+            if load != placed.load:
+                util = placed.node.util
+                for g in placed.gpus:
+                    util[g] += load - placed.load
+                placed.load = load
+            following.append(placed)
+        self.following = following
 
     def _push_cause(self, placed: _Placed, g: int, limit: float) -> PushCause:
         """What the other work on GPU `g` was, from the viewpoint of the pod's bind."""
@@ -1521,7 +1568,7 @@ class _Run:
             if placed.started and placed.fits:
                 node.mem_mib[g] -= pod.memory_mib
             if placed.loaded:
-                node.util[g] -= pod.utilization
+                node.util[g] -= placed.load
         node.drop_bound(pod.name)
         self.on_node[node.setup.name].pop(pod.name, None)
 
@@ -1567,6 +1614,8 @@ class _Run:
         policy, arrivals = self.policy, self.arrivals
         now = EPOCH + timedelta(seconds=t)
         self.due(t)
+        if t % interval == 0.0:
+            self._follow_traffic(t)
         # Unaccounted load switches on and off; temperatures follow the load; each GPU's
         # utilization adds to the agent's window.
         for node in nodes:
@@ -1789,7 +1838,7 @@ def _pod_usage(node: _Node, placed: Iterable[_Placed]) -> tuple[PodUsage, ...]:
                 g,
                 round(min(1.0, node.window_util(g)), 2)
                 if exclusive
-                else (pod.utilization if entry.loaded else 0.0),
+                else (entry.load if entry.loaded else 0.0),
                 pod.memory_mib,
             )
             for g in sorted(set(entry.gpus))

@@ -33,6 +33,7 @@ from exporter_scheduler.config.serving import (
     TlsFiles,
 )
 from exporter_scheduler.core import policy as p
+from exporter_scheduler.core.ownload import DEFAULT_SETTLE_S
 from exporter_scheduler.core.policy import Policy as _Policy
 from gpu_contract.schema import DEFAULT_PREFIX, Keys, PrefixError
 
@@ -184,17 +185,29 @@ class ScorerSettings(BaseSettings):
     own_load_gpu_memory_mib: int = _field(p.OWN_LOAD_GPU_MEMORY_MIB)
     # How the scorer learns a workload's load (serving/workloads.py): not policy, so not per
     # profile; they bound what is trusted and what memory it takes.
-    own_load_min_samples: int = Field(
+    own_load_min_pods: int = Field(
         2,
         ge=1,
         le=1000,
-        description="Per-GPU samples of a workload's running pods below which its learned "
-        "load is not trusted (the default applies).",
+        description="Distinct running pods of a workload whose samples its learned load needs "
+        "(fewer: the default applies).",
+    )
+    own_load_settle_s: float = Field(
+        DEFAULT_SETTLE_S,
+        ge=0.0,
+        description="How long a pod runs before a utilization it shows below the default "
+        "estimate is learned as its workload's load (earlier, it may be its start-up).",
     )
     own_load_max_age_s: float = Field(
         3600.0,
         gt=0.0,
         description="Samples of a workload's pods older than this no longer count.",
+    )
+    own_load_node_watch: bool = Field(
+        False,
+        description="Full-node mode: also watch Nodes (list/watch on nodes) to learn workloads' "
+        "loads from every node's agent data; without it only the Nodes kube-scheduler sends "
+        "teach, and a node full of one workload's replicas is never sent.",
     )
     own_load_max_workloads: int = Field(
         10_000,

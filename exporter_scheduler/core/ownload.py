@@ -17,13 +17,15 @@ Each figure is chosen on its own: a pod may hint its memory and take its utiliza
 siblings.
 
 `learn` is a pure function of a workload's samples and `now`: the 90th percentile (nearest
-rank) of the per-GPU samples that are at most `max_age_s` old, once there are at least
-`min_samples` of them. A high quantile, not the mean: the estimate is there to keep a GPU under
+rank) of the per-GPU samples that are at most `max_age_s` old, once they come from at least
+`min_pods` distinct pods. A high quantile, not the mean: the estimate is there to keep a GPU under
 the limit, and a replica that serves a hot shard of the traffic is as likely to be the next one
 as any other; not the maximum: one sample taken during a spike would hold the whole workload at
 its peak. Old samples age out, so the figure follows a workload whose load changes (a new model
-revision, a traffic shift) within `max_age_s`. Below the sample floor the figure is not trusted:
-one replica, sampled once, may be idle between two requests.
+revision, a traffic shift) within `max_age_s`. Below the floor the figure is not trusted: one
+replica, sampled once, may be idle between two requests, or still starting. The floor counts
+pods, not samples: the eight GPUs of one training worker, sampled at one instant, are one
+observation of one pod (a worker still loading its data reads idle on all eight).
 
 The learned figures are rounded *up* to a step (`UTILIZATION_STEP_BP`, `MEMORY_STEP_MIB`): the
 estimate is part of a pod's class in the names-only verdict cache, and a class must not change
@@ -45,6 +47,10 @@ BASIS_POINTS: Final = 10_000
 UTILIZATION_STEP_BP: Final = 500
 MEMORY_STEP_MIB: Final = 1024
 LEARNED_QUANTILE: Final = 0.9
+# How long a pod runs before an idle-looking reading is learned as its load
+# (serving/workloads.py): the longest start-up the placement model draws, a notebook's first
+# cell (training 20-120 s, inference 15-90 s; docs/performance.md).
+DEFAULT_SETTLE_S: Final = 300.0
 
 Source = Literal["hint", "learned", "default"]
 
@@ -100,37 +106,39 @@ def learn(
     now: datetime,
     *,
     max_age_s: float,
-    min_samples: int,
+    min_pods: int,
 ) -> Learned | None:
     """A workload's learned load from its pods' samples (module docstring), or None when
-    fewer than `min_samples` recent samples give either figure."""
+    neither figure has recent samples from at least `min_pods` distinct pods."""
     oldest = now - timedelta(seconds=max_age_s)
     utilizations: list[int] = []
     memories: list[int] = []
-    pods: set[str] = set()
+    utilization_pods: set[str] = set()
+    memory_pods: set[str] = set()
     for sample in samples:
         if sample.sampled_at < oldest or sample.sampled_at > now:
             continue
-        counted = False
         if sample.utilization_bp is not None:
             utilizations.append(min(BASIS_POINTS, max(0, sample.utilization_bp)))
-            counted = True
+            utilization_pods.add(sample.pod)
         if sample.memory_mib is not None:
             memories.append(max(0, sample.memory_mib))
-            counted = True
-        if counted:
-            pods.add(sample.pod)
+            memory_pods.add(sample.pod)
     util_bp = mem_mib = None
-    if len(utilizations) >= min_samples:
+    samples_used = 0
+    pods: set[str] = set()
+    if len(utilization_pods) >= min_pods:
         util_bp = min(
             BASIS_POINTS,
             round_up(quantile_nearest_rank(utilizations, LEARNED_QUANTILE), UTILIZATION_STEP_BP),
         )
-    if len(memories) >= min_samples:
+        samples_used, pods = len(utilizations), utilization_pods
+    if len(memory_pods) >= min_pods:
         mem_mib = round_up(quantile_nearest_rank(memories, LEARNED_QUANTILE), MEMORY_STEP_MIB)
+        samples_used, pods = max(samples_used, len(memories)), pods | memory_pods
     if util_bp is None and mem_mib is None:
         return None
-    return Learned(util_bp, mem_mib, max(len(utilizations), len(memories)), len(pods))
+    return Learned(util_bp, mem_mib, samples_used, len(pods))
 
 
 def own_load(

@@ -8,8 +8,17 @@ joins the two on the watch threads: each Node event with usage data records one 
 and GPU, for the pods past their ramp (the node's data sampled at least
 `inflight_load_delay_s` after every container of the pod ran: before that the window-averaged
 utilization still shows the start-up, the same rule that ends a pod's in-flight load), and
-recomputes that workload's figure with the pure `ownload.learn`. The request path only reads a
-dict entry (`learned_for`), so a verdict takes the estimate as an input, like the in-flight pods.
+recomputes that workload's figure with the pure `ownload.learn`.
+
+A ramp can outlast that delay: a training worker still loading its data, or a large model still
+copying its weights and capturing its CUDA graphs, reads idle for minutes. So until a pod has run
+`settle_s`, a utilization it shows below `settle_floor` (the default estimate) is not recorded
+(its memory is): a young pod's reading may raise its workload's figure, never pull it below the
+default. An idle reading taken for the load is the costly error: the next replica lands on a GPU
+it then pushes over the limit; a busy reading ignored for a few minutes only keeps the default.
+
+The request path only reads a dict entry (`learned_for`), so a verdict takes the estimate as an
+input, like the in-flight pods.
 
 Both modes learn from the same data. In names-only mode the Node watch hands each node's data
 to `observe`; in full-node mode there is no Node watch, and the Nodes arrive in the requests
@@ -44,7 +53,13 @@ import msgspec
 
 from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.inflight import BoundPod
-from exporter_scheduler.core.ownload import BASIS_POINTS, Learned, UsageSample, learn
+from exporter_scheduler.core.ownload import (
+    BASIS_POINTS,
+    DEFAULT_SETTLE_S,
+    Learned,
+    UsageSample,
+    learn,
+)
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.serving.nodeobjects import annotations_of, gpu_keys
 from gpu_contract.schema import Keys
@@ -75,16 +90,20 @@ class WorkloadLoads:
         *,
         keys_prefix: str = "",
         load_delay_s: float = 60.0,
+        settle_s: float = DEFAULT_SETTLE_S,
+        settle_floor: float = 0.0,
         max_age_s: float = 3600.0,
-        min_samples: int = 2,
+        min_pods: int = 2,
         max_workloads: int = DEFAULT_MAX_WORKLOADS,
     ) -> None:
         if max_workloads < 1:
             raise ValueError(f"max_workloads must be at least 1, got {max_workloads}")
         self.prefix = keys_prefix
         self.load_delay = timedelta(seconds=load_delay_s)
+        self.settle = timedelta(seconds=max(settle_s, load_delay_s))
+        self.settle_floor_bp = round(settle_floor * BASIS_POINTS)
         self.max_age_s = max_age_s
-        self.min_samples = min_samples
+        self.min_pods = min_pods
         self.max_workloads = max_workloads
         self._workloads: OrderedDict[str, _Workload] = OrderedDict()
         self._pods: dict[str, dict[str, BoundPod]] = {}  # node -> pod ref -> pod
@@ -208,6 +227,7 @@ class WorkloadLoads:
                     continue
                 if sampled_at < pod.running_since + self.load_delay:
                     continue  # still ramping: its window still shows the start-up
+                settling = sampled_at < pod.running_since + self.settle
                 entry = self._entry(pod.workload)
                 for share in usage.gpus:
                     util_bp = (
@@ -215,6 +235,8 @@ class WorkloadLoads:
                         if share.utilization is None
                         else round(share.utilization * BASIS_POINTS)
                     )
+                    if settling and util_bp is not None and util_bp < self.settle_floor_bp:
+                        util_bp = None  # perhaps its start-up, not its load (module docstring)
                     if util_bp is None and share.memory_used_mib is None:
                         continue
                     key = (usage.pod, share.gpu_index)
@@ -234,7 +256,7 @@ class WorkloadLoads:
                     entry.samples.values(),
                     entry.newest,
                     max_age_s=self.max_age_s,
-                    min_samples=self.min_samples,
+                    min_pods=self.min_pods,
                 )
                 if entry.learned != before:
                     self.generation += 1

@@ -107,6 +107,9 @@ VARIANTS: dict[str, Variant] = {
     "scheduler-off": Variant({"scheduler": {"enabled": False}}),
     "full-node": Variant({"scorer": {"nodeCache": False}}),
     "full-node-no-pod-watch": Variant({"scorer": {"nodeCache": False, "podWatch": False}}),
+    "full-node-own-load-node-watch": Variant(
+        {"scorer": {"nodeCache": False, "ownLoadNodeWatch": True}}
+    ),
     "no-pod-watch": Variant({"scorer": {"podWatch": False}}),
     "scorer-dra": Variant(
         {"scorer": {"dra": {"enabled": True, "extendedResource": True}}},

@@ -407,6 +407,14 @@ PODS_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"
         pytest.param("defaults", [NODES_RULE, PODS_RULE], True, "true", id="names-only"),
         # Full nodes: no Node watch, but the pod watch needs the token all the same.
         pytest.param("full-node", [PODS_RULE], False, "true", id="full-node"),
+        # Full nodes, learning workloads' loads from every node: a Node watch that only teaches.
+        pytest.param(
+            "full-node-own-load-node-watch",
+            [NODES_RULE, PODS_RULE],
+            False,
+            "true",
+            id="full-node-own-load-node-watch",
+        ),
         pytest.param("no-pod-watch", [NODES_RULE], True, "false", id="names-only-no-pod-watch"),
     ],
 )
@@ -426,6 +434,10 @@ def test_scorer_may_only_list_and_watch_what_its_watches_read(
     assert rendered.scheduler_config()["extenders"][0]["nodeCacheCapable"] is node_cache
     env = env_of(containers(deployment)["scorer"], rendered)
     assert env["GPU_SCORER_POD_WATCH"] == pod_watch
+    learns_from_nodes = variant == "full-node-own-load-node-watch"
+    assert env.get("GPU_SCORER_OWN_LOAD_NODE_WATCH") == (
+        "true" if learns_from_nodes else (None if node_cache else "false")
+    )
 
 
 DRA_RULE = {

@@ -17,11 +17,11 @@ adds at most 0.40 (the limit is 0.90); `spare`, a node whose agent has published
 passes and scores lowest; and each workload's running replicas on a node of their own, whose
 GPUs they hold (the scheduler's own resource check keeps further pods off it).
 
-Full-node mode learns only from the Nodes kube-scheduler sends it (their `pod-gpu-usage`), and
-it sends only Nodes that passed its own filters. Here each workload's replicas hold every GPU of
-their node, so that node is never sent and the full-node scorer never sees their samples: the
-full-node runs of the tests that need a learned figure are expected to fail with
-`NotLearnedError`, strictly (a pass would mean the mode learned, and the mark goes).
+Each workload's replicas hold every GPU of their node, so kube-scheduler, which sends only the
+Nodes that pass its own filters, never sends that node: a full-node scorer that learned only
+from the Nodes of its requests would never see the replicas' samples (its learned figure would
+not come, `NotLearnedError`). So the full-node scorer runs with `--own-load-node-watch`, the
+Node watch that only teaches (docs/scoring.md), as the chart's `scorer.ownLoadNodeWatch` sets.
 """
 
 from __future__ import annotations
@@ -80,27 +80,25 @@ GPU_MEMORY_MIB: Final = 81_000
 WATCH_S: Final = WATCH_SYNC_S
 EXPECTED_GPU_LOAD: Final = DEFAULT_PREFIX + "expected-gpu-load"
 
-stack = stack_fixture(StackSpec("ownload", scorer_flags=(f"--own-load-max-age-s={MAX_AGE_S}",)))
+# `--own-load-settle-s=0`: a light reading counts as soon as the replica is past its ramp
+# (`inflight_load_delay_s`), so that the replicas here can be in flight and teach at once (the
+# settling time of young pods' light readings is tests/scorer/test_workloads.py's).
+stack = stack_fixture(
+    StackSpec(
+        "ownload",
+        scorer_flags=(
+            f"--own-load-max-age-s={MAX_AGE_S}",
+            "--own-load-settle-s=0",
+            "--own-load-node-watch",  # read by the full-node scorer only
+        ),
+    )
+)
 
 Explanation = dict[str, Any]
 
 
 class NotLearnedError(AssertionError):
     """The scorer gave no learned figure for a workload whose running replicas show their load."""
-
-
-FULL_NODE_DOES_NOT_SEE_THE_REPLICAS = pytest.mark.xfail(
-    raises=NotLearnedError,
-    strict=True,
-    reason="full-node mode learns from the Nodes sent to it; the replicas' full node is not sent",
-)
-
-
-@pytest.fixture
-def learns(request: pytest.FixtureRequest, stack: ScorerStack) -> None:
-    """For tests whose figures must be learned: their full-node run is an expected failure."""
-    if not stack.names_only:
-        request.applymarker(FULL_NODE_DOES_NOT_SEE_THE_REPLICAS)
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -422,7 +420,7 @@ def place(scope: Scope, pod: dict[str, Any]) -> str:
 
 
 def test_a_heavy_workloads_next_replica_avoids_a_half_busy_gpu_a_light_ones_takes_it(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     targets = lay_out_targets(stack, scope)
     now = whole_seconds(datetime.now(UTC))
@@ -455,7 +453,7 @@ def test_a_heavy_workloads_next_replica_avoids_a_half_busy_gpu_a_light_ones_take
 
 
 def test_a_pod_whose_hint_disagrees_with_its_siblings_follows_its_hint(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     """Learned figures first, so that each hint overrides one; the hints' placements are
     checked in both modes, and a mode that learns nothing fails with `NotLearnedError` last."""
@@ -536,7 +534,7 @@ PHASE_S: Final = 30
 
 
 def test_the_learned_figure_follows_a_workload_whose_load_changes(
-    stack: ScorerStack, scope: Scope, apps: Apps, learns: None
+    stack: ScorerStack, scope: Scope, apps: Apps
 ) -> None:
     """New samples of the same replicas replace their old ones at once; samples of replicas
     gone (a rollout replaced them) age out `own_load_max_age_s` after they were taken. The

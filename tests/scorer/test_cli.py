@@ -300,6 +300,47 @@ def test_serve_process_answers_and_stops_on_sigterm() -> None:
     assert any("shutdown complete" in line["msg"] for line in lines)
 
 
+def test_learning_node_watch_without_credentials_serves_and_says_so(tmp_path: Path) -> None:
+    """Full-node mode's learning Node watch is an extra: without credentials the scorer serves
+    on, learning from the requests' Nodes, and one line says why."""
+    port = _free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPU_SCORER_", "KUBERNETES_SERVICE"))
+    }
+    env["KUBECONFIG"] = str(tmp_path / "absent")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter_scheduler", "serve", "--own-load-node-watch",
+         "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        status = None
+        while status is None:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/healthz")
+                status = conn.getresponse().status
+                conn.close()
+            except OSError:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "gpu-scorer serve did not start"
+                time.sleep(0.1)  # waiting for the process to bind, not for a decision
+        assert status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    assert process.returncode == 0
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    (learning,) = [
+        line for line in lines if line["msg"] == "learning from the requests' Nodes only"
+    ]
+    assert learning["level"] == "warning"
+    assert "credentials" in learning["why"]
+
+
 def test_node_cache_without_credentials_exits_1_with_the_reason() -> None:
     env = {
         k: v

@@ -90,18 +90,32 @@ LEARN_CASES = [
         None,
         id="a-sample-from-the-future-does-not-count",
     ),
+    pytest.param(
+        [UsageSample("worker-0", gpu, NOW, 0, 30_000) for gpu in range(8)],
+        None,
+        id="one-pod-on-eight-gpus-is-one-pod-below-the-floor",
+    ),
+    pytest.param(
+        [
+            *(UsageSample("worker-0", gpu, NOW, 9200, None) for gpu in range(4)),
+            UsageSample("worker-1", 0, NOW, None, 30_000),
+            UsageSample("worker-2", 0, NOW, None, 31_000),
+        ],
+        Learned(None, 31_744, 2, 2),
+        id="each-figure-needs-its-own-pods",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("samples", "expected"), LEARN_CASES)
 def test_learn(samples: list[UsageSample], expected: Learned | None) -> None:
-    assert learn(samples, NOW, max_age_s=3600.0, min_samples=2) == expected
+    assert learn(samples, NOW, max_age_s=3600.0, min_pods=2) == expected
 
 
 @given(st.lists(st.integers(0, 10_000), min_size=1, max_size=50))
 def test_learned_figure_is_one_of_the_samples_rounded_up(values: list[int]) -> None:
     samples = [UsageSample(f"p{i}", 0, NOW, value, None) for i, value in enumerate(values)]
-    learned = learn(samples, NOW, max_age_s=60.0, min_samples=1)
+    learned = learn(samples, NOW, max_age_s=60.0, min_pods=1)
     assert learned is not None
     assert learned.utilization_bp is not None
     q = quantile_nearest_rank(list(values), 0.9)

@@ -149,12 +149,12 @@ DEPLOY = "ml/Deployment/llm"
 
 
 def _store(
-    *, min_samples: int = 2, max_age_s: float = 3600.0, max_workloads: int = 10_000
+    *, min_pods: int = 2, max_age_s: float = 3600.0, max_workloads: int = 10_000
 ) -> WorkloadLoads:
     return WorkloadLoads(
         keys_prefix=PREFIX,
         load_delay_s=60.0,
-        min_samples=min_samples,
+        min_pods=min_pods,
         max_age_s=max_age_s,
         max_workloads=max_workloads,
     )
@@ -182,8 +182,33 @@ def test_running_siblings_past_their_ramp_teach_the_load() -> None:
     assert (learned.utilization_bp, learned.memory_mib, learned.pods) == (6500, 20_480, 2)
 
 
+def test_a_young_pods_idle_reading_is_not_learned_a_busy_one_is() -> None:
+    """Until a pod has run `settle_s`, a utilization below the default may be its start-up (a
+    worker loading its data reads idle): only its memory is recorded. A busy reading counts
+    at once, and an idle one counts once the pod has settled."""
+    store = WorkloadLoads(keys_prefix=PREFIX, load_delay_s=60.0, settle_s=300.0, settle_floor=0.5)
+    young = (_bound("a", "n1", DEPLOY, 120), _bound("b", "n1", DEPLOY, 120))
+    store.set_pods("n1", young)
+    store.observe(_node("n1", NOW, {"a": (0.02, 20_000), "b": (0.03, 20_000)}))
+    learned = store.learned_for(DEPLOY, NOW)
+    assert learned is not None
+    assert (learned.utilization_bp, learned.memory_mib) == (None, 20_480)
+
+    store.observe(_node("n1", NOW, {"a": (0.85, 20_000), "b": (0.8, 20_000)}))
+    learned = store.learned_for(DEPLOY, NOW)
+    assert learned is not None
+    assert learned.utilization_bp == 8500
+
+    settled = (_bound("a", "n1", DEPLOY, 301), _bound("b", "n1", DEPLOY, 301))
+    store.set_pods("n1", settled)
+    store.observe(_node("n1", NOW, {"a": (0.02, 20_000), "b": (0.03, 20_000)}))
+    learned = store.learned_for(DEPLOY, NOW)
+    assert learned is not None
+    assert learned.utilization_bp == 500
+
+
 def test_too_few_samples_and_old_samples_are_not_trusted() -> None:
-    store = _store(min_samples=2, max_age_s=600.0)
+    store = _store(min_pods=2, max_age_s=600.0)
     store.set_pods("n1", (_bound("a", "n1", DEPLOY, 600),))
     store.observe(_node("n1", NOW, {"a": (0.6, None)}))
     assert store.learned_for(DEPLOY, NOW) is None  # one sample: below the floor
@@ -212,7 +237,7 @@ def test_a_pod_the_watch_does_not_know_is_skipped() -> None:
 
 
 def test_workloads_are_capped_least_recently_sampled_first() -> None:
-    store = _store(min_samples=1, max_workloads=2)
+    store = _store(min_pods=1, max_workloads=2)
     for index, workload in enumerate(("w1", "w2", "w3")):
         store.set_pods("n1", (_bound("p", "n1", workload, 600),))
         store.observe(_node("n1", NOW + timedelta(seconds=index), {"p": (0.5, None)}))

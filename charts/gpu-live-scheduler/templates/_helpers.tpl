@@ -114,7 +114,8 @@ empty tag means the cluster's own version (vendor suffixes such as -eks-... drop
 {{- end -}}
 
 {{/* Whether the scorer talks to the API server at all: its Node watch (names-only mode), its
-Pod watch (in-flight accounting) or its Namespace watch (profiles chosen by namespace labels).
+Pod watch (in-flight accounting), its Namespace watch (profiles chosen by namespace labels) or
+its DRA watch. (Full-node mode's learning Node watch needs the Pod watch, so it is covered.)
 Only then does it get RBAC and a service account token. */}}
 {{- define "gls.scorer.needsApi" -}}
 {{- if or .Values.scorer.nodeCache .Values.scorer.podWatch (include "gls.scorer.readsNamespaces" .) .Values.scorer.dra.enabled -}}true{{- end -}}
@@ -226,6 +227,9 @@ GPU_SCORER_METRICS_PORT: {{ .Values.scorer.metricsPort | toString | quote }}
 GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_POD_WATCH: {{ .Values.scorer.podWatch | toString | quote }}
+{{- if not .Values.scorer.nodeCache }}
+GPU_SCORER_OWN_LOAD_NODE_WATCH: {{ .Values.scorer.ownLoadNodeWatch | toString | quote }}
+{{- end }}
 GPU_SCORER_DRA: {{ .Values.scorer.dra.enabled | toString | quote }}
 {{- if .Values.scorer.dra.enabled }}
 GPU_SCORER_DRA_DRIVER: {{ .Values.scorer.dra.driver | quote }}
