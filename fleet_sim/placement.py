@@ -216,6 +216,15 @@ THERMAL_TIME_CONSTANT_S: Final = 60.0
 CRASH_AFTER_S: Final = 30.0
 BACKOFF_INITIAL_S: Final = 1.0
 BACKOFF_MAX_S: Final = 10.0
+
+
+def backoff_s(attempts: int) -> float:
+    """kube-scheduler's back-off before a pod's next try, after `attempts` failed ones. The
+    exponent is capped: a pod that fits nowhere for hours is retried thousands of times, and
+    2.0 ** 1024 overflows a float."""
+    return min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2.0 ** min(attempts, 32))
+
+
 # The namespace of the simulated pods, as the scorer sees them.
 SIM_NAMESPACE: Final = "sim"
 
@@ -1696,7 +1705,7 @@ class _Run:
                 learner=self.learner,
             )
             if chosen is None:
-                delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2.0**attempts)
+                delay = backoff_s(attempts)
                 waiting.append((pod, t + delay, attempts + 1))
                 continue
             truths = [n.truth() for n in feasible]

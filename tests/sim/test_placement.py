@@ -16,6 +16,7 @@ from agent.aggregate import aggregate
 from agent.limiter import LimiterState
 from exporter_scheduler.core.policy import Policy
 from fleet_sim.placement import (
+    BACKOFF_MAX_S,
     EPOCH,
     INFERENCE_DEPLOYMENTS,
     JOB_SPREAD_S,
@@ -45,6 +46,7 @@ from fleet_sim.placement import (
     _Placed,
     _reading,
     _Run,
+    backoff_s,
     bound_pod,
     chain_rank,
     compare,
@@ -693,6 +695,32 @@ def test_pods_belong_to_workloads_as_in_a_fleet(bursty_pods: list[PodRequest]) -
     jobs = {w: ps for w, ps in by_workload.items() if w.startswith("job/")}
     assert jobs
     assert all(len({p.burst for p in ps}) == 1 for ps in jobs.values())
+
+
+def test_a_deployments_replicas_carry_its_traffic_together(bursty_pods: list[PodRequest]) -> None:
+    """Replicas that arrived hours apart carry, at any one time, the same load but for their
+    own spread: a load balancer shares the traffic, so a new replica carries what its siblings
+    carry then. A replica's load moves with the traffic while it runs."""
+    by_deployment: dict[str, list[PodRequest]] = {}
+    for pod in bursty_pods:
+        if pod.workload.startswith("deploy/"):
+            by_deployment.setdefault(pod.workload, []).append(pod)
+    replicas = max(by_deployment.values(), key=len)
+    assert all(p.traffic is not None for p in replicas)
+    assert max(p.arrival_s for p in replicas) - min(p.arrival_s for p in replicas) > 1800
+    for time_s in (0.0, 1800.0, 3600.0, 5400.0):
+        loads = [p.load_at(time_s) for p in replicas]
+        assert max(loads) - min(loads) <= 2 * REPLICA_SPREAD + 1e-3, time_s
+    first = replicas[0]
+    assert first.load_at(first.arrival_s) == first.utilization
+    assert len({first.load_at(t) for t in (0.0, 1800.0, 3600.0, 5400.0)}) > 1
+    singles = [p for p in bursty_pods if not p.workload.startswith("deploy/")]
+    assert all(p.traffic is None and p.load_at(9e9) == p.utilization for p in singles)
+
+
+def test_the_back_off_is_capped_however_often_a_pod_is_tried() -> None:
+    assert [backoff_s(n) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert backoff_s(5_000) == BACKOFF_MAX_S
 
 
 def test_the_agent_publishes_each_running_pods_usage() -> None:
