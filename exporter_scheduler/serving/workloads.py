@@ -21,10 +21,12 @@ The request path only reads a dict entry (`learned_for`), so a verdict takes the
 input, like the in-flight pods.
 
 Both modes learn from the same data. In names-only mode the Node watch hands each node's data
-to `observe`; in full-node mode there is no Node watch, and the Nodes arrive in the requests
-themselves: `observe_requested` records each Node whose annotations it has not seen yet,
-before the request's verdicts are judged, so the same agent writes teach the same figures (a
-Node the scheduler never sends is not learned from, as it gets no pods either).
+to `observe`; in full-node mode the Nodes arrive in the requests themselves:
+`observe_requested` records each Node whose annotations it has not seen yet, before the
+request's verdicts are judged, so the same agent writes teach the same figures. A Node the
+scheduler never sends (kube-scheduler sends only Nodes that pass its own filters, so never one
+whose GPUs a workload's replicas all hold) teaches nothing that way; with
+`--own-load-node-watch` a Node watch of its own hands every node's data to `observe` instead.
 
 The pods handed to a verdict carry their workload's figure (`stamp`), so an in-flight pod
 counts the load its workload's running pods show (`inflight.pod_estimate`): an input of the
