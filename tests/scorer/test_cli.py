@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -262,56 +263,14 @@ def test_full_node_mode_never_loads_the_kubernetes_client() -> None:
     assert out.strip() == "False"
 
 
-def test_serve_process_answers_and_stops_on_sigterm() -> None:
-    """The real entry point (`python -m exporter_scheduler serve`) in full-node mode."""
+def _serve_until_healthy_then_stop(
+    flags: list[str], env: dict[str, str]
+) -> tuple[int | None, list[dict[str, Any]], str]:
+    """Run `gpu-scorer serve` with `flags` on a free port until /healthz answers 200, then
+    SIGTERM it; its exit status, its JSON log lines and its whole stderr."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SCORER_")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter_scheduler", "serve", "--host", "127.0.0.1",
-         "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 20
-        status = None
-        while status is None:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/healthz")
-                status = conn.getresponse().status
-                conn.close()
-            except OSError:
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "gpu-scorer serve did not start"
-                time.sleep(0.1)  # waiting for the process to bind, not for a decision
-        assert status == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=20)
-    assert process.returncode == 0
-    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    assert lines, err
-    assert len(lines) == len(err.splitlines())  # every log line is JSON
-    assert any(line["msg"] == "serving" for line in lines)
-    assert any("shutdown complete" in line["msg"] for line in lines)
-
-
-def test_learning_node_watch_without_credentials_serves_and_says_so(tmp_path: Path) -> None:
-    """Full-node mode's learning Node watch is an extra: without credentials the scorer serves
-    on, learning from the requests' Nodes, and one line says why."""
-    port = _free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("GPU_SCORER_", "KUBERNETES_SERVICE"))
-    }
-    env["KUBECONFIG"] = str(tmp_path / "absent")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter_scheduler", "serve", "--own-load-node-watch",
+        [sys.executable, "-m", "exporter_scheduler", "serve", *flags,
          "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -332,8 +291,32 @@ def test_learning_node_watch_without_credentials_serves_and_says_so(tmp_path: Pa
     finally:
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=20)
-    assert process.returncode == 0
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    return process.returncode, lines, err
+
+
+def test_serve_process_answers_and_stops_on_sigterm() -> None:
+    """The real entry point (`python -m exporter_scheduler serve`) in full-node mode."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SCORER_")}
+    returncode, lines, err = _serve_until_healthy_then_stop([], env)
+    assert returncode == 0
+    assert lines, err
+    assert len(lines) == len(err.splitlines())  # every log line is JSON
+    assert any(line["msg"] == "serving" for line in lines)
+    assert any("shutdown complete" in line["msg"] for line in lines)
+
+
+def test_learning_node_watch_without_credentials_serves_and_says_so(tmp_path: Path) -> None:
+    """Full-node mode's learning Node watch is an extra: without credentials the scorer serves
+    on, learning from the requests' Nodes, and one line says why."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPU_SCORER_", "KUBERNETES_SERVICE"))
+    }
+    env["KUBECONFIG"] = str(tmp_path / "absent")
+    returncode, lines, _ = _serve_until_healthy_then_stop(["--own-load-node-watch"], env)
+    assert returncode == 0
     (learning,) = [
         line for line in lines if line["msg"] == "learning from the requests' Nodes only"
     ]
