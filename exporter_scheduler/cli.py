@@ -16,10 +16,10 @@ import signal
 import ssl
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import msgspec
 
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 _NOT_SETTINGS = {"command", "request", "now", "output"}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_Watch = TypeVar("_Watch")
 
 
 def _flag_kwargs(name: str, annotation: Any) -> dict[str, Any]:
@@ -267,17 +268,31 @@ def _start_learning_node_watch(
     credentials, and the Nodes of the requests teach instead (one log line says so)."""
     from exporter_scheduler.edges.nodecache import NodeCache  # noqa: PLC0415
 
-    try:
-        return NodeCache(
+    return _started_or_none(
+        lambda: NodeCache(
             kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
             keys=policy.keys,
             metrics=metrics,
             workloads=workloads,
-        ).start()
+        ).start(),
+        log,
+        "learning from the requests' Nodes only",
+        "the Node watch",
+    )
+
+
+def _started_or_none(
+    start: Callable[[], _Watch], log: logging.Logger, without_it: str, watch: str
+) -> _Watch | None:
+    """`start()`'s watch, or None when it cannot start (no credentials, most often): a watch
+    that only improves verdicts never stops the scorer from serving; one warning says what the
+    scorer does without it (`without_it`) and why."""
+    try:
+        return start()
     except Exception as exc:
         log.warning(
-            "learning from the requests' Nodes only",
-            extra={"fields": {"why": f"no Kubernetes credentials for the Node watch: {exc}"}},
+            without_it,
+            extra={"fields": {"why": f"no Kubernetes credentials for {watch}: {exc}"}},
         )
         return None
 
@@ -308,17 +323,19 @@ def _start_pod_watch(
         gpu_resource_name=settings.gpu_resource_name,
         metrics=metrics,
     )
-    try:
+
+    def start() -> PodCache:
         if cache is not None:
             pod_cache.add_sink(cache.store)
         pod_cache.add_sink(workloads)
         return pod_cache.start()
-    except Exception as exc:
-        log.warning(
-            "in-flight accounting off: verdicts read the nodes' annotations alone",
-            extra={"fields": {"why": f"no Kubernetes credentials for the pod watch: {exc}"}},
-        )
-        return None
+
+    return _started_or_none(
+        start,
+        log,
+        "in-flight accounting off: verdicts read the nodes' annotations alone",
+        "the pod watch",
+    )
 
 
 def _start_dra_watch(
@@ -330,19 +347,17 @@ def _start_dra_watch(
         return None
     from exporter_scheduler.edges.dracache import DraCache  # noqa: PLC0415
 
-    try:
-        return DraCache(
+    return _started_or_none(
+        lambda: DraCache(
             driver=settings.dra_driver,
             device_classes=[c.strip() for c in settings.dra_device_classes.split(",") if c],
             kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
             metrics=metrics,
-        ).start()
-    except Exception as exc:
-        log.warning(
-            "DRA pods judged as other pods: no DRA data",
-            extra={"fields": {"why": f"no Kubernetes credentials for the DRA watch: {exc}"}},
-        )
-        return None
+        ).start(),
+        log,
+        "DRA pods judged as other pods: no DRA data",
+        "the DRA watch",
+    )
 
 
 def _start_namespace_watch(
