@@ -10,7 +10,7 @@ and so do the pods' figures (`NodeGpuState.pods`, `agent.attribution`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from agent.allocations import allocated_by_gpu
@@ -75,11 +75,14 @@ def _largest_allocation_mib(gpu: GpuReading) -> int | None:
     return largest if free is None else min(largest, free)
 
 
-def _per_gpu(reading: NodeReading, gpu_count: int) -> tuple[GpuState, ...]:
+def _per_gpu(
+    reading: NodeReading, gpu_count: int, dra_devices: Mapping[str, str]
+) -> tuple[GpuState, ...]:
     """One `GpuState` per GPU in NVML index order; a lost GPU's values are all unknown.
 
     The values are the same reads as the node aggregates (no other source), so a reader can
-    recompute `utilization`, `temperature` and `memory-largest-free-mib` from them.
+    recompute `utilization`, `temperature` and `memory-largest-free-mib` from them. A GPU's DRA
+    device name is looked up by its UUID in `dra_devices`.
     """
     by_index = {g.index: g for g in reading.gpus}
     if len(by_index) != len(reading.gpus) or any(not 0 <= i < gpu_count for i in by_index):
@@ -101,6 +104,7 @@ def _per_gpu(reading: NodeReading, gpu_count: int) -> tuple[GpuState, ...]:
                 memory_free_mib=None if largest is None else max(0, int(largest)),
                 temperature_c=None if gpu.temperature_c is None else int(gpu.temperature_c),
                 allocated=None if allocated is None else allocated.get(index),
+                dra_device=dra_devices.get(gpu.uuid),
             )
         )
     return tuple(table)
@@ -131,8 +135,13 @@ def _detail(parts: Iterable[str]) -> str | None:
     return "; ".join(seen) or None
 
 
-def aggregate(reading: NodeReading) -> NodeGpuState:
-    """The contract's node state for one tick (see docs/fragmentation.md for each rule)."""
+def aggregate(reading: NodeReading, dra_devices: Mapping[str, str] | None = None) -> NodeGpuState:
+    """The contract's node state for one tick (see docs/fragmentation.md for each rule).
+
+    `dra_devices`: GPU UUID -> its device name in the DRA driver's ResourceSlice, where the
+    agent found the node's GPUs among DRA devices (`agent.tainter`); published per GPU so the
+    scorer can match claims and rules, which name devices, to the GPUs' readings.
+    """
     updated_at = _updated_at(reading.sampled_at)
     if reading.fatal is not None:
         return NodeGpuState(
@@ -161,7 +170,7 @@ def aggregate(reading: NodeReading) -> NodeGpuState:
     # NVML's own count, lost GPUs included, so a lost GPU shows as degraded, not as a smaller
     # node; never below the GPUs actually read.
     gpu_count = max(device_count, len(gpus))
-    per_gpu = _per_gpu(reading, gpu_count)
+    per_gpu = _per_gpu(reading, gpu_count, dra_devices or {})
     return NodeGpuState(
         health=Health.DEGRADED if detail else Health.OK,
         updated_at=updated_at,

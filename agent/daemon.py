@@ -209,7 +209,7 @@ class Agent:
 
         reading = self._with_allocations(reading, now_s)
         reading = self._with_process_owners(reading, now_s)
-        state = aggregate(reading)
+        state = aggregate(reading, None if self.tainter is None else self.tainter.device_names())
         self._account_attribution(reading)
         self.metrics.health_observed(state.health)
         self._account_allocations(reading, state, now_s)

@@ -310,6 +310,8 @@ def _per_gpu_discrete(old: Sequence[GpuState], new: Sequence[GpuState]) -> list[
     changed: list[str] = []
     if any(o.allocated != n.allocated for o, n in zip(old, new, strict=True)):
         changed.append("per-gpu-allocated")
+    if any(o.dra_device != n.dra_device for o, n in zip(old, new, strict=True)):
+        changed.append("per-gpu-dra-device")
     for key, attr in _PER_GPU_FIELDS:
         if any(
             (getattr(o, attr) is None) != (getattr(n, attr) is None)
@@ -350,6 +352,8 @@ def _per_gpu_close(
             out.append("per-gpu-temperature")
         if old.allocated != new.allocated:
             out.append("per-gpu-allocated")
+        if old.dra_device != new.dra_device:
+            out.append("per-gpu-dra-device")
         return tuple(out)
 
     return moved_fields

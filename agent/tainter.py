@@ -103,6 +103,14 @@ class DeviceTainter:
         self.node_uid: str | None = None
         self._logged_problems: tuple[str, ...] = ()
 
+    def device_names(self) -> dict[str, str]:
+        """GPU UUID -> its device name in the driver's ResourceSlice, as of the last resync:
+        published per GPU (`per-gpu-dra-device`) so readers can match claims and rules, which
+        name devices, to the GPUs' readings. Empty while the DRA side is not active."""
+        if self.state is not DraState.ACTIVE:
+            return {}
+        return {uuid: gpu.device.name for uuid, gpu in self.gpus.items()}
+
     # ------------------------------------------------------------------ tick
     def tick(self, reading: NodeReading, *, now_s: float) -> None:
         self.seen_uuids |= {g.uuid for g in reading.gpus}

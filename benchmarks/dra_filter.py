@@ -50,7 +50,7 @@ from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.dra import ClaimInfo, DeviceTaint
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
-from exporter_scheduler.edges.dracache import DraData
+from exporter_scheduler.edges.dradata import DraData
 from exporter_scheduler.serving.app import ScorerApp
 from gpu_contract.schema import DEFAULT_KEYS
 from tests.scorer._http_helpers import fixed_clock, store_of

@@ -36,6 +36,8 @@ FIELD_MANAGER: Final = "gpu-scheduler-agent"
 # A DNS subdomain (RFC 1123), as Kubernetes requires for an annotation key's prefix.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _MAX_PREFIX_LEN: Final = 253
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MAX_DEVICE_NAME_CHARS: Final = 63
 
 
 class Health(StrEnum):
@@ -64,6 +66,10 @@ class Field(StrEnum):
     PER_GPU_MEMORY_FREE_MIB = "per-gpu-memory-free-mib"
     PER_GPU_TEMPERATURE = "per-gpu-temperature"
     PER_GPU_ALLOCATED = "per-gpu-allocated"
+    # Each GPU's DRA device name in its driver's ResourceSlice (matched by UUID), where the node's
+    # GPUs are DRA devices: the name claims and DeviceTaintRules use, which need not be
+    # `gpu-<index>` (NVIDIA's driver names a GPU after its minor number, not its NVML index).
+    PER_GPU_DRA_DEVICE = "per-gpu-dra-device"
     # Each pod's use of the GPUs it holds (`gpu_contract.podusage`; additive within version 1).
     POD_GPU_USAGE = "pod-gpu-usage"
 
@@ -118,13 +124,15 @@ class GpuState(NamedTuple):
 
     `memory_free_mib` is the largest single allocation the GPU can still give (its free memory,
     or on a MIG-enabled GPU one MIG device's or creatable instance's worth); `allocated` is True
-    when every schedulable share of the GPU is assigned to a pod.
+    when every schedulable share of the GPU is assigned to a pod; `dra_device` is the GPU's
+    device name in the DRA driver's ResourceSlice (None where it is not a DRA device, or unknown).
     """
 
     utilization: float | None = None
     memory_free_mib: int | None = None
     temperature_c: int | None = None
     allocated: bool | None = None
+    dra_device: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +248,12 @@ def _format_temperature(value: int | None) -> str | None:
     return None if value is None else str(int(value))
 
 
+def _format_device(name: str | None) -> str | None:
+    # A name that is not a device name (a DNS label) is written as unknown, never as a value
+    # that would break the column's commas.
+    return name if name is not None and _parse_device(name) is not None else None
+
+
 def _encode_per_gpu(state: NodeGpuState) -> dict[Field, str | None]:
     gpus = state.gpus
     # A list that disagrees with gpu-count would be dropped by every reader: never write one.
@@ -250,6 +264,7 @@ def _encode_per_gpu(state: NodeGpuState) -> dict[Field, str | None]:
         (Field.PER_GPU_MEMORY_FREE_MIB, [_format_count(g.memory_free_mib) for g in gpus]),
         (Field.PER_GPU_TEMPERATURE, [_format_temperature(g.temperature_c) for g in gpus]),
         (Field.PER_GPU_ALLOCATED, [_format_allocated(g.allocated) for g in gpus]),
+        (Field.PER_GPU_DRA_DEVICE, [_format_device(g.dra_device) for g in gpus]),
     )
     # A column no GPU measured is left out, like any unmeasured field (not written as `-,-,-`).
     return {
@@ -333,6 +348,12 @@ def _parse_allocated(text: str) -> bool | None:
     return {"1": True, "0": False}.get(stripped)
 
 
+def _parse_device(text: str) -> str | None:
+    # ResourceSlice device names are DNS labels (resource.k8s.io validation).
+    name = text.strip()
+    return name if len(name) <= _MAX_DEVICE_NAME_CHARS and _DNS_LABEL.match(name) else None
+
+
 _HEALTH_BY_TEXT: Final = {h.value: h for h in Health}
 _T = TypeVar("_T")
 
@@ -412,6 +433,14 @@ def _decode_per_gpu(
         expected=n,
         problems=problems,
     )
+    devices, n = _per_gpu_column(
+        get(keys[Field.PER_GPU_DRA_DEVICE]),
+        Field.PER_GPU_DRA_DEVICE,
+        _parse_device,
+        expected=n,
+        problems=problems,
+    )
+    # Device names alone are no reading of a GPU: without a measured column there is no table.
     if n is None or all(c is None for c in (utilization, memory, temperature, allocated)):
         return ()
     unknown: list[None] = [None] * n
@@ -422,6 +451,7 @@ def _decode_per_gpu(
             unknown if memory is None else memory,
             unknown if temperature is None else temperature,
             unknown if allocated is None else allocated,
+            unknown if devices is None else devices,
             strict=True,
         )
     )

@@ -109,20 +109,24 @@ def per_gpu_node_state(
     *,
     gpu_model: str = "NVIDIA-A100-SXM4-80GB",
     at: datetime | None = None,
+    dra_devices: Sequence[str] | None = None,
 ) -> NodeGpuState:
     """A healthy node as the agent publishes it from per-GPU readings, one `(utilization,
     allocated)` per GPU in index order (`allocated` None: the kubelet's allocations unknown):
     the per-GPU keys, and the node-level keys summarising the same GPUs. A busier GPU has less
-    memory free (its process holds it) and runs hotter."""
+    memory free (its process holds it) and runs hotter. `dra_devices`: each GPU's DRA device
+    name, in index order, as the agent finds them in its driver's ResourceSlice."""
     total_mib = 81_000
+    names: Sequence[str | None] = [None] * len(gpus) if dra_devices is None else dra_devices
     table = tuple(
         GpuState(
             utilization,
             round(total_mib * (1 - 0.9 * utilization)),
             40 + round(30 * utilization),
             allocated,
+            device,
         )
-        for utilization, allocated in gpus
+        for (utilization, allocated), device in zip(gpus, names, strict=True)
     )
     free = [gpu.memory_free_mib or 0 for gpu in table]
     largest = max(free)

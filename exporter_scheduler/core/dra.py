@@ -13,26 +13,37 @@ least that decides a verdict:
 
 - per claim, its GPU request count for the configured device classes, its allocation results
   for the driver as (pool, device), and the taint keys its GPU requests tolerate;
-- per DeviceTaintRule of the driver, the (pool, device, key, effect) it names.
+- per DeviceTaintRule that can select the driver's devices, the (pool, device, key, effect) it
+  names; a rule without a pool is every pool's, one without a device every device's.
 
-A device is matched to the agent's per-GPU readings by its name: NVIDIA's driver names a whole
-GPU `gpu-<n>`, in a pool named after the node. Everything here is pure: the request path hands
-in the pod's claims and the node's allocations and taints as they are in memory.
+Exclusions are kept by device name, as claims and rules name devices, and matched to the
+agent's per-GPU readings only when a node is judged (`gpu_exclusions`): by the device names the
+agent publishes per GPU (`per-gpu-dra-device`, each GPU's device found in its driver's
+ResourceSlice by UUID), else by the name alone, `gpu-<n>` read as GPU n. The fallback is right
+only where the driver's number is the NVML index: NVIDIA's driver names a whole GPU after its
+minor number (`gpu-<minor>`), which on most nodes, not all, is its NVML index. The pool is
+named after the node. Everything here is pure: the request path hands in the pod's claims and
+the node's allocations and taints as they are in memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Literal
 
 import msgspec
+
+from gpu_contract.schema import GpuState
 
 # Why the allocator will not give a GPU to this pod.
 Exclusion = Literal["allocated", "tainted"]
 # Taint effects the allocator honours at allocation (`NoExecute` also evicts; `None`: none).
 _BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 _DEVICE_PREFIX: Final = "gpu-"
+# The device key of a taint on every device of a pool (no device name is `*`: names are DNS
+# labels).
+ANY_DEVICE: Final = "*"
 
 
 class Toleration(msgspec.Struct, frozen=True, gc=False):
@@ -98,14 +109,38 @@ NO_DEVICES: Final = NodeDevices()
 
 
 def device_index(name: str) -> int | None:
-    """The GPU index a device name stands for: `gpu-3` -> 3; None for any other device (a MIG
-    device `gpu-0-mig-...`, a channel), which the per-GPU readings cannot speak for."""
+    """The GPU index a device name stands for when the node publishes no device names:
+    `gpu-3` -> 3; None for any other device (a MIG device `gpu-0-mig-...`, a channel), which
+    the per-GPU readings cannot speak for."""
     if not name.startswith(_DEVICE_PREFIX):
         return None
     digits = name[len(_DEVICE_PREFIX) :]
     if not digits.isdigit() or len(digits) > 4:
         return None
     return int(digits)
+
+
+def gpu_exclusions(
+    excluded: Mapping[str, Exclusion], gpus: Sequence[GpuState]
+) -> dict[int, Exclusion]:
+    """`excluded` (device name -> why) as GPU index -> why, for a node whose per-GPU table is
+    `gpus`. Where the agent published the GPUs' device names, a device is the GPU that carries
+    its name, and a device no GPU carries (a MIG device, a GPU the agent could not match) is no
+    GPU of the table; where it published none, `gpu-<n>` is GPU n (`device_index`). A taint
+    on every device of the pool (`ANY_DEVICE`) excludes every GPU not excluded otherwise."""
+    if not excluded:
+        return {}
+    named = {gpu.dra_device: index for index, gpu in enumerate(gpus) if gpu.dra_device is not None}
+    found: dict[int, Exclusion] = {}
+    for device, why in excluded.items():
+        index = named.get(device) if named else device_index(device)
+        if index is not None and index < len(gpus):
+            found[index] = why
+    every = excluded.get(ANY_DEVICE)
+    if every is not None:  # a taint on every device of the pool: the rest are tainted
+        for index in range(len(gpus)):
+            found.setdefault(index, every)
+    return found
 
 
 def tolerates(tolerations: Iterable[Toleration], taint: DeviceTaint) -> bool:
@@ -121,37 +156,34 @@ def tolerates(tolerations: Iterable[Toleration], taint: DeviceTaint) -> bool:
     return False
 
 
-def excluded_gpus(devices: NodeDevices, pod: DraPod) -> dict[int, Exclusion]:
-    """The GPU indexes of one node the allocator will not give `pod`: allocated to a claim that
-    is not one of the pod's own, or tainted with a blocking effect that one of its claims does
-    not tolerate (every claim must take its device through the same filter; an extended-resource
-    request's claim, made by the scheduler, tolerates nothing)."""
-    excluded: dict[int, Exclusion] = {}
+def excluded_gpus(devices: NodeDevices, pod: DraPod) -> dict[str, Exclusion]:
+    """The devices of one node the allocator will not give `pod` (name -> why): allocated to a
+    claim that is not one of the pod's own, or tainted with a blocking effect that one of its
+    claims does not tolerate (every claim must take its device through the same filter; an
+    extended-resource request's claim, made by the scheduler, tolerates nothing)."""
     own = pod.own
-    for device, claim in devices.allocated.items():
-        index = device_index(device)
-        if index is not None and claim not in own:
-            excluded[index] = "allocated"
+    excluded: dict[str, Exclusion] = {
+        device: "allocated" for device, claim in devices.allocated.items() if claim not in own
+    }
     if not devices.taints:
         return excluded
     tolerating = [claim.tolerations for claim in pod.claims]
     if pod.extended or not tolerating:
         tolerating.append(())
     for device, taints in devices.taints.items():
-        index = device_index(device)
-        if index is None or index in excluded:
+        if device in excluded:
             continue
         for taint in taints:
             if taint.effect not in _BLOCKING_EFFECTS:
                 continue
             if not all(tolerates(tolerations, taint) for tolerations in tolerating):
-                excluded[index] = "tainted"
+                excluded[device] = "tainted"
                 break
     return excluded
 
 
-# Exclusions of one node for a pod, as a memo key: (GPU index, why) pairs.
-ExcludedKey = frozenset[tuple[int, Exclusion]]
+# Exclusions of one node for a pod, as a memo key: (device name, why) pairs.
+ExcludedKey = frozenset[tuple[str, Exclusion]]
 NO_EXCLUSIONS: Final[ExcludedKey] = frozenset()
 # A pod that tolerates no taint and holds no allocation: what every pod's exclusions reduce to
 # on a node where it holds nothing and which has no taint its claims could tolerate.
@@ -177,12 +209,27 @@ def held_pools(pod: DraPod) -> frozenset[str]:
     return frozenset(pool for claim in pod.claims for pool, _ in claim.allocated)
 
 
+# A rule's target: (pool, device); None in either is every pool, or every device of the pool.
+RuleTarget = tuple[str | None, str | None, DeviceTaint]
+
+
 def taints_by_pool(
-    rules: Iterable[tuple[str, str, DeviceTaint]],
-) -> dict[str, Mapping[str, tuple[DeviceTaint, ...]]]:
-    """Rules' (pool, device, taint) as pool -> device -> its taints."""
+    rules: Iterable[RuleTarget],
+) -> tuple[dict[str, Mapping[str, tuple[DeviceTaint, ...]]], Mapping[str, tuple[DeviceTaint, ...]]]:
+    """Rules as (pool -> device -> its taints, device -> taints of every pool): a rule for
+    every device of a pool is kept under `ANY_DEVICE`, and the taints of every pool are in each
+    pool's own mapping too, so a pool's taints are one lookup (the second mapping serves the
+    pools with no rule of their own)."""
+    everywhere: dict[str, tuple[DeviceTaint, ...]] = {}
     pools: dict[str, dict[str, tuple[DeviceTaint, ...]]] = {}
     for pool, device, taint in rules:
-        devices = pools.setdefault(pool, {})
-        devices[device] = (*devices.get(device, ()), taint)
-    return {pool: MappingProxyType(devices) for pool, devices in pools.items()}
+        devices = everywhere if pool is None else pools.setdefault(pool, {})
+        key = ANY_DEVICE if device is None else device
+        devices[key] = (*devices.get(key, ()), taint)
+    for devices in pools.values():
+        for key, taints in everywhere.items():
+            devices[key] = (*devices.get(key, ()), *taints)
+    return (
+        {pool: MappingProxyType(devices) for pool, devices in pools.items()},
+        MappingProxyType(everywhere),
+    )

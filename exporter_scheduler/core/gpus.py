@@ -158,7 +158,7 @@ def _survey(
     lost = 0
     pool: list[int] = []
     candidates: list[_Candidate] = []
-    for index, (u, mib, temp_c, allocated) in enumerate(gpus):
+    for index, (u, mib, temp_c, allocated, _device) in enumerate(gpus):
         if u is None and mib is None and temp_c is None:
             lost += 1  # lost, or nothing NVML could read: not a GPU the pod can use
             unmeasured += 1

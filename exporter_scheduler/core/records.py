@@ -80,9 +80,9 @@ class NodeInput:
     # when unknown (a full-node request's Nodes carry theirs, decoded only when a cap needs
     # them).
     labels: Mapping[str, str] | None = None
-    # A DRA pod's verdict only: the node's GPUs kube-scheduler's allocator will not give it
-    # (index -> why, `core.dra.excluded_gpus`). None for any other pod.
-    dra_excluded: Mapping[int, Exclusion] | None = None
+    # A DRA pod's verdict only: the node's devices kube-scheduler's allocator will not give it
+    # (device name -> why, `core.dra.excluded_gpus`). None for any other pod.
+    dra_excluded: Mapping[str, Exclusion] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from exporter_scheduler.core.dra import Exclusion
+from exporter_scheduler.core.dra import Exclusion, gpu_exclusions
 from exporter_scheduler.core.gpus import judge_gpus
 from exporter_scheduler.core.hints import model_rank
 from exporter_scheduler.core.inflight import InFlight
@@ -39,7 +39,7 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     written: datetime | None,
     c: PodClass,
     inflight: InFlight | None = None,
-    dra_excluded: Mapping[int, Exclusion] | None = None,
+    dra_excluded: Mapping[str, Exclusion] | None = None,
 ) -> NodeVerdict:
     """Fresh data: the node-level rules in order (the first failure gives the reason), the
     k-GPU rule where the node publishes per-GPU data and the pod asks for GPUs, then the score
@@ -52,7 +52,12 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
     # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
     per_gpu = (
-        judge_gpus(state.gpus, c, inflight, dra_excluded)
+        judge_gpus(
+            state.gpus,
+            c,
+            inflight,
+            None if dra_excluded is None else gpu_exclusions(dra_excluded, state.gpus),
+        )
         if state.gpus and c.gpu_request > 0
         else None
     )

@@ -8,7 +8,9 @@ that decides that, off the request path:
 - of each ResourceClaim (all namespaces): its GPU request count for the configured device
   classes, the tolerations of those requests, and its allocation results for the driver as
   (pool, device); indexed by pool, which NVIDIA's driver names after the node;
-- of each DeviceTaintRule naming a device of the driver: (pool, device, key, value, effect).
+- of each DeviceTaintRule that can select the driver's devices: (pool, device, key, value,
+  effect), where no pool is every pool and no device every device of the pool
+  (`edges.dradata`).
 
 Everything else of those objects is skipped by msgspec in C: at 30,000 GPU claims a few MB,
 and one watch event per claim allocated or released (docs/scoring.md, "DRA pods").
@@ -26,23 +28,13 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
-from types import MappingProxyType
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.core.dra import (
-    NO_DEVICES,
-    NO_EXCLUSIONS,
-    ClaimInfo,
-    DeviceTaint,
-    ExcludedKey,
-    NodeDevices,
-    Toleration,
-    base_exclusions,
-    taints_by_pool,
-)
+from exporter_scheduler.core.dra import ClaimInfo, DeviceTaint, RuleTarget, Toleration
+from exporter_scheduler.edges.dradata import DraData
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.serving.metrics import ScorerMetrics
 
@@ -52,8 +44,6 @@ DRA_GROUP: Final = "resource.k8s.io"
 # Newest first. ResourceClaim is v1 from 1.34; DeviceTaintRule is v1 from 1.37, v1beta2 (gated)
 # in 1.36.
 DRA_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
-_NO_TAINTS: Final[Mapping[str, tuple[DeviceTaint, ...]]] = MappingProxyType({})
-_NO_ALLOCATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 # ----------------------------------------------------------------------------- wire structs
@@ -202,141 +192,24 @@ def claim_info(
     return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations))
 
 
-def rule_taint(obj: _Rule, *, driver: str) -> tuple[str, str, DeviceTaint] | None:
-    """`(pool, device, taint)` of a rule that names one device of the driver; None for any
-    other (another driver's, or a selector wider than one device: the agent writes one rule
-    per GPU, and a rule over a whole pool cannot be placed on the per-GPU readings)."""
+def rule_taint(obj: _Rule, *, driver: str) -> RuleTarget | None:
+    """`(pool, device, taint)` of a rule that can select the driver's devices, None in pool or
+    device for every one (`core.dra.taints_by_pool`); None for a rule that selects none of them
+    (another driver's, or no selector: kube-scheduler's tracker applies a rule without one to no
+    device) or has no taint key."""
     meta, spec = obj.metadata, obj.spec
     if meta is None or spec is None or spec.deviceSelector is None or spec.taint is None:
         return None
     selector, taint = spec.deviceSelector, spec.taint
-    if selector.driver != driver or not selector.pool or not selector.device or not taint.key:
+    if not taint.key or (selector.driver is not None and selector.driver != driver):
         return None
+    if selector.pool == "" or selector.device == "":
+        return None  # names no pool or device there is
     return (
-        sys.intern(selector.pool),
-        sys.intern(selector.device),
+        None if selector.pool is None else sys.intern(selector.pool),
+        None if selector.device is None else sys.intern(selector.device),
         DeviceTaint(taint.key, taint.effect, taint.value, meta.name or ""),
     )
-
-
-class DraData:
-    """The claims and taints, as the request path reads them (one dict lookup each).
-
-    Written by the two watch threads, read by requests without a lock: every write replaces a
-    pool's mapping whole (copy on write), so a reader sees it before or after a change.
-    """
-
-    def __init__(self, *, driver: str, device_classes: Iterable[str]) -> None:
-        self.driver = driver
-        self.device_classes = frozenset(device_classes)
-        self._claims: dict[str, ClaimInfo] = {}
-        self._allocated: dict[str, Mapping[str, str]] = {}  # pool -> device -> claim ref
-        self._rules: dict[str, tuple[str, str, DeviceTaint]] = {}
-        self._taints: dict[str, Mapping[str, tuple[DeviceTaint, ...]]] = {}
-        # pool -> `core.dra.base_exclusions`, kept at each write; each change to `on_exclusions`
-        self.base_exclusions: dict[str, ExcludedKey] = {}
-        self.on_exclusions: Callable[[str, ExcludedKey], None] | None = None
-        self.claims_ready = False
-        self.taints_ready = False
-        self._lock = threading.Lock()
-
-    # ------------------------------------------------------------------ reads (any thread)
-    def claim(self, namespace: str, name: str) -> ClaimInfo | None:
-        return self._claims.get(f"{namespace}/{name}")
-
-    def devices(self, pool: str) -> NodeDevices:
-        allocated = self._allocated.get(pool, _NO_ALLOCATIONS)
-        taints = self._taints.get(pool, _NO_TAINTS)
-        if allocated is _NO_ALLOCATIONS and taints is _NO_TAINTS:
-            return NO_DEVICES
-        return NodeDevices(allocated, taints)
-
-    def tainted_pools(self) -> Collection[str]:
-        return self._taints.keys()
-
-    def __len__(self) -> int:
-        return len(self._claims)
-
-    def _rebase(self, pools: Iterable[str]) -> None:
-        """Under the lock: `base_exclusions` of `pools` again, each change told the listener."""
-        for pool in pools:
-            key = base_exclusions(self.devices(pool))
-            if key != self.base_exclusions.get(pool, NO_EXCLUSIONS):
-                self.base_exclusions[pool] = key
-                if self.on_exclusions is not None:
-                    self.on_exclusions(pool, key)
-
-    # ------------------------------------------------------------------ claims (its thread)
-    def replace_claims(self, claims: Iterable[ClaimInfo]) -> None:
-        fresh = {claim.ref: claim for claim in claims}
-        allocated: dict[str, dict[str, str]] = {}
-        for claim in fresh.values():
-            for pool, device in claim.allocated:
-                allocated.setdefault(pool, {})[device] = claim.ref
-        with self._lock:
-            self._claims = fresh
-            self._allocated = {pool: MappingProxyType(d) for pool, d in allocated.items()}
-            self._rebase([*self._allocated, *self._taints, *self.base_exclusions])
-            self.claims_ready = True
-
-    def put_claim(self, claim: ClaimInfo) -> bool:
-        with self._lock:
-            old = self._claims.get(claim.ref)
-            if old == claim:
-                return False
-            self._claims[claim.ref] = claim
-            self._reindex(old, claim)
-        return True
-
-    def delete_claim(self, ref: str) -> bool:
-        with self._lock:
-            old = self._claims.pop(ref, None)
-            if old is None:
-                return False
-            self._reindex(old, None)
-        return True
-
-    def _reindex(self, old: ClaimInfo | None, new: ClaimInfo | None) -> None:
-        before = set() if old is None else set(old.allocated)
-        after = set() if new is None else set(new.allocated)
-        if before == after:
-            return
-        changed: dict[str, dict[str, str]] = {}
-        for pool, device in before - after:
-            pool_map = changed.setdefault(pool, dict(self._allocated.get(pool, {})))
-            if old is not None and pool_map.get(device) == old.ref:
-                del pool_map[device]
-        for pool, device in after - before:
-            assert new is not None
-            changed.setdefault(pool, dict(self._allocated.get(pool, {})))[device] = new.ref
-        for pool, pool_map in changed.items():
-            if pool_map:
-                self._allocated[pool] = MappingProxyType(pool_map)
-            else:
-                self._allocated.pop(pool, None)
-        self._rebase(changed)
-
-    # ------------------------------------------------------------------ rules (its thread)
-    def replace_rules(self, rules: Mapping[str, tuple[str, str, DeviceTaint]]) -> None:
-        with self._lock:
-            self._rules = dict(rules)
-            old, self._taints = self._taints, taints_by_pool(self._rules.values())
-            self._rebase({*old, *self._taints})
-            self.taints_ready = True
-
-    def put_rule(self, name: str, taint: tuple[str, str, DeviceTaint] | None) -> bool:
-        with self._lock:
-            old = self._rules.get(name)
-            if old == taint:
-                return False
-            if taint is None:
-                del self._rules[name]
-            else:
-                self._rules[name] = taint
-            # Rules are few (one per tainted GPU): the index is rebuilt whole.
-            was, self._taints = self._taints, taints_by_pool(self._rules.values())
-            self._rebase(p for p in {*was, *self._taints} if was.get(p) != self._taints.get(p))
-        return True
 
 
 # ----------------------------------------------------------------------------- the watches

@@ -22,7 +22,6 @@ from itertools import repeat
 from typing import Final
 
 from exporter_scheduler.core.dra import (
-    NO_EXCLUSIONS,
     ClaimInfo,
     DraPod,
     ExcludedKey,
@@ -76,7 +75,7 @@ def exclusions(names: Sequence[str], source: DraSource, dra: DraPod) -> list[Exc
     """Per name, the GPUs the allocator will not give the pod on that node, as the node
     store's memo key: the watch's `base_exclusions`, except on the few nodes where the pod
     holds an allocation already or (its claims tolerating some taint) a device is tainted."""
-    found = list(map(source.base_exclusions.get, names, repeat(NO_EXCLUSIONS)))
+    found = list(map(source.base_exclusions.get, names, repeat(source.default_exclusions)))
     own = held_pools(dra)
     tainted = source.tainted_pools() if tolerates_any(dra) else ()
     if own or tainted:

@@ -263,6 +263,9 @@ def _gpus(v: NodeVerdict, why_not: dict[GpuStatus, str]) -> dict[str, Any] | Non
                 "memory_free_mib": gpu.memory_free_mib,
                 "temperature_c": gpu.temperature_c,
                 "allocated": gpu.allocated,
+                # Its DRA device name as the agent published it (None: not a DRA device, or
+                # not published; claims and rules then name it `gpu-<index>`).
+                "device": gpu.dra_device,
                 "status": status,
                 "why_not": None if status in (None, "candidate") else why_not[status],
                 "counted": index in counted,
@@ -584,6 +587,8 @@ def _gpu_lines(gpus: dict[str, Any]) -> list[str]:
         verdict = row["why_not"] or row["status"] or ""
         if row["counted"]:
             verdict += ", counted"
+        if row["device"] is not None:
+            verdict += f" (device {row['device']})"
         lines.append(
             f"    {row['index']:>3}  {_show(row['utilization']):>4}  "
             f"{_show(row['memory_free_mib']):>8}  {temperature:>5}  "

@@ -6,7 +6,7 @@ them: each is an in-memory read, with no I/O, on the request path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -67,8 +67,12 @@ class DraSource(Protocol):
     def base_exclusions(self) -> Mapping[str, ExcludedKey]:
         """pool -> `core.dra.base_exclusions` of its devices, for pools that have any."""
 
+    @property
+    def default_exclusions(self) -> ExcludedKey:
+        """Those of a pool not in `base_exclusions` (taint rules without a pool make some)."""
+
     def claim(self, namespace: str, name: str) -> ClaimInfo | None: ...
 
-    def tainted_pools(self) -> Collection[str]: ...
+    def tainted_pools(self) -> Container[str]: ...
 
     def devices(self, pool: str) -> NodeDevices: ...

@@ -413,7 +413,19 @@ def test_aggregate_round_trips_through_the_contract(reading: NodeReading) -> Non
 
 
 def _table(reading: NodeReading) -> list[tuple[object, ...]]:
-    return [tuple(g) for g in aggregate(reading).gpus]
+    return [
+        (g.utilization, g.memory_free_mib, g.temperature_c, g.allocated)
+        for g in aggregate(reading).gpus
+    ]
+
+
+def test_each_gpus_dra_device_is_found_by_uuid() -> None:
+    """Names by UUID, whatever the order; a GPU no device names, and a lost GPU, have none."""
+    reading = node(gpu(0), gpu(1), gpu(2), device_count=4, lost=("gpu 3: lost",))
+    uuids = [g.uuid for g in reading.gpus]
+    names = {uuids[0]: "gpu-2", uuids[1]: "gpu-0", "GPU-elsewhere": "gpu-9"}
+    assert [g.dra_device for g in aggregate(reading, names).gpus] == ["gpu-2", "gpu-0", None, None]
+    assert [g.dra_device for g in aggregate(reading).gpus] == [None] * 4
 
 
 @pytest.mark.parametrize(

@@ -40,9 +40,14 @@ def test_once_dry_run_json_is_a_complete_version_1_set(capsys: pytest.CaptureFix
     document: dict[str, Any] = json.loads(out)
     annotations = document["annotations"]
     # A healthy simulated node measures every field; health-detail is present only when not ok,
-    # and allocations and the pods holding GPUs only where a kubelet answers (none here: its
-    # socket is missing).
-    absent = (Field.HEALTH_DETAIL, Field.PER_GPU_ALLOCATED, Field.POD_GPU_USAGE)
+    # allocations and the pods holding GPUs only where a kubelet answers (none here: its
+    # socket is missing), and the GPUs' DRA device names only with the agent's DRA side.
+    absent = (
+        Field.HEALTH_DETAIL,
+        Field.PER_GPU_ALLOCATED,
+        Field.PER_GPU_DRA_DEVICE,
+        Field.POD_GPU_USAGE,
+    )
     expected = {DEFAULT_KEYS[f] for f in Field if f not in absent}
     assert set(annotations) == expected
     assert len(annotations[DEFAULT_KEYS[Field.PER_GPU_UTILIZATION]].split(",")) == 8

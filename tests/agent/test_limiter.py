@@ -647,6 +647,7 @@ _gpu_values = st.builds(
     memory_free_mib=st.sampled_from([10_000, 12_000, 14_096, 40_000, 80_000]),
     temperature_c=st.sampled_from([40, 44, 45, 50, 70]),
     allocated=st.just(True),
+    dra_device=st.none(),
 )
 
 

@@ -30,7 +30,7 @@ from agent.kube import (
 from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.tainter import DeviceTainter, DraState
-from tests.agent.test_daemon import FakeSource
+from tests.agent.test_daemon import FakeSource, FakeWriter
 from tests.agent.test_dra import DRIVER, NODE, PREFIX, device, resource_slice
 
 T0 = datetime(2026, 12, 3, 10, 0, tzinfo=UTC)
@@ -312,6 +312,29 @@ def test_the_agent_tick_runs_the_taints_and_survives_their_bugs(
     broken = Agent(source=FakeSource(), writer=None, start_s=0.0, tainter=tainter(_Broken()))
     assert broken.tick(now_s=5.0, wall_now=T0).state is not None
     assert "DRA device taints raised" in caplog.text
+
+
+def test_the_agent_publishes_each_gpus_device_name_as_found_by_uuid() -> None:
+    """The driver numbers devices by minor, not NVML index: GPU 0 (`GPU-0`) is device gpu-1.
+    The names are known after the tainter's first resync, so they go out with the next write,
+    as a change of their own, and stay out of the annotations while DRA is not active."""
+    fake = FakeDra(slices=[resource_slice(devices=[device(1, "GPU-0"), device(0, "GPU-1")])])
+    writer = FakeWriter()
+    agent = Agent(source=FakeSource(), writer=writer, start_s=0.0, tainter=tainter(fake))
+    key = PREFIX + "per-gpu-dra-device"
+    agent.tick(now_s=0.0, wall_now=T0)
+    assert key not in writer.patches[-1]
+    assert agent.tainter is not None
+    assert agent.tainter.device_names() == {"GPU-0": "gpu-1", "GPU-1": "gpu-0"}
+    result = agent.tick(now_s=20.0, wall_now=T0)
+    assert "per-gpu-dra-device" in result.decision.changed
+    assert writer.patches[-1][key] == "gpu-1,gpu-0"
+    result = agent.tick(now_s=40.0, wall_now=T0)
+    assert not result.decision.write  # unchanged names are no change
+    missing = FakeDra(missing="the API server serves no resource.k8s.io DeviceTaintRules")
+    without = tainter(missing)
+    without.tick(reading(*COOL), now_s=0.0)
+    assert without.device_names() == {}
 
 
 def test_a_404_on_a_rule_write_makes_the_next_tick_discover_again() -> None:

@@ -60,6 +60,7 @@ _GPUS = st.lists(
         memory_free_mib=_COUNT,
         temperature_c=st.one_of(st.none(), st.integers(-40, 200)),
         allocated=st.one_of(st.none(), st.booleans()),
+        dra_device=st.one_of(st.none(), st.sampled_from(["gpu-0", "gpu-12", "gpu-0-mig-9-0-1"])),
     ),
     max_size=10,
 ).map(tuple)
@@ -102,15 +103,17 @@ def _close(a: float | None, b: float | None) -> bool:
 def _assert_same_gpus(back: tuple[GpuState, ...], sent: tuple[GpuState, ...]) -> None:
     """Per GPU and field; a column no GPU measured is not written, so it reads back unknown."""
     if not back:
-        assert all(v is None for g in sent for v in g)
+        # Device names alone are no reading: without a measured column there is no table.
+        assert all(v is None for g in sent for v in g[:4])
         return
     assert len(back) == len(sent)
     for got, want in zip(back, sent, strict=True):
         assert _close(got.utilization, want.utilization)
-        assert (got.memory_free_mib, got.temperature_c, got.allocated) == (
+        assert (got.memory_free_mib, got.temperature_c, got.allocated, got.dra_device) == (
             want.memory_free_mib,
             want.temperature_c,
             want.allocated,
+            want.dra_device,
         )
 
 
@@ -421,6 +424,43 @@ def test_per_gpu_values_are_short_readable_lists() -> None:
     assert annotations[K[Field.PER_GPU_MEMORY_FREE_MIB]] == "81251,1024,-,80000"
     assert annotations[K[Field.PER_GPU_TEMPERATURE]] == "54,71,-,49"
     assert annotations[K[Field.PER_GPU_ALLOCATED]] == "1,1,-,0"
+
+
+def test_dra_device_names_are_published_per_gpu_and_read_back() -> None:
+    named = replace(
+        PER_GPU_STATE,
+        gpus=tuple(
+            g._replace(dra_device=name)
+            for g, name in zip(PER_GPU_STATE.gpus, ["gpu-3", "gpu-1", None, "gpu-0"], strict=True)
+        ),
+    )
+    annotations = encode(named)
+    assert annotations[K[Field.PER_GPU_DRA_DEVICE]] == "gpu-3,gpu-1,-,gpu-0"
+    assert K[Field.PER_GPU_DRA_DEVICE] not in encode(PER_GPU_STATE)
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert decoded.problems == ()
+    assert [g.dra_device for g in decoded.state.gpus] == ["gpu-3", "gpu-1", None, "gpu-0"]
+
+
+def test_a_dra_device_name_that_is_no_dns_label_is_dropped_alone() -> None:
+    annotations = encode(PER_GPU_STATE)
+    annotations[K[Field.PER_GPU_DRA_DEVICE]] = "gpu-0,GPU 1,gpu-2,-"
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert "per-gpu-dra-device invalid on gpu 1" in decoded.problems
+    assert [g.dra_device for g in decoded.state.gpus] == ["gpu-0", None, "gpu-2", None]
+    # The writer never writes one: a name that could break the list is written as unknown.
+    odd = replace(PER_GPU_STATE, gpus=(PER_GPU_STATE.gpus[0]._replace(dra_device="a,b"),) * 4)
+    assert K[Field.PER_GPU_DRA_DEVICE] not in encode(odd)
+
+
+def test_dra_device_names_alone_are_no_per_gpu_table() -> None:
+    annotations = encode(_state(gpu_count=2))
+    annotations[K[Field.PER_GPU_DRA_DEVICE]] = "gpu-0,gpu-1"
+    decoded = decode(annotations)
+    assert decoded.state is not None
+    assert decoded.state.gpus == ()
 
 
 def test_eight_gpus_stay_readable_in_describe_output() -> None:

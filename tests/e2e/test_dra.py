@@ -35,7 +35,7 @@ from agent.metrics import AgentMetrics
 from agent.records import GpuReading, NodeReading
 from agent.simulated import SimulatedSource
 from agent.tainter import DeviceTainter, DraState
-from exporter_scheduler.core.dra import NO_DEVICES
+from exporter_scheduler.core.dra import ANY_DEVICE, NO_DEVICES
 from exporter_scheduler.edges.dracache import DraCache
 from loopback_cluster.control_plane import (
     BuildSpec,
@@ -565,11 +565,14 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
     simulated = SimulatedSource(gpus=GPUS, seed=seed)
     uuids = [gpu.uuid for gpu in simulated.read(T0).gpus]
     simulated.close()
-    lost = f"gpu-{seed % GPUS}"  # the simulated source loses GPU seed % gpus
+    # The driver numbers the GPUs against NVML's order (device gpu-<7-i> is GPU i, as minor
+    # numbers may run): the agent finds each GPU's device by UUID.
+    names = [f"gpu-{GPUS - 1 - index}" for index in range(GPUS)]
+    lost = names[seed % GPUS]  # the simulated source loses GPU seed % gpus
     # The agent's token is bound to identity.own_node; run it as that node with the slice of
     # the simulated GPUs instead of the test's own.
     scope.api.delete(f"{RESOURCE}/v1/resourceslices/{identity.own_node}-{DRIVER}")
-    publish_slice(scope.api, identity.own_node, uuids)
+    publish_slice(scope.api, identity.own_node, uuids[::-1])
     values = {
         "agent": {
             "source": "simulated",
@@ -611,6 +614,16 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
                 return found if found.get(lost) == PREFIX + "health" else None
 
             held = wait_for(f"a health rule on {lost}", health_rule, timeout_s=60, interval_s=0.5)
+            # Each GPU's device name on the Node; the lost GPU's is unknown (it reads nothing).
+            published = [None if i == seed % GPUS else name for i, name in enumerate(names)]
+            wanted = ",".join(name or "-" for name in published)
+
+            def device_names() -> str | None:
+                node = scope.api.get(f"/api/v1/nodes/{identity.own_node}")
+                text = node["metadata"].get("annotations", {}).get(PREFIX + "per-gpu-dra-device")
+                return text if text == wanted else None
+
+            wait_for("the GPUs' device names on the Node", device_names, timeout_s=30)
     assert held[lost] == PREFIX + "health", agent.log()
     assert all(key.startswith(PREFIX) for key in held.values())
     assert "DRA device taints active" in agent.log()
@@ -748,10 +761,15 @@ def pools_of(api: KubeApi, pods: list[str]) -> dict[str, str | None]:
     return wait_for(f"{len(pods)} claims to be allocated", allocated, timeout_s=90, interval_s=0.5)
 
 
-def hot_free_gpus_layout(scope: Scope, *, dra_only: bool = False) -> tuple[str, str, list[str]]:
-    """Nodes a and b (and the other workloads' claims on a) as the two scored tests lay them
-    out; `dra_only`: the nodes advertise no GPU extended resource (no device plugin), so a pod
-    requesting it is served by the DeviceClass that names it."""
+def hot_free_gpus_layout(
+    scope: Scope, *, dra_only: bool = False, renumbered: bool = False
+) -> tuple[str, str, list[str]]:
+    """Nodes a and b (and the other workloads' claims on a, of devices gpu-0..3) as the two
+    scored tests lay them out: a's devices of those claims idle, its free ones hot. `dra_only`:
+    the nodes advertise no GPU extended resource (no device plugin), so a pod requesting it is
+    served by the DeviceClass that names it. `renumbered`: a's driver numbers its devices
+    against NVML's order (device gpu-<7-i> is GPU i, as minor numbers may run), and a's agent
+    publishes each GPU's device name; else it publishes none and device gpu-<i> is GPU i."""
     api = scope.api
     a, b = scope.node("a", cpu="64"), scope.node("b", cpu="4")
     for node in (a, b):
@@ -763,7 +781,12 @@ def hot_free_gpus_layout(scope: Scope, *, dra_only: bool = False) -> tuple[str, 
             )
         publish_slice(api, node)
     others = [allocated_claim(api, scope.name(f"other-{m}"), a, f"gpu-{m}") for m in range(4)]
-    publish(api, a, per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4))
+    if renumbered:
+        names = [f"gpu-{GPUS - 1 - index}" for index in range(GPUS)]
+        a_state = per_gpu_node_state([(0.97, None)] * 4 + [(0.0, None)] * 4, dra_devices=names)
+    else:
+        a_state = per_gpu_node_state([(0.0, None)] * 4 + [(0.97, None)] * 4)
+    publish(api, a, a_state)
     publish(api, b, per_gpu_node_state([(0.55, None)] * 8))
     return a, b, others
 
@@ -784,10 +807,12 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
     yet: the agent's write waits its minute). Node a's mean (0.49) is below node b's (0.55, on
     GPUs that still fit a pod's own load) and b has few CPUs, so on node-level data alone and by
     kube-scheduler's own scores a looks better; only the claims show that the allocator would
-    hand out a hot GPU there. Every claim pod goes to b; explain shows what was counted on a
-    and why."""
+    hand out a hot GPU there. Node a's device numbers run against its GPUs' order, so the claims
+    are matched to GPUs by the device names its agent publishes: read as `gpu-<index>`, the
+    claims would hold a's hot GPUs and leave its idle ones free. Every claim pod goes to b;
+    explain shows what was counted on a and why."""
     api = scope.api
-    a, b, others = hot_free_gpus_layout(scope)
+    a, b, others = hot_free_gpus_layout(scope, renumbered=True)
     try:
         scorer_holds(dra_scorer, others[-1], a)
         scope.settle()
@@ -797,7 +822,8 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
         pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
         explained = explain_nodes(dra_scorer.url, api, pod, [a, b], names_only=True)
         table_a = explained[a]["gpus"]["table"]
-        assert [row["status"] for row in table_a] == ["allocated"] * 4 + ["utilization"] * 4
+        assert [row["status"] for row in table_a] == ["utilization"] * 4 + ["allocated"] * 4
+        assert [row["device"] for row in table_a] == [f"gpu-{GPUS - 1 - i}" for i in range(GPUS)]
         assert explained[a]["verdict"] == "fail"
         assert explained[a]["reason"] == "no gpu at or below utilization 0.90"
         assert explained[b]["verdict"] == "pass"
@@ -902,7 +928,8 @@ def test_the_dra_watch_holds_what_the_api_server_holds(
 ) -> None:
     """The scorer's DRA watch (edges/dracache.py) against the real API server: a claim's GPU
     count, its allocation as the status changes and its deletion; a DeviceTaintRule of the
-    driver in the version the server serves (v1 in 1.37, v1beta2 in 1.36), and its deletion."""
+    driver in the version the server serves (v1 in 1.37, v1beta2 in 1.36), widened to its
+    whole pool, and its deletion."""
     api = scope.api
     pool = scope.name("pool")
     rules_version = "v1" if control_plane.spec.release >= (1, 37) else "v1beta2"
@@ -938,6 +965,12 @@ def test_the_dra_watch_holds_what_the_api_server_holds(
             ),
             30.0,
         )
+        # The same rule widened to the whole pool: every device of it.
+        api.merge_patch(
+            f"{RESOURCE}/{rules_version}/devicetaintrules/{rule_name}",
+            {"spec": {"deviceSelector": {"device": None}}},
+        )
+        assert cache.wait_until(lambda c: list(c.data.devices(pool).taints) == [ANY_DEVICE], 30.0)
         api.delete(f"{RESOURCE}/{rules_version}/devicetaintrules/{rule_name}")
         path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{claim_name}"
         api.merge_patch(path, {"metadata": {"finalizers": None}})

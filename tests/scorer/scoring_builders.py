@@ -95,10 +95,12 @@ def gpu_node(
     product: str = "NVIDIA A100-SXM4-80GB",
     total_mib: int = 81_920,
     overrides: Mapping[Field, str | None] | None = None,
+    dra_devices: Sequence[str] | None = None,
 ) -> NodeInput:
     """A node annotated by the real agent aggregation from per-GPU readings: the node-level
     keys are the summaries the agent computes from the same GPUs (mean, maxima, fragmentation),
-    and the per-GPU keys are published as the agent publishes them."""
+    and the per-GPU keys are published as the agent publishes them (`dra_devices`: each GPU's
+    DRA device name, in index order, as the agent finds them by UUID in the driver's slice)."""
     readings: list[GpuReading] = []
     lost: list[str] = []
     shares: set[str] = set()
@@ -137,7 +139,8 @@ def gpu_node(
         lost=tuple(lost),
         allocations=DeviceAllocations(frozenset(shares), frozenset(taken)) if known else None,
     )
-    annotations = encode(aggregate(reading))
+    named = {} if dra_devices is None else {f"GPU-{name}-{i}": d for i, d in enumerate(dra_devices)}
+    annotations = encode(aggregate(reading, named))
     for f, value in (overrides or {}).items():
         if value is None:
             annotations.pop(DEFAULT_KEYS[f], None)

@@ -18,6 +18,7 @@ import pytest
 
 from exporter_scheduler.core.dra import (
     NO_DEVICES,
+    NO_EXCLUSIONS,
     ClaimInfo,
     DeviceTaint,
     DraPod,
@@ -25,23 +26,25 @@ from exporter_scheduler.core.dra import (
     Toleration,
     device_index,
     excluded_gpus,
+    gpu_exclusions,
 )
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.dracache import (
     ClaimWatch,
     DraCache,
-    DraData,
     _Claim,
     _Rule,
     claim_info,
     discover,
     rule_taint,
 )
+from exporter_scheduler.edges.dradata import DraData
 from exporter_scheduler.edges.listwatch import CacheTuning
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.dra import dra_pod
 from exporter_scheduler.serving.explain import explain
+from gpu_contract.schema import GpuState
 from tests.scorer._http_helpers import fixed_clock
 from tests.scorer.scoring_builders import NOW, Gpu, bound_pod, gpu_node, pod, run, runs, with_pods
 
@@ -77,21 +80,21 @@ def test_device_index(name: str, index: int | None) -> None:
 def test_devices_of_other_claims_are_excluded_not_the_pods_own() -> None:
     mine = claim("default/mine", 1, "gpu-2")
     devices = NodeDevices({"gpu-0": "default/other", "gpu-2": "default/mine"})
-    assert excluded_gpus(devices, DraPod((mine,))) == {0: "allocated"}
+    assert excluded_gpus(devices, DraPod((mine,))) == {"gpu-0": "allocated"}
 
 
 @pytest.mark.parametrize(
     ("case", "tolerations", "excluded"),
     [
-        ("no toleration", (), {3: "tainted"}),
+        ("no toleration", (), {"gpu-3": "tainted"}),
         ("key tolerated", (Toleration(PREFIX + "utilization", "Exists"),), {}),
         ("every key tolerated", (Toleration(None, "Exists"),), {}),
-        ("other key", (Toleration(PREFIX + "temperature", "Exists"),), {3: "tainted"}),
-        ("other effect", (Toleration(None, "Exists", effect="NoExecute"),), {3: "tainted"}),
+        ("other key", (Toleration(PREFIX + "temperature", "Exists"),), {"gpu-3": "tainted"}),
+        ("other effect", (Toleration(None, "Exists", effect="NoExecute"),), {"gpu-3": "tainted"}),
     ],
 )
 def test_taints_exclude_unless_tolerated(
-    case: str, tolerations: tuple[Toleration, ...], excluded: dict[int, str]
+    case: str, tolerations: tuple[Toleration, ...], excluded: dict[str, str]
 ) -> None:
     devices = NodeDevices(taints={"gpu-3": (UTIL_TAINT,)})
     pod_claim = claim("default/c", 1, tolerations=tolerations)
@@ -100,12 +103,43 @@ def test_taints_exclude_unless_tolerated(
 
 def test_an_extended_resource_claim_tolerates_nothing() -> None:
     devices = NodeDevices(taints={"gpu-1": (UTIL_TAINT,)})
-    assert excluded_gpus(devices, DraPod((), extended=1)) == {1: "tainted"}
+    assert excluded_gpus(devices, DraPod((), extended=1)) == {"gpu-1": "tainted"}
 
 
 def test_a_none_effect_taint_excludes_nothing() -> None:
     devices = NodeDevices(taints={"gpu-1": (DeviceTaint("k", "None"),)})
     assert excluded_gpus(devices, DraPod((claim(),))) == {}
+
+
+def test_devices_are_gpus_by_the_names_the_agent_published_else_by_number() -> None:
+    """Published names decide (NVIDIA's driver names a GPU by its minor number, which need not
+    be its NVML index); a device no GPU carries is none of them; without names, `gpu-<n>` is
+    GPU n, and a number past the table is no GPU."""
+    excluded = {"gpu-0": "allocated", "gpu-2": "tainted", "gpu-0-mig-9-0-1": "allocated"}
+    named = tuple(GpuState(0.1, dra_device=f"gpu-{3 - i}") for i in range(4))
+    assert gpu_exclusions(excluded, named) == {3: "allocated", 1: "tainted"}
+    unnamed = tuple(GpuState(0.1) for _ in range(4))
+    assert gpu_exclusions(excluded, unnamed) == {0: "allocated", 2: "tainted"}
+    assert gpu_exclusions({"gpu-7": "allocated"}, unnamed) == {}
+    partly = (GpuState(0.1, dra_device="gpu-1"), GpuState(0.1))
+    assert gpu_exclusions({"gpu-1": "allocated", "gpu-0": "tainted"}, partly) == {0: "allocated"}
+
+
+def test_claim_pod_judged_on_the_gpus_its_devices_name() -> None:
+    """Node a's devices are numbered against its GPUs' order: gpu-0..3 (allocated to others)
+    are its GPUs 7..4, the cool ones, and its free devices are its hot GPUs 0..3. Judged by the
+    published names the node fails; read as `gpu-<index>` it would pass on the wrong GPUs."""
+    table = runs((4, HOT), (4, COOL))
+    names = [f"gpu-{7 - i}" for i in range(8)]
+    dra = DraPod((claim(),))
+    devices = NodeDevices({f"gpu-{i}": "default/o" for i in range(4)})
+    named = gpu_node("node-a", table, dra_devices=names)
+    verdict = run([dra_judged(named, devices, dra)], dra_pod_input(dra), POLICY).verdicts[0]
+    assert not verdict.passed
+    assert verdict.gpus is not None
+    assert verdict.gpus.status == ("utilization",) * 4 + ("allocated",) * 4
+    unnamed = gpu_node("node-a", table)
+    assert run([dra_judged(unnamed, devices, dra)], dra_pod_input(dra), POLICY).verdicts[0].passed
 
 
 def test_claim_pod_rejected_where_its_only_untainted_unallocated_gpus_are_hot() -> None:
@@ -171,6 +205,21 @@ def test_explain_names_each_excluded_device() -> None:
     text = json.dumps(document)
     assert '"allocated"' in text
     assert '"tainted"' in text
+
+
+def test_explain_shows_each_gpus_device_name() -> None:
+    names = [f"gpu-{7 - i}" for i in range(8)]
+    node = gpu_node("node-a", runs((8, COOL)), dra_devices=names)
+    dra = DraPod((claim(),))
+    devices = NodeDevices({"gpu-7": "default/x"})
+    the_pod = dra_pod_input(dra)
+    evaluation = run([dra_judged(node, devices, dra)], the_pod, POLICY)
+    document = explain(evaluation, the_pod, NOW, POLICY)
+    (node_document,) = document["nodes"]
+    rows = node_document["gpus"]["table"]
+    assert [row["device"] for row in rows] == names
+    assert rows[0]["status"] == "allocated"
+    assert rows[1]["status"] == "candidate"
 
 
 # ------------------------------------------------------------------------------- the watch's keep
@@ -243,23 +292,71 @@ def test_claim_v1beta1_request_shape_and_first_available() -> None:
 
 
 @pytest.mark.parametrize(
-    ("selector", "kept"),
+    ("selector", "target"),
     [
-        ({"driver": DRIVER, "pool": "node-a", "device": "gpu-3"}, True),
-        ({"driver": "other", "pool": "node-a", "device": "gpu-3"}, False),
-        ({"driver": DRIVER, "pool": "node-a"}, False),
+        ({"driver": DRIVER, "pool": "node-a", "device": "gpu-3"}, ("node-a", "gpu-3")),
+        ({"driver": "other", "pool": "node-a", "device": "gpu-3"}, None),
+        ({"driver": DRIVER, "pool": "node-a"}, ("node-a", None)),
+        ({"pool": "node-a", "device": "gpu-3"}, ("node-a", "gpu-3")),
+        ({"driver": DRIVER, "device": "gpu-3"}, (None, "gpu-3")),
+        ({"driver": DRIVER}, (None, None)),
+        ({}, (None, None)),
+        (None, None),
     ],
 )
-def test_rule_kept_only_for_one_device_of_the_driver(selector: dict[str, str], kept: bool) -> None:
-    body = {
-        "metadata": {"name": "r"},
-        "spec": {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}},
-    }
+def test_rule_kept_for_what_its_selector_can_select_of_the_driver(
+    selector: dict[str, str] | None, target: tuple[str | None, str | None] | None
+) -> None:
+    """A selector's fields narrow it as kube-scheduler's ResourceSlice tracker applies rules:
+    no driver is every driver's, no pool every pool's, no device every device's; no selector
+    at all selects nothing."""
+    spec: dict[str, Any] = {"taint": {"key": "k", "effect": "NoSchedule"}}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    body = {"metadata": {"name": "r"}, "spec": spec}
     taint = rule_taint(msgspec.json.decode(json.dumps(body), type=_Rule), driver=DRIVER)
-    assert (taint is not None) == kept
-    if taint is not None:
-        assert taint[:2] == ("node-a", "gpu-3")
+    if target is None:
+        assert taint is None
+    else:
+        assert taint is not None
+        assert taint[:2] == target
         assert taint[2].key == "k"
+
+
+def test_a_rule_over_a_whole_pool_taints_every_gpu_not_allocated_to_another_claim() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([claim("default/x", 1, "gpu-1")])
+    data.replace_rules({"pool": ("node-a", None, UTIL_TAINT)})
+    dra = DraPod((claim(),))
+    node = gpu_node("node-a", runs((4, COOL)))
+    verdict = run([dra_judged(node, data.devices("node-a"), dra)], dra_pod_input(dra), POLICY)
+    (judged,) = verdict.verdicts
+    assert not judged.passed
+    assert judged.gpus is not None
+    assert judged.gpus.status == ("tainted", "allocated", "tainted", "tainted")
+    tolerant = DraPod((claim(tolerations=(Toleration(PREFIX + "utilization", "Exists"),)),))
+    verdict = run(
+        [dra_judged(node, data.devices("node-a"), tolerant)], dra_pod_input(tolerant), POLICY
+    )
+    assert verdict.verdicts[0].passed
+    assert "node-b" not in data.tainted_pools()
+
+
+def test_a_rule_without_a_pool_taints_its_device_in_every_pool() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([ClaimInfo("default/x", 1, (("node-a", "gpu-0"),))])
+    data.replace_rules({"everywhere": (None, "gpu-2", UTIL_TAINT)})
+    assert data.default_exclusions == {("gpu-2", "tainted")}
+    assert data.base_exclusions["node-a"] == {("gpu-0", "allocated"), ("gpu-2", "tainted")}
+    assert data.devices("node-b").taints == {"gpu-2": (UTIL_TAINT,)}
+    assert "node-b" in data.tainted_pools()
+    data.put_rule("pool", ("node-c", "gpu-3", UTIL_TAINT))
+    assert data.devices("node-c").taints == {"gpu-3": (UTIL_TAINT,), "gpu-2": (UTIL_TAINT,)}
+    data.put_rule("everywhere", None)
+    assert data.default_exclusions == NO_EXCLUSIONS
+    assert data.base_exclusions["node-a"] == {("gpu-0", "allocated")}
+    assert data.devices("node-b") is NO_DEVICES
+    assert "node-b" not in data.tainted_pools()
 
 
 def test_data_indexes_allocations_by_pool_through_changes() -> None:

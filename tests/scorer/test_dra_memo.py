@@ -29,7 +29,7 @@ from exporter_scheduler.core.dra import (
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.edges.dracache import DraData
+from exporter_scheduler.edges.dradata import DraData
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.dra import dra_nodes, exclusions
@@ -50,8 +50,14 @@ TOLERATIONS = (
 
 devices = st.tuples(st.sampled_from(NAMES), st.integers(0, GPUS - 1).map(lambda i: f"gpu-{i}"))
 tolerations = st.lists(st.sampled_from(TOLERATIONS), max_size=2).map(tuple)
-taints = st.tuples(
+# A rule's target: one device, every device of a pool (None), or a device in every pool.
+targets = st.one_of(
     devices,
+    st.tuples(st.sampled_from(NAMES), st.none()),
+    st.tuples(st.none(), st.integers(0, GPUS - 1).map(lambda i: f"gpu-{i}")),
+)
+taints = st.tuples(
+    targets,
     st.sampled_from(["a", "b"]),
     st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"]),
     st.sampled_from([None, "x"]),
@@ -66,19 +72,22 @@ def claims(draw: st.DrawFn, ref: str) -> ClaimInfo:
 
 
 # One event: ("claim", index, claim or None to delete), ("rule", name, taint or None), or
-# ("node", index, its new utilizations).
+# ("node", index, (its new utilizations, whether its device names are renumbered)).
 events = st.one_of(
     st.tuples(st.just("claim"), st.integers(0, 5), st.none() | claims("ns/e")),
     st.tuples(st.just("rule"), st.integers(0, 3), st.none() | taints),
-    st.tuples(st.just("node"), st.integers(0, len(NAMES) - 1), tables),
+    st.tuples(st.just("node"), st.integers(0, len(NAMES) - 1), st.tuples(tables, st.booleans())),
 )
 
 
-def node_of(name: str, utilizations: list[float]) -> Any:
-    return gpu_node(name, [Gpu(utilization=u) for u in utilizations])
+def node_of(name: str, utilizations: list[float], *, renamed: bool = False) -> Any:
+    """The node; `renamed`: its agent publishes device names numbered against the GPUs' order
+    (`gpu-<n>` is GPU gpus-1-n), as where minor numbers and NVML indexes differ."""
+    names = [f"gpu-{GPUS - 1 - i}" for i in range(GPUS)] if renamed else None
+    return gpu_node(name, [Gpu(utilization=u) for u in utilizations], dra_devices=names)
 
 
-def rule(taint: tuple[tuple[str, str], str, str, str | None], name: str) -> Any:
+def rule(taint: tuple[tuple[str | None, str | None], str, str, str | None], name: str) -> Any:
     (pool, device), key, effect, value = taint
     return (pool, device, DeviceTaint(key, effect, value, name))
 
@@ -112,7 +121,7 @@ def test_memoised_verdicts_are_the_uncached_ones_through_claim_taint_and_node_ev
     *,
     utilizations: list[list[float]],
     others: list[ClaimInfo],
-    rules: list[tuple[tuple[str, str], str, str, str | None]],
+    rules: list[tuple[tuple[str | None, str | None], str, str, str | None]],
     own: list[ClaimInfo],
     extended: int,
     changes: list[tuple[str, int, Any]],
@@ -143,7 +152,8 @@ def test_memoised_verdicts_are_the_uncached_ones_through_claim_taint_and_node_ev
             name = f"e{index}"
             data.put_rule(name, None if value is None else rule(value, name))
         else:
-            store.put(node_of(NAMES[index], value))
+            table, renamed = value
+            store.put(node_of(NAMES[index], table, renamed=renamed))
         assert_same_as_uncached(store, data, dra, names)
 
 
@@ -151,11 +161,11 @@ def test_base_exclusions_follow_claim_and_taint_events() -> None:
     data = DraData(driver=DRIVER, device_classes=[DRIVER])
     taint = ("node-0", "gpu-2", DeviceTaint("a", "NoSchedule", rule="r"))
     data.replace_claims([ClaimInfo("ns/a", 1, (("node-0", "gpu-0"),))])
-    assert data.base_exclusions == {"node-0": frozenset({(0, "allocated")})}
+    assert data.base_exclusions == {"node-0": frozenset({("gpu-0", "allocated")})}
     data.put_rule("r", taint)
-    assert data.base_exclusions["node-0"] == {(0, "allocated"), (2, "tainted")}
+    assert data.base_exclusions["node-0"] == {("gpu-0", "allocated"), ("gpu-2", "tainted")}
     assert data.delete_claim("ns/a")
-    assert data.base_exclusions["node-0"] == {(2, "tainted")}
+    assert data.base_exclusions["node-0"] == {("gpu-2", "tainted")}
     data.put_rule("r", None)
     assert data.base_exclusions == {"node-0": NO_EXCLUSIONS}
     assert base_exclusions(data.devices("node-0")) == NO_EXCLUSIONS

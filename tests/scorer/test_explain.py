@@ -171,6 +171,7 @@ def test_explanation_shows_the_per_gpu_table_and_the_counted_gpus() -> None:
         "memory_free_mib": 1024,
         "temperature_c": 64,
         "allocated": True,
+        "device": None,
         "status": "allocated",
         "why_not": "allocated to pods",
         "counted": False,
