@@ -69,12 +69,16 @@ class ClaimInfo(msgspec.Struct, frozen=True, gc=False):
 
     # `namespace/name`
     ref: str
-    # Devices its requests for the configured classes ask for (ExactCount; `All` counts 1).
+    # Devices its requests for the configured classes ask for (ExactCount; `All` counts 1
+    # here, and every GPU of a node where the node's table is known: `all_requests`).
     gpus: int
     # (pool, device) of its allocation results for the driver; empty while unallocated.
     allocated: tuple[tuple[str, str], ...] = ()
     # The tolerations of its GPU requests (every request's, as one list).
     tolerations: tuple[Toleration, ...] = ()
+    # Its GPU requests in `All` mode: each takes every GPU of the node (the allocator fails it
+    # on a node where one of them is allocated or tainted).
+    all_requests: int = 0
 
 
 class DraPod(msgspec.Struct, frozen=True, gc=False):
@@ -90,6 +94,10 @@ class DraPod(msgspec.Struct, frozen=True, gc=False):
     @property
     def gpus(self) -> int:
         return sum(claim.gpus for claim in self.claims) + self.extended
+
+    @property
+    def all_requests(self) -> int:
+        return sum(claim.all_requests for claim in self.claims)
 
     @property
     def own(self) -> frozenset[str]:

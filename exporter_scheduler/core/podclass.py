@@ -38,8 +38,11 @@ from exporter_scheduler.core.records import (
 from exporter_scheduler.core.score import ScoreWeights
 
 # What makes two pods the same for every verdict: the policy (by identity), the pod's
-# annotations under the prefix (its hints), its GPU request, and its workload's learned figures.
-PodClassKey = tuple[int, tuple[tuple[str, str], ...], int, tuple[int | None, int | None] | None]
+# annotations under the prefix (its hints), its GPU request, its workload's learned figures,
+# and its DRA requests for every GPU of a node (`All` mode).
+PodClassKey = tuple[
+    int, tuple[tuple[str, str], ...], int, tuple[int | None, int | None] | None, int
+]
 
 
 def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
@@ -53,7 +56,8 @@ def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
         if learned is None or not policy.own_load
         else (learned.utilization_bp, learned.memory_mib)
     )
-    return (id(policy), hints, pod.gpu_request, figures)
+    all_requests = 0 if pod.dra is None else pod.dra.all_requests
+    return (id(policy), hints, pod.gpu_request, figures, all_requests)
 
 
 class PodClass:
@@ -70,7 +74,9 @@ class PodClass:
     """
 
     __slots__ = (
+        "all_requests",
         "any_rank",
+        "by_gpus",
         "chain_active",
         "decode",
         "gpu_request",
@@ -85,6 +91,7 @@ class PodClass:
         "inflight_load_bp",
         "inflight_own",
         "key",
+        "learned",
         "lenient",
         "limit_bp",
         "mem_fail",
@@ -123,8 +130,9 @@ class PodClass:
         parsed = parse_hints(pod.annotations, policy.keys)
         problem = parsed if isinstance(parsed, HintError) else None
         hints = NO_HINTS if isinstance(parsed, HintError) else parsed
+        key = pod_class_key(pod, policy)
         return cls(
-            pod_class_key(pod, policy), policy, hints, problem, pod.gpu_request, learned=pod.learned
+            key, policy, hints, problem, pod.gpu_request, learned=pod.learned, all_requests=key[4]
         )
 
     def __init__(
@@ -136,12 +144,18 @@ class PodClass:
         gpu_request: int,
         *,
         learned: Learned | None = None,
+        all_requests: int = 0,
     ) -> None:
         self.key = key
         self.policy = policy
         self.hints = hints
         self.hint_problem = hint_problem
         self.gpu_request = gpu_request
+        self.learned = learned
+        # DRA requests in `All` mode (each counted 1 in `gpu_request`): on a node whose GPUs
+        # are known each takes all of them (`for_node_gpus`).
+        self.all_requests = all_requests
+        self.by_gpus: dict[int, PodClass] = {}
         self.decode = Decoder(policy.keys)
         lenient = policy.missing_data == "lenient"
         self.lenient = lenient
@@ -283,6 +297,21 @@ class PodClass:
         self.not_checked_unlisted = msgspec.structs.replace(
             self.not_checked, model=self.model_unlisted
         )
+
+    def for_node_gpus(self, node_gpus: int) -> PodClass:
+        """The class as the k-GPU rule judges it on a node of `node_gpus` GPUs: itself, unless
+        a DRA request in `All` mode takes every GPU of the node, when k counts them all (the
+        same class otherwise, kept per GPU count: nodes come in few sizes)."""
+        if not self.all_requests:
+            return self
+        k = self.gpu_request + self.all_requests * (node_gpus - 1)
+        found = self.by_gpus.get(k)
+        if found is None:
+            found = PodClass(
+                self.key, self.policy, self.hints, self.hint_problem, k, learned=self.learned
+            )
+            self.by_gpus[k] = found
+        return found
 
     @property
     def utilization_limit(self) -> float:

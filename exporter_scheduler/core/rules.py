@@ -54,7 +54,7 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     per_gpu = (
         judge_gpus(
             state.gpus,
-            c,
+            c.for_node_gpus(len(state.gpus)),
             inflight,
             None if dra_excluded is None else gpu_exclusions(dra_excluded, state.gpus),
         )

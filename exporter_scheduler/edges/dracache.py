@@ -164,7 +164,7 @@ def claim_info(
     if meta is None or not meta.name:
         return None
     ref = sys.intern(f"{meta.namespace or ''}/{meta.name}")
-    gpus = 0
+    gpus = all_requests = 0
     tolerations: list[Toleration] = []
     devices = None if obj.spec is None else obj.spec.devices
     for request in (None if devices is None else devices.requests) or ():
@@ -176,8 +176,11 @@ def claim_info(
         for choice in choices:
             if choice.deviceClassName in device_classes:
                 mode = choice.allocationMode or "ExactCount"
-                # `All` takes every matching device of a node: at least one.
-                gpus += max(1, choice.count or 1) if mode == "ExactCount" else 1
+                if mode == "ExactCount":
+                    gpus += max(1, choice.count or 1)
+                else:  # `All`: every matching device of a node, at least one
+                    gpus += 1
+                    all_requests += 1
                 tolerations.extend(
                     Toleration(t.key, t.operator or "Equal", t.value, t.effect)
                     for t in choice.tolerations or ()
@@ -189,7 +192,7 @@ def claim_info(
     for result in (None if results is None else results.results) or ():
         if result.driver == driver and result.pool and result.device:
             allocated.append((sys.intern(result.pool), sys.intern(result.device)))
-    return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations))
+    return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations), all_requests)
 
 
 def rule_taint(obj: _Rule, *, driver: str) -> RuleTarget | None:

@@ -18,8 +18,15 @@ from gpu_contract.schema import format_timestamp
 
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
     """The pod class in a log line: the hint annotations and the GPU request that define it."""
-    _, hints, gpu_request, _ = pod_class.key
-    return {"profile": pod_class.policy.profile, "hints": dict(hints), "gpu_request": gpu_request}
+    _, hints, gpu_request, _, all_requests = pod_class.key
+    described = {
+        "profile": pod_class.policy.profile,
+        "hints": dict(hints),
+        "gpu_request": gpu_request,
+    }
+    if all_requests:
+        described["all_gpus_requests"] = all_requests
+    return described
 
 
 def verdict_values(verdict: NodeVerdict) -> dict[str, object]:

@@ -291,6 +291,51 @@ def test_claim_v1beta1_request_shape_and_first_available() -> None:
     assert kept[1].allocated == ()
 
 
+def test_a_request_for_all_devices_is_kept_as_such() -> None:
+    body = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "all", "exactly": {"deviceClassName": DRIVER, "allocationMode": "All"}}
+                ]
+            }
+        },
+    }
+    kept = claim_info(
+        msgspec.json.decode(json.dumps(body), type=_Claim),
+        device_classes=frozenset({DRIVER}),
+        driver=DRIVER,
+    )
+    assert kept is not None
+    assert (kept[1].gpus, kept[1].all_requests) == (1, 1)
+
+
+def test_a_pod_asking_all_gpus_needs_every_gpu_of_the_node_free_untainted_and_a_candidate() -> None:
+    """kube-scheduler's allocator gives an `All` request every matching device of the node, and
+    fails it where one is allocated or tainted: the pod lands on all of them, so each must be
+    a candidate; judged with k = the node's GPU count, per node."""
+    whole = DraPod((claim("default/all", 1, all_requests=1),))
+    cool = gpu_node("node-a", runs((8, COOL)))
+    one_hot = gpu_node("node-b", runs((7, COOL), (1, HOT)))
+    small = gpu_node("node-c", runs((4, COOL)))
+    nodes = [dra_judged(node, NO_DEVICES, whole) for node in (cool, one_hot, small)]
+    verdicts = run(nodes, dra_pod_input(whole), POLICY).verdicts
+    assert [v.passed for v in verdicts] == [True, False, True]
+    assert [v.gpus.needed for v in verdicts if v.gpus is not None] == [8, 8, 4]
+    assert verdicts[1].reason == "fewer than 8 gpus at or below utilization 0.90"
+    taken = NodeDevices({"gpu-5": "default/other"})
+    (held,) = run([dra_judged(cool, taken, whole)], dra_pod_input(whole), POLICY).verdicts
+    assert not held.passed
+    assert held.gpus is not None
+    assert held.gpus.status[5] == "allocated"
+    # A one-GPU claim pod is another class: it passes the node with a hot GPU.
+    one = DraPod((claim("default/one", 1),))
+    assert (
+        run([dra_judged(one_hot, NO_DEVICES, one)], dra_pod_input(one), POLICY).verdicts[0].passed
+    )
+
+
 @pytest.mark.parametrize(
     ("selector", "target"),
     [
