@@ -200,6 +200,50 @@ def test_the_messages_say_how_to_fix_it(default_guard: dict[str, CelPolicy]) -> 
     )
 
 
+CLAIM_POD = PodSpec(
+    containers=({**container(), "resources": {"claims": [{"name": "gpu"}]}},),
+    extra={"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]},
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "held"),
+    [
+        pytest.param({}, False, id="defaults"),
+        pytest.param({"scorer": {"dra": {"enabled": True}}}, True, id="with-scorer-dra"),
+        pytest.param(
+            {"schedulerGuard": {"requireScheduler": {"resourceClaims": True}}}, True, id="asked"
+        ),
+        pytest.param(
+            {
+                "scorer": {"dra": {"enabled": True}},
+                "schedulerGuard": {"requireScheduler": {"resourceClaims": False}},
+            },
+            False,
+            id="turned-off",
+        ),
+    ],
+)
+def test_pods_with_resource_claims_are_held_where_the_scorer_judges_them(
+    values: dict[str, Any], held: bool
+) -> None:
+    """A pod asking for GPUs through DRA alone requests no GPU resource; with the scorer
+    judging DRA pods the guard holds any pod with a claim (admission cannot read its class)."""
+    text = template(values)
+    require = guard_policies(Rendered(text=text, manifests=parse_manifests(text)))[REQUIRE]
+    verdict = require.admit_create(CLAIM_POD.pod(), OPTED_IN)
+    assert verdict.allowed is not held
+    placed = PodSpec(CLAIM_POD.containers, scheduler_name="gpu-scheduler", extra=CLAIM_POD.extra)
+    assert require.admit_create(placed.pod(), OPTED_IN).allowed
+    assert require.admit_create(CPU_POD.pod(), OPTED_IN).allowed
+    if held:
+        assert verdict.messages == (
+            "set spec.schedulerName: gpu-scheduler (pods requesting nvidia.com/gpu or "
+            "ResourceClaims in namespace ml-team are placed on live GPU state); this pod names "
+            "default-scheduler",
+        )
+
+
 def test_both_policies_check_only_pod_creation_and_only_warn_by_default() -> None:
     rendered = render("defaults")
     for name in (REQUIRE, RESTRICT):

@@ -4,8 +4,9 @@ The chart's two ValidatingAdmissionPolicies and their bindings, rendered by helm
 chart would: with the default validationActions (Warn, Audit) a pod that breaks a rule is
 created, kubectl prints the API server's `Warning` header, the audit log records the failure and
 `apiserver_validating_admission_policy_check_total` counts it; with Deny it is refused with the
-same message. Each message is compared with the one cel-python computes from the same rendered
-policy (tests/deploy/admission_cel.py), and with the kubectl session docs/deploy.md shows.
+same message; with the scorer judging DRA pods, a pod with a ResourceClaim is held too. Each
+message is compared with the one cel-python computes from the same rendered policy
+(tests/deploy/admission_cel.py), and with the kubectl session docs/deploy.md shows.
 
 `restrict-scheduler` holds every namespace, and other tests create pods naming the scheduler
 wherever they like, so these tests run on a control plane of their own, with audit logging on.
@@ -47,6 +48,14 @@ MODES: dict[str, dict[str, Any]] = {
             "requireScheduler": {"validationActions": ["Deny"]},
             "restrictScheduler": {"validationActions": ["Deny"]},
         }
+    },
+    # The scorer judging DRA pods: pods with ResourceClaims are held to the scheduler too.
+    "deny-with-claims": {
+        "scorer": {"dra": {"enabled": True}},
+        "schedulerGuard": {
+            "requireScheduler": {"validationActions": ["Deny"]},
+            "restrictScheduler": {"validationActions": ["Deny"]},
+        },
     },
 }
 
@@ -196,11 +205,16 @@ def pod(
     scheduler: str | None = None,
     gpu_in: str | None = "containers",
 ) -> dict[str, Any]:
+    """A pod asking for a GPU in its `containers` or `initContainers`, through a ResourceClaim
+    template (`claims`: DRA alone, no GPU resource), or not at all (None)."""
     gpu = {"limits": {"nvidia.com/gpu": "1"}}
     main: dict[str, Any] = {"name": "main", "image": "registry.example/train:1"}
     spec: dict[str, Any] = {"containers": [main], "terminationGracePeriodSeconds": 0}
     if gpu_in == "containers":
         main["resources"] = gpu
+    elif gpu_in == "claims":
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        main["resources"] = {"claims": [{"name": "gpu"}]}
     elif gpu_in == "initContainers":
         spec["initContainers"] = [
             {"name": "warmup", "image": "registry.example/train:1", "resources": gpu}
@@ -218,6 +232,14 @@ class Guard:
     policies: dict[str, CelPolicy]
     # A pod that breaks restrict-scheduler, created before the policies.
     existing: str | None = None
+
+    @property
+    def denies(self) -> bool:
+        return self.mode != "warn"
+
+    @property
+    def holds_claims(self) -> bool:
+        return self.mode == "deny-with-claims"
 
 
 def _rendered_guard(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -260,7 +282,7 @@ def guard(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[Guard]:
             (ELSEWHERE, pod("probe", scheduler="gpu-scheduler")),
         ):
             stderr = cluster.create(namespace, probe, dry_run=True).stderr
-            if ("denied request" if mode == "deny" else "Warning:") not in stderr:
+            if ("denied request" if mode != "warn" else "Warning:") not in stderr:
                 return False
         return True
 
@@ -281,6 +303,11 @@ class Case:
     pod: dict[str, Any]
     # The guard policy the pod breaks, if any.
     breaks: str | None
+    # It breaks it only where the guard holds pods with ResourceClaims.
+    with_claims_only: bool = False
+
+    def broken(self, guard: Guard) -> str | None:
+        return None if self.with_claims_only and not guard.holds_claims else self.breaks
 
 
 CASES = {
@@ -295,6 +322,12 @@ CASES = {
         OPTED_IN, pod("placed", scheduler="gpu-scheduler"), None
     ),
     "cpu pod, opted-in namespace": Case(OPTED_IN, pod("web", gpu_in=None), None),
+    "pod with a resource claim only, opted-in namespace": Case(
+        OPTED_IN, pod("claims", gpu_in="claims"), REQUIRE, with_claims_only=True
+    ),
+    "pod with a resource claim naming gpu-scheduler, opted-in namespace": Case(
+        OPTED_IN, pod("claims-placed", scheduler="gpu-scheduler", gpu_in="claims"), None
+    ),
     "gpu pod naming gpu-scheduler, namespace not opted in": Case(
         ELSEWHERE, pod("train", scheduler="gpu-scheduler"), RESTRICT
     ),
@@ -308,8 +341,9 @@ CASES = {
 
 
 def expected_message(guard: Guard, case: Case, namespace: dict[str, Any]) -> str:
-    assert case.breaks is not None
-    verdict = guard.policies[case.breaks].admit_create(case.pod, namespace)
+    policy = case.broken(guard)
+    assert policy is not None
+    verdict = guard.policies[policy].admit_create(case.pod, namespace)
     (message,) = verdict.messages
     return message
 
@@ -320,13 +354,13 @@ def test_the_api_server_warns_or_refuses_as_the_mode_says(guard: Guard, case: Ca
     name = case.pod["metadata"]["name"]
     run = cluster.create(case.namespace, case.pod)
     try:
-        if case.breaks is None:
+        policy = case.broken(guard)
+        if policy is None:
             assert (run.rc, run.stderr) == (0, ""), run
             assert cluster.pod_exists(case.namespace, name)
             return
         message = expected_message(guard, case, cluster.namespaces[case.namespace])
-        policy = case.breaks
-        if guard.mode == "warn":
+        if not guard.denies:
             assert run.rc == 0, run
             assert run.stderr == (
                 f"Warning: Validation failed for ValidatingAdmissionPolicy '{policy}' with "
@@ -409,6 +443,7 @@ def test_only_creation_is_checked(guard: Guard) -> None:
     assert patched["spec"]["schedulerName"] == "gpu-scheduler"
 
 
+@pytest.mark.parametrize("guard", ["warn", "deny"], indirect=True)
 def test_the_docs_show_what_the_api_server_says(guard: Guard) -> None:
     # Every `Warning:` and `Error from server` line of the guard's session in docs/deploy.md is
     # one the API server returns for the same commands.

@@ -425,6 +425,15 @@ Label keys and values cannot hold quotes or backslashes, so their JSON strings a
 {{- join " && " $terms -}}
 {{- end -}}
 
+{{/* Whether the guard holds pods with ResourceClaims to the scheduler ("true" or empty):
+schedulerGuard.requireScheduler.resourceClaims, or with it null, scorer.dra.enabled. */}}
+{{- define "gls.guard.claims" -}}
+{{- $claims := .Values.schedulerGuard.requireScheduler.resourceClaims -}}
+{{- if kindIs "invalid" $claims -}}
+{{- if .Values.scorer.dra.enabled -}}true{{- end -}}
+{{- else if $claims -}}true{{- end -}}
+{{- end -}}
+
 {{/* The GPU resources whose pods the guard holds to the scheduler, as a JSON list: the scorer's
 GPU resource and every resource kube-scheduler sends to the scorer (managedResources). */}}
 {{- define "gls.guard.gpuResources" -}}
