@@ -41,6 +41,8 @@ Exclusion = Literal["allocated", "tainted"]
 # Taint effects the allocator honours at allocation (`NoExecute` also evicts; `None`: none).
 _BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 _DEVICE_PREFIX: Final = "gpu-"
+# NVIDIA's driver names a MIG device after its parent: `gpu-<minor>-mig-<profile>-<id>-<start>`.
+_MIG_INFIX: Final = "-mig-"
 # The device key of a taint on every device of a pool (no device name is `*`: names are DNS
 # labels).
 ANY_DEVICE: Final = "*"
@@ -134,16 +136,27 @@ def gpu_exclusions(
     """`excluded` (device name -> why) as GPU index -> why, for a node whose per-GPU table is
     `gpus`. Where the agent published the GPUs' device names, a device is the GPU that carries
     its name, and a device no GPU carries (a MIG device, a GPU the agent could not match) is no
-    GPU of the table; where it published none, `gpu-<n>` is GPU n (`device_index`). A taint
-    on every device of the pool (`ANY_DEVICE`) excludes every GPU not excluded otherwise."""
+    GPU of the table; where it published none, `gpu-<n>` is GPU n (`device_index`). An
+    allocated MIG device takes its parent GPU from whole-GPU claims. A taint on every device
+    of the pool (`ANY_DEVICE`) excludes every GPU not excluded otherwise."""
     if not excluded:
         return {}
     named = {gpu.dra_device: index for index, gpu in enumerate(gpus) if gpu.dra_device is not None}
     found: dict[int, Exclusion] = {}
+    shares: list[str] = []
     for device, why in excluded.items():
         index = named.get(device) if named else device_index(device)
         if index is not None and index < len(gpus):
             found[index] = why
+        elif why == "allocated" and _MIG_INFIX in device:
+            shares.append(device)
+    for device in shares:  # after the whole GPUs, so the result does not depend on order
+        # A MIG device of a GPU (`gpu-<minor>-mig-<profile>-...`) holds a share of its parent:
+        # the driver's shared counters keep the whole GPU from another claim.
+        parent = device.partition(_MIG_INFIX)[0]
+        index = named.get(parent) if named else device_index(parent)
+        if index is not None and index < len(gpus):
+            found.setdefault(index, "allocated")
     every = excluded.get(ANY_DEVICE)
     if every is not None:  # a taint on every device of the pool: the rest are tainted
         for index in range(len(gpus)):

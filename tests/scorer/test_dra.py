@@ -125,6 +125,19 @@ def test_devices_are_gpus_by_the_names_the_agent_published_else_by_number() -> N
     assert gpu_exclusions({"gpu-1": "allocated", "gpu-0": "tainted"}, partly) == {0: "allocated"}
 
 
+def test_an_allocated_mig_device_takes_its_parent_gpu_from_whole_gpu_claims() -> None:
+    """The driver's shared counters keep a GPU with an allocated MIG device from a whole-GPU
+    claim; a taint on a MIG device does not taint its parent."""
+    excluded = {"gpu-1-mig-1g.10gb-19-0": "allocated", "gpu-2-mig-1g.10gb-19-1": "tainted"}
+    named = tuple(GpuState(0.1, dra_device=f"gpu-{i}") for i in range(4))
+    assert gpu_exclusions(excluded, named) == {1: "allocated"}
+    unnamed = tuple(GpuState(0.1) for _ in range(4))
+    assert gpu_exclusions(excluded, unnamed) == {1: "allocated"}
+    # A whole-GPU exclusion of the same GPU is not overwritten.
+    both = {"gpu-1": "tainted", "gpu-1-mig-1g.10gb-19-0": "allocated"}
+    assert gpu_exclusions(both, named) == {1: "tainted"}
+
+
 def test_claim_pod_judged_on_the_gpus_its_devices_name() -> None:
     """Node a's devices are numbered against its GPUs' order: gpu-0..3 (allocated to others)
     are its GPUs 7..4, the cool ones, and its free devices are its hot GPUs 0..3. Judged by the
