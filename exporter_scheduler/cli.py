@@ -153,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
 
             try:
                 cache = NodeCache(
-                    kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+                    kubeconfig=settings.kubeconfig_file(),
                     keys=policy.keys,
                     metrics=metrics,
                     # Each profile's pod classes have verdict tables of their own.
@@ -270,7 +270,7 @@ def _start_learning_node_watch(
 
     return _started_or_none(
         lambda: NodeCache(
-            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            kubeconfig=settings.kubeconfig_file(),
             keys=policy.keys,
             metrics=metrics,
             workloads=workloads,
@@ -318,7 +318,7 @@ def _start_pod_watch(
     from exporter_scheduler.edges.podcache import PodCache  # noqa: PLC0415
 
     pod_cache = PodCache(
-        kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+        kubeconfig=settings.kubeconfig_file(),
         keys=Keys.for_prefix(settings.annotation_prefix),
         gpu_resource_name=settings.gpu_resource_name,
         metrics=metrics,
@@ -351,7 +351,7 @@ def _start_dra_watch(
         lambda: DraCache(
             driver=settings.dra_driver,
             device_classes=[c.strip() for c in settings.dra_device_classes.split(",") if c],
-            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            kubeconfig=settings.kubeconfig_file(),
             metrics=metrics,
         ).start(),
         log,
@@ -371,7 +371,7 @@ def _start_namespace_watch(
 
     try:
         return NamespaceCache(
-            kubeconfig=None if settings.kubeconfig is None else str(settings.kubeconfig),
+            kubeconfig=settings.kubeconfig_file(),
             metrics=metrics,
         ).start()
     except Exception as exc:

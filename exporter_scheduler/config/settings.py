@@ -274,6 +274,10 @@ class ScorerSettings(BaseSettings):
             raise ValueError(f"policy file: {exc}") from None
         return PolicySet(default, profiles)
 
+    def kubeconfig_file(self) -> str | None:
+        """The kubeconfig as the watches' clients take it; None: in-cluster credentials."""
+        return None if self.kubeconfig is None else str(self.kubeconfig)
+
     def tls(self) -> TlsFiles | None:
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
