@@ -71,16 +71,18 @@ class ClaimInfo(msgspec.Struct, frozen=True, gc=False):
 
     # `namespace/name`
     ref: str
-    # Devices its requests for the configured classes ask for (ExactCount; `All` counts 1
-    # here, and every GPU of a node where the node's table is known: `all_requests`).
+    # GPUs its requests for the configured classes ask for, each request by its first GPU
+    # alternative (ExactCount: the count; `All`: 1): what a node without per-GPU data is
+    # judged with. Where a node's GPUs are known, `choices` decide.
     gpus: int
     # (pool, device) of its allocation results for the driver; empty while unallocated.
     allocated: tuple[tuple[str, str], ...] = ()
     # The tolerations of its GPU requests (every request's, as one list).
     tolerations: tuple[Toleration, ...] = ()
-    # Its GPU requests in `All` mode: each takes every GPU of the node (the allocator fails it
-    # on a node where one of them is allocated or tainted).
-    all_requests: int = 0
+    # The GPU requests whose size depends on the node (`gpus_on_node`): each its alternatives
+    # in order, a count, `ALL_GPUS` (every GPU of the node) or `NOT_GPUS` (another class).
+    # Empty when every GPU request is one ExactCount alternative.
+    choices: tuple[tuple[int, ...], ...] = ()
 
 
 class DraPod(msgspec.Struct, frozen=True, gc=False):
@@ -98,8 +100,8 @@ class DraPod(msgspec.Struct, frozen=True, gc=False):
         return sum(claim.gpus for claim in self.claims) + self.extended
 
     @property
-    def all_requests(self) -> int:
-        return sum(claim.all_requests for claim in self.claims)
+    def choices(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(choice for claim in self.claims for choice in claim.choices)
 
     @property
     def own(self) -> frozenset[str]:
@@ -116,6 +118,51 @@ class NodeDevices(msgspec.Struct, frozen=True, gc=False):
 
 
 NO_DEVICES: Final = NodeDevices()
+
+
+# A request alternative of `choices`: every GPU of the node (`All`), or another device class.
+ALL_GPUS: Final = -1
+NOT_GPUS: Final = -2
+
+
+def first_gpu_count(alternatives: tuple[int, ...]) -> int:
+    """What a request counts where the node's GPUs are unknown: its first GPU alternative's
+    count (`All`: 1)."""
+    for count in alternatives:
+        if count != NOT_GPUS:
+            return 1 if count == ALL_GPUS else count
+    return 0
+
+
+def gpus_on_node(
+    choices: tuple[tuple[int, ...], ...], fixed: int, node_gpus: int, free: int
+) -> int:
+    """The GPUs the allocator gives the pod on a node of `node_gpus` GPUs of which `free` it
+    may give: each request, in order, takes its first alternative that fits what is left
+    (`firstAvailable`), an `All` alternative fitting only where no GPU of the node is excluded
+    or taken, and another class's alternative taken as fitting (its devices are not seen
+    here); a request none of whose alternatives fits counts its first GPU alternative (the
+    allocator fails there, and so does the k-GPU rule). `fixed`: the GPUs of the pod's
+    requests that have one size, taken first."""
+    left = free - fixed
+    total = fixed
+    for alternatives in choices:
+        taken: int | None = None
+        for count in alternatives:
+            if count == NOT_GPUS:
+                taken = 0
+            elif count == ALL_GPUS:
+                taken = node_gpus if left == node_gpus > 0 else None
+            else:
+                taken = count if count <= left else None
+            if taken is not None:
+                break
+        if taken is None:
+            first = next((c for c in alternatives if c != NOT_GPUS), 1)
+            taken = node_gpus if first == ALL_GPUS else first
+        total += taken
+        left -= taken
+    return total
 
 
 def device_index(name: str) -> int | None:

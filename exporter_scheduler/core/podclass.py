@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from exporter_scheduler.core.decoding import Decoder
+from exporter_scheduler.core.dra import first_gpu_count, gpus_on_node
 from exporter_scheduler.core.hints import (
     NO_HINTS,
     HintError,
@@ -39,9 +40,13 @@ from exporter_scheduler.core.score import ScoreWeights
 
 # What makes two pods the same for every verdict: the policy (by identity), the pod's
 # annotations under the prefix (its hints), its GPU request, its workload's learned figures,
-# and its DRA requests for every GPU of a node (`All` mode).
+# and its DRA requests whose size depends on the node (`core.dra.gpus_on_node`).
 PodClassKey = tuple[
-    int, tuple[tuple[str, str], ...], int, tuple[int | None, int | None] | None, int
+    int,
+    tuple[tuple[str, str], ...],
+    int,
+    tuple[int | None, int | None] | None,
+    tuple[tuple[int, ...], ...],
 ]
 
 
@@ -56,8 +61,8 @@ def pod_class_key(pod: PodInput, policy: Policy) -> PodClassKey:
         if learned is None or not policy.own_load
         else (learned.utilization_bp, learned.memory_mib)
     )
-    all_requests = 0 if pod.dra is None else pod.dra.all_requests
-    return (id(policy), hints, pod.gpu_request, figures, all_requests)
+    choices = () if pod.dra is None else pod.dra.choices
+    return (id(policy), hints, pod.gpu_request, figures, choices)
 
 
 class PodClass:
@@ -74,11 +79,11 @@ class PodClass:
     """
 
     __slots__ = (
-        "all_requests",
         "any_rank",
         "by_gpus",
         "chain_active",
         "decode",
+        "dra_choices",
         "gpu_request",
         "gpus_fail",
         "gpus_pass",
@@ -132,7 +137,7 @@ class PodClass:
         hints = NO_HINTS if isinstance(parsed, HintError) else parsed
         key = pod_class_key(pod, policy)
         return cls(
-            key, policy, hints, problem, pod.gpu_request, learned=pod.learned, all_requests=key[4]
+            key, policy, hints, problem, pod.gpu_request, learned=pod.learned, dra_choices=key[4]
         )
 
     def __init__(
@@ -144,7 +149,7 @@ class PodClass:
         gpu_request: int,
         *,
         learned: Learned | None = None,
-        all_requests: int = 0,
+        dra_choices: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         self.key = key
         self.policy = policy
@@ -152,9 +157,10 @@ class PodClass:
         self.hint_problem = hint_problem
         self.gpu_request = gpu_request
         self.learned = learned
-        # DRA requests in `All` mode (each counted 1 in `gpu_request`): on a node whose GPUs
-        # are known each takes all of them (`for_node_gpus`).
-        self.all_requests = all_requests
+        # DRA requests whose size depends on the node (`All`, `firstAvailable`), each counted
+        # by its first GPU alternative in `gpu_request`: on a node whose GPUs are known, the
+        # alternative the allocator takes there decides (`for_node`).
+        self.dra_choices = dra_choices
         self.by_gpus: dict[int, PodClass] = {}
         self.decode = Decoder(policy.keys)
         lenient = policy.missing_data == "lenient"
@@ -298,13 +304,17 @@ class PodClass:
             self.not_checked, model=self.model_unlisted
         )
 
-    def for_node_gpus(self, node_gpus: int) -> PodClass:
-        """The class as the k-GPU rule judges it on a node of `node_gpus` GPUs: itself, unless
-        a DRA request in `All` mode takes every GPU of the node, when k counts them all (the
-        same class otherwise, kept per GPU count: nodes come in few sizes)."""
-        if not self.all_requests:
+    def for_node(self, node_gpus: int, free: int) -> PodClass:
+        """The class as the k-GPU rule judges it on a node of `node_gpus` GPUs of which `free`
+        the allocator may give: itself, unless a DRA request's size depends on the node, when
+        k is what the allocator would give there (`core.dra.gpus_on_node`; the same class
+        otherwise, kept per k: nodes come in few sizes)."""
+        if not self.dra_choices:
             return self
-        k = self.gpu_request + self.all_requests * (node_gpus - 1)
+        fixed = self.gpu_request - sum(first_gpu_count(c) for c in self.dra_choices)
+        k = gpus_on_node(self.dra_choices, fixed, node_gpus, free)
+        if k == self.gpu_request:
+            return self
         found = self.by_gpus.get(k)
         if found is None:
             found = PodClass(

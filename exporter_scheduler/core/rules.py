@@ -51,16 +51,16 @@ def judge_fresh(  # noqa: PLR0917 (judge_node's locals, passed positionally on t
     # utilization and memory rules, whose values are summaries (mean, maximum) of the same
     # per-GPU readings. The temperature rule stays: a node's GPUs share its cooling, and an
     # idle GPU's temperature says nothing about its temperature under load (docs/scoring.md).
-    per_gpu = (
-        judge_gpus(
-            state.gpus,
-            c.for_node_gpus(len(state.gpus)),
-            inflight,
-            None if dra_excluded is None else gpu_exclusions(dra_excluded, state.gpus),
-        )
-        if state.gpus and c.gpu_request > 0
-        else None
-    )
+    per_gpu = None
+    if state.gpus and c.gpu_request > 0:
+        if dra_excluded is None:
+            per_gpu = judge_gpus(state.gpus, c, inflight)
+        else:
+            # DRA: the GPUs the allocator will not give, and the GPUs it gives the pod here.
+            excluded = gpu_exclusions(dra_excluded, state.gpus)
+            node_gpus = len(state.gpus)
+            on_node = c.for_node(node_gpus, node_gpus - len(excluded))
+            per_gpu = judge_gpus(state.gpus, on_node, inflight, excluded)
     failed: RuleOutcome | None = None
     status: DataStatus = "fresh"
     health = c.health_fail if state.health is Health.UNAVAILABLE else c.health_pass

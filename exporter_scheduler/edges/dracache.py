@@ -33,7 +33,15 @@ from typing import Any, Final
 
 import msgspec
 
-from exporter_scheduler.core.dra import ClaimInfo, DeviceTaint, RuleTarget, Toleration
+from exporter_scheduler.core.dra import (
+    ALL_GPUS,
+    NOT_GPUS,
+    ClaimInfo,
+    DeviceTaint,
+    RuleTarget,
+    Toleration,
+    first_gpu_count,
+)
 from exporter_scheduler.edges.dradata import DraData
 from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
 from exporter_scheduler.serving.metrics import ScorerMetrics
@@ -164,35 +172,42 @@ def claim_info(
     if meta is None or not meta.name:
         return None
     ref = sys.intern(f"{meta.namespace or ''}/{meta.name}")
-    gpus = all_requests = 0
+    gpus = 0
+    flexible: list[tuple[int, ...]] = []
     tolerations: list[Toleration] = []
     devices = None if obj.spec is None else obj.spec.devices
     for request in (None if devices is None else devices.requests) or ():
         exact = request.exactly or request
-        choices: list[_Exact] = [exact] if exact.deviceClassName else []
-        # firstAvailable: the allocator tries each in order; the first GPU one is what a GPU
-        # node would give (a node is judged as if that one is chosen).
-        choices.extend(request.firstAvailable or ())
-        for choice in choices:
-            if choice.deviceClassName in device_classes:
-                mode = choice.allocationMode or "ExactCount"
-                if mode == "ExactCount":
-                    gpus += max(1, choice.count or 1)
-                else:  # `All`: every matching device of a node, at least one
-                    gpus += 1
-                    all_requests += 1
+        options: list[_Exact] = [exact] if exact.deviceClassName else []
+        # firstAvailable: the allocator takes the first alternative that fits the node.
+        options.extend(request.firstAvailable or ())
+        alternatives: list[int] = []
+        for option in options:
+            if option.deviceClassName not in device_classes:
+                # Another class: a way out after a GPU alternative; before the first one, not
+                # seen here (the request counts as its GPU alternatives).
+                if alternatives:
+                    alternatives.append(NOT_GPUS)
+                continue
+            if not alternatives:  # the first GPU alternative's tolerations stand for all
                 tolerations.extend(
                     Toleration(t.key, t.operator or "Equal", t.value, t.effect)
-                    for t in choice.tolerations or ()
+                    for t in option.tolerations or ()
                 )
-                break
+            mode = option.allocationMode or "ExactCount"
+            alternatives.append(max(1, option.count or 1) if mode == "ExactCount" else ALL_GPUS)
+        if not alternatives:
+            continue
+        gpus += first_gpu_count(tuple(alternatives))
+        if len(alternatives) > 1 or alternatives[0] == ALL_GPUS:
+            flexible.append(tuple(alternatives))
     allocated: list[tuple[str, str]] = []
     allocation = None if obj.status is None else obj.status.allocation
     results = None if allocation is None or allocation.devices is None else allocation.devices
     for result in (None if results is None else results.results) or ():
         if result.driver == driver and result.pool and result.device:
             allocated.append((sys.intern(result.pool), sys.intern(result.device)))
-    return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations), all_requests)
+    return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations), tuple(flexible))
 
 
 def rule_taint(obj: _Rule, *, driver: str) -> RuleTarget | None:

@@ -18,14 +18,16 @@ from gpu_contract.schema import format_timestamp
 
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
     """The pod class in a log line: the hint annotations and the GPU request that define it."""
-    _, hints, gpu_request, _, all_requests = pod_class.key
+    _, hints, gpu_request, _, dra_choices = pod_class.key
     described = {
         "profile": pod_class.policy.profile,
         "hints": dict(hints),
         "gpu_request": gpu_request,
     }
-    if all_requests:
-        described["all_gpus_requests"] = all_requests
+    if dra_choices:
+        # The DRA requests sized per node: each its alternatives (-1: every GPU, -2: another
+        # class), as `core.dra.gpus_on_node` reads them.
+        described["dra_gpu_choices"] = [list(choice) for choice in dra_choices]
     return described
 
 

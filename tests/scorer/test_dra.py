@@ -17,8 +17,10 @@ import msgspec
 import pytest
 
 from exporter_scheduler.core.dra import (
+    ALL_GPUS,
     NO_DEVICES,
     NO_EXCLUSIONS,
+    NOT_GPUS,
     ClaimInfo,
     DeviceTaint,
     DraPod,
@@ -27,6 +29,7 @@ from exporter_scheduler.core.dra import (
     device_index,
     excluded_gpus,
     gpu_exclusions,
+    gpus_on_node,
 )
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
@@ -300,8 +303,50 @@ def test_claim_v1beta1_request_shape_and_first_available() -> None:
     obj = msgspec.json.decode(json.dumps(body), type=_Claim)
     kept = claim_info(obj, device_classes=frozenset({DRIVER}), driver=DRIVER)
     assert kept is not None
-    assert kept[1].gpus == 4
+    assert kept[1].gpus == 4  # 1 for `a`, and `b`'s first GPU alternative
+    # `x`, another class before `b`'s GPU alternative, is not seen: `b` is a fixed 3.
+    assert kept[1].choices == ()
     assert kept[1].allocated == ()
+
+
+@pytest.mark.parametrize(
+    ("choices", "fixed", "node_gpus", "free", "k"),
+    [
+        pytest.param(((2, 1),), 0, 8, 8, 2, id="first-fits"),
+        pytest.param(((2, 1),), 0, 8, 1, 1, id="second-fits"),
+        pytest.param(((2, 1),), 0, 8, 0, 2, id="none-fits-first-counts"),
+        pytest.param(((2, NOT_GPUS),), 0, 8, 1, 0, id="another-class-after"),
+        pytest.param(((ALL_GPUS,),), 0, 8, 8, 8, id="all-on-a-free-node"),
+        pytest.param(((ALL_GPUS,),), 0, 8, 7, 8, id="all-where-one-is-taken-fails"),
+        pytest.param(((ALL_GPUS, 1),), 0, 8, 7, 1, id="all-else-one"),
+        pytest.param(((ALL_GPUS,),), 1, 8, 8, 9, id="all-after-a-fixed-request-fails"),
+        pytest.param(((4, 2), (4, 1)), 0, 8, 6, 5, id="each-request-takes-what-is-left"),
+    ],
+)
+def test_the_gpus_a_pod_gets_on_a_node_are_its_first_alternatives_that_fit(
+    choices: tuple[tuple[int, ...], ...], fixed: int, node_gpus: int, free: int, k: int
+) -> None:
+    assert gpus_on_node(choices, fixed, node_gpus, free) == k
+
+
+def test_a_pod_whose_first_alternative_does_not_fit_is_judged_on_the_one_that_does() -> None:
+    """firstAvailable [2 GPUs, 1 GPU]: on a node with one GPU left the allocator gives 1, so
+    the node is judged for 1 (it would fail for 2); on a free node for 2."""
+    flexible = DraPod((claim("default/flex", 2, choices=((2, 1),)),))
+    node = gpu_node("node-a", runs((8, COOL)))
+    taken = NodeDevices({f"gpu-{i}": "default/other" for i in range(7)})
+    (one_left,) = run([dra_judged(node, taken, flexible)], dra_pod_input(flexible), POLICY).verdicts
+    assert one_left.passed
+    assert one_left.gpus is not None
+    assert one_left.gpus.needed == 1
+    (free,) = run(
+        [dra_judged(node, NO_DEVICES, flexible)], dra_pod_input(flexible), POLICY
+    ).verdicts
+    assert free.gpus is not None
+    assert free.gpus.needed == 2
+    plain = DraPod((claim("default/two", 2),))
+    (strict,) = run([dra_judged(node, taken, plain)], dra_pod_input(plain), POLICY).verdicts
+    assert not strict.passed
 
 
 def test_a_request_for_all_devices_is_kept_as_such() -> None:
@@ -321,14 +366,14 @@ def test_a_request_for_all_devices_is_kept_as_such() -> None:
         driver=DRIVER,
     )
     assert kept is not None
-    assert (kept[1].gpus, kept[1].all_requests) == (1, 1)
+    assert (kept[1].gpus, kept[1].choices) == (1, ((ALL_GPUS,),))
 
 
 def test_a_pod_asking_all_gpus_needs_every_gpu_of_the_node_free_untainted_and_a_candidate() -> None:
     """kube-scheduler's allocator gives an `All` request every matching device of the node, and
     fails it where one is allocated or tainted: the pod lands on all of them, so each must be
     a candidate; judged with k = the node's GPU count, per node."""
-    whole = DraPod((claim("default/all", 1, all_requests=1),))
+    whole = DraPod((claim("default/all", 1, choices=((ALL_GPUS,),)),))
     cool = gpu_node("node-a", runs((8, COOL)))
     one_hot = gpu_node("node-b", runs((7, COOL), (1, HOT)))
     small = gpu_node("node-c", runs((4, COOL)))
