@@ -21,6 +21,10 @@ in the earlier capture's order and formats (`tests/fixtures/kube-apiserver-v1.36
 - kube-apiserver restarted with `--anonymous-auth=false`: `41b` a PATCH with no credentials,
   `67b` a watch from gpu-node-1's resourceVersion before the restart.
 
+The 200 patches wait until 80 s after the set-up began (`HISTORY_WINDOW_S`), as they came two
+minutes after it in the earlier capture: only then does the watch cache drop the set-up's
+events and answer a watch from resourceVersion 1 with 410. A run takes about two minutes.
+
     LOOPBACK_KUBERNETES=v1.37 python -m loopback_cluster.capture_watch \\
         --from tests/fixtures/kube-apiserver-v1.36 --out tests/fixtures/kube-apiserver-v1.37
 """
@@ -45,6 +49,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
 
+from loopback_cluster.capture import USER_AGENT, _json_or_none
 from loopback_cluster.control_plane import (
     LOOPBACK,
     ROOT,
@@ -54,7 +59,6 @@ from loopback_cluster.control_plane import (
     Ports,
 )
 
-USER_AGENT: Final = "gpu-scheduler-fixture-capture/0.2 (python http.client)"
 ADMIN_CERT: Final = "CN=admin, O=system:masters"
 REDACTED: Final = "Bearer <REDACTED-SERVICEACCOUNT-TOKEN>"
 MERGE: Final = "application/merge-patch+json"
@@ -83,7 +87,9 @@ HISTORY_WINDOW_S: Final = 80.0
 class _Plane(ControlPlane):
     """The loopback control plane, its kube-apiserver started with `extra_flags` as well."""
 
-    extra_flags: list[str]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.extra_flags: list[str] = []
 
     def apiserver(self) -> ManagedProcess:
         process = super().apiserver()
@@ -165,13 +171,6 @@ class _Client:
         body = {"metadata": {"annotations": {"gpu-scheduler.example.com/utilization": utilization}}}
         node = self.json("PATCH", NODE, body, content_type=MERGE)
         return str(node["metadata"]["resourceVersion"])
-
-
-def _json_or_none(text: str | None) -> Any:
-    try:
-        return None if not text else json.loads(text)
-    except ValueError:
-        return None
 
 
 def _now() -> str:
@@ -609,7 +608,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = BuildSpec.for_version()  # $LOOPBACK_KUBERNETES, else the newest pinned
     with tempfile.TemporaryDirectory() as scratch:
         plane = _Plane(Path(scratch) / "plane", Ports.free(), spec=spec, tie_to_parent=True)
-        plane.extra_flags = []
         plane.up()
         try:
             capture(plane, args.earlier, args.out)
