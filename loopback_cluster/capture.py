@@ -20,6 +20,8 @@ Kubernetes minor needs them recorded again from that minor's control plane:
   and a paged list) are sent again, in the same order, to the new minor's server; the request
   and the whole response (status line, headers as received, body) are written in the same
   format, under the same names. `--apiserver-out` or `--scheduler-out` alone records one side.
+  The rest (watches, compaction, an API server restart, service-account tokens) need set-ups
+  of their own: `python -m loopback_cluster.capture_watch` records them.
 
     LOOPBACK_KUBERNETES=v1.37 python -m loopback_cluster.capture \\
         --from tests/fixtures/kube-apiserver-v1.36 \\
@@ -65,7 +67,7 @@ LIMIT: Final = 0.90
 # The earlier minor's exchanges replayed, in the order they were taken there (the apply patches
 # came after the LIST): each needs only what the ones before made. Not replayed: the watches,
 # compaction and restart cases, the service-account tokens and anonymous auth turned off,
-# which need a set-up of their own.
+# which need a set-up of their own (`loopback_cluster.capture_watch` records them).
 REPLAYED: Final = (
     "01-create-node.json",
     "02-patch-node-status.json",
