@@ -28,7 +28,6 @@ import logging
 import math
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import compress, repeat
@@ -42,7 +41,14 @@ from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
 from exporter_scheduler.serving.inputs import LearnedLoads
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
-from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
+from exporter_scheduler.serving.verdicts import (
+    TALLY,
+    Entry,
+    Judgement,
+    VerdictTable,
+    all_hold,
+    count_ids,
+)
 
 log = logging.getLogger("exporter_scheduler.nodestore")
 
@@ -184,7 +190,7 @@ class NodeStore:
             judged = self._complete(table, names, entries, now, now_ts)
         ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
         tally_ids = list(map(TALLY, ready))
-        counts = Counter(tally_ids)
+        counts = count_ids(tally_ids)
         if list_key:
             if len(table.views) >= _VIEWS_PER_CLASS:
                 table.views.clear()

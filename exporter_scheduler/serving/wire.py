@@ -165,6 +165,11 @@ class ExtenderRequest:
         """Each Node's bytes as sent (full-node form, when asked for)."""
         return () if self.echo is None else self.echo.items()
 
+    def with_names(self, names: tuple[str, ...]) -> ExtenderRequest:
+        """This names-form request with its names read (`dataclasses.replace` by hand: that
+        reads the class's fields on every call, on every names-only request)."""
+        return ExtenderRequest(self.pod, self.form, names, self.node_names_json, keys=self.keys)
+
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
     text = str(exc)
