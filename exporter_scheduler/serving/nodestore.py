@@ -183,13 +183,19 @@ class NodeStore:
                 )
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
-        if any(map(is_, entries, repeat(None))) or not (
-            (table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch)
-            or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
-        ):
+        try:
+            # A name without an entry (None) has no tally: the one pass that reads the tallies
+            # also says whether every name has an entry.
+            tally_ids: list[int] = list(map(TALLY, entries))
+            current = (
+                table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch
+            ) or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
+        except AttributeError:
+            current = False
+        if not current:
             judged = self._complete(table, names, entries, now, now_ts)
+            tally_ids = list(map(TALLY, entries))
         ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
-        tally_ids = list(map(TALLY, ready))
         counts = count_ids(tally_ids)
         if list_key:
             if len(table.views) >= _VIEWS_PER_CLASS:

@@ -222,8 +222,13 @@ def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     """Effective request, as the scheduler computes it: max(sum of containers, largest init)."""
     if spec is None:
         return 0
-    total = sum(_container_gpus(c, resource) for c in spec.containers or ())
-    largest_init = max((_container_gpus(c, resource) for c in spec.initContainers or ()), default=0)
+    # Loops rather than generators: this runs for every request's pod.
+    total = 0
+    for container in spec.containers or ():
+        total += _container_gpus(container, resource)
+    largest_init = 0
+    for container in spec.initContainers or ():
+        largest_init = max(largest_init, _container_gpus(container, resource))
     return max(total, largest_init)
 
 
