@@ -185,6 +185,10 @@ def parse_gpu_quantity(value: str | int | float, *, resource: str) -> int:
     The API server only admits integer quantities for extended resources, so a fraction or a
     suffix here means the body did not come from a real scheduler.
     """
+    # What the API server writes (ASCII digits), read without the float round trip: every
+    # request's pod and every pod of the Pod watch's LIST comes this way.
+    if type(value) is str and value.isascii() and value.isdigit() and int(value) <= 2**31:
+        return int(value)
     if isinstance(value, bool):
         raise WireError("bad_quantity", f"{resource} quantity must be a whole number")
     if isinstance(value, int):
