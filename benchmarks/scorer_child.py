@@ -1,7 +1,7 @@
 """One process of the scorer latency benchmark, driven over stdin/stdout.
 
     python benchmarks/scorer_child.py scorer --tree DIR --mode names|full --port P
-                                             [--kubeconfig FILE --expect N]
+                                             [--kubeconfig FILE --expect N] [--log FILE]
     python benchmarks/scorer_child.py nothing --port P --reply FILE [--floor]
     python benchmarks/scorer_child.py apiserver --port P --nodes FILE --churn FILE
                                                 --kubeconfig FILE [--per-gpu]
@@ -11,7 +11,12 @@ version: the benchmark measures both side by side, so this role speaks both vers
 imports nothing of the tree this file lives in). In names-only mode its node cache is the
 production one, started as `gpu-scorer serve` starts it: a LIST, then a WATCH on its own thread
 against the API server of `--kubeconfig`, so watch events meet requests in this process (the
-GIL, the store's locks, the CPU caches) exactly as they do in production.
+GIL, the store's locks, the CPU caches) exactly as they do in production. As `serve` does, the
+app and the node cache share one metrics registry, and the log is on at INFO: records are queued
+on the request path and written as JSON lines by the log's writer thread (`logs.configure_logging`),
+here to the file `--log` (a pod's filter with rejections logs a line, and so does a node whose
+verdict for a class turns to a rejection). Not started, unlike `serve`'s defaults: the Pod,
+Namespace and DRA watches (the stand-in serves Nodes only), so this is `serve --no-pod-watch`.
 
 `nothing` is the do-nothing server the scorer's round trip is compared with: it reads each
 request (head, then exactly Content-Length bytes, into one reused buffer) and answers with fixed
@@ -81,6 +86,23 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
+def _start_logging(path: str | None) -> Any:
+    """The log as `serve` starts it (INFO, the writer thread), into the file `path`; None when
+    there is no `path` or the tree has no log writer of its own."""
+    if path is None:
+        return None
+    for name in ("exporter_scheduler.logs", "exporter_scheduler.cli"):  # it moved once
+        try:
+            configure = getattr(_module(name), "configure_logging", None)
+        except ImportError:
+            continue
+        if configure is not None:
+            # The writer writes to `sys.stderr` as it is when started.
+            sys.stderr = Path(path).open("w", encoding="utf-8")  # noqa: SIM115 (until exit)
+            return configure("info")
+    return None
+
+
 def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
     """(app, node cache or None, name of the app's handler method), serving on `args.port`."""
     names_only = args.mode == "names"
@@ -92,11 +114,18 @@ def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
     nodecache = _module("exporter_scheduler.edges.nodecache") if names_only else None
     policy = _module("exporter_scheduler.core.policy").Policy()
     if app_module is not None and server_module is not None and hasattr(app_module, "ScorerApp"):
+        # One registry for the app and the node cache, as `serve` makes it.
+        metrics = _module("exporter_scheduler.serving.metrics").ScorerMetrics()
         cache = None
         if nodecache is not None:
-            cache = nodecache.NodeCache(kubeconfig=args.kubeconfig, keys=keys, clock=lambda: NOW)
+            cache = nodecache.NodeCache(
+                kubeconfig=args.kubeconfig, keys=keys, clock=lambda: NOW, metrics=metrics
+            )
         app = app_module.ScorerApp(
-            policy=policy, clock=lambda: NOW, node_store=None if cache is None else cache.store
+            policy=policy,
+            clock=lambda: NOW,
+            node_store=None if cache is None else cache.store,
+            metrics=metrics,
         )
         server_module.HttpServer(app, host="127.0.0.1", port=args.port).start()
         return app, cache, "respond"
@@ -116,6 +145,7 @@ def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
 def serve_scorer(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(args.tree).resolve()))
     keys = _module("gpu_contract.schema").DEFAULT_KEYS
+    writer = _start_logging(args.log)
     app, cache, handler_name = _start_scorer(args, keys)
     handler_spans: list[Interval] = []
     event_spans: list[Interval] = []
@@ -141,6 +171,8 @@ def serve_scorer(args: argparse.Namespace) -> None:
             break
     if cache is not None:
         cache.stop(timeout_s=2.0)
+    if writer is not None:
+        writer.stop()
 
 
 # ----------------------------------------------------------------------------- do-nothing
@@ -330,6 +362,7 @@ def main() -> None:
     parser.add_argument("--per-gpu", action="store_true")
     parser.add_argument("--reply")
     parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--log", help="scorer: the log's file (INFO, as `serve` logs)")
     args = parser.parse_args()
     if args.role == "scorer":
         serve_scorer(args)

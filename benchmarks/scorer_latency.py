@@ -23,6 +23,11 @@ reading the request and sending the reply, HTTP parsing included. The handler ti
 inside the scorer (decode, verdicts, reply, without HTTP) is reported beside it. The floor's
 server time is measured the same way.
 
+Every scorer logs as `gpu-scorer serve` does: at INFO, through the log's writer thread
+(`logs.configure_logging`), to a file per scorer whose lines the row counts (`log_lines`); a
+filter with rejections queues one record on the request path, which the benchmark pays as
+production does.
+
 Names-only mode runs during live churn, as in production: an API server stand-in
 (`kube_standins.apiserver`, its own process) holds the Nodes, each scorer's node cache LISTs them
 and WATCHes them on its own thread (the production list + watch loop, started as
@@ -454,6 +459,21 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
     return Sampled(server_s, round_trips, floor_s, started, time.monotonic())
 
 
+def log_path(scratch: Path, label: str, mode: Mode, count: int) -> Path:
+    """The log file of scorer `label` in one row."""
+    return scratch / f"{label}-{mode}-{count}.log"
+
+
+def log_lines(scratch: Path, labels: Sequence[str], mode: Mode, count: int) -> dict[str, int]:
+    """The lines each scorer of a row logged, read once the row's processes have exited (their
+    log writers write what is queued as they stop)."""
+    counts = {}
+    for label in labels:
+        path = log_path(scratch, label, mode, count)
+        counts[label] = path.read_bytes().count(b"\n") if path.exists() else 0
+    return counts
+
+
 def _durations(spans: Sequence[Sequence[float]]) -> list[float]:
     return [end - start for start, end in spans]
 
@@ -520,8 +540,13 @@ def measure(
             )
             started.append(apiserver)
         scorers: dict[str, Child] = {}
+
+        def log_of(label: str) -> Path:
+            return log_path(scratch, label, mode, count)
+
         for label, tree in trees.items():
-            argv = ["scorer", "--tree", str(tree), "--mode", mode]
+            # Logging on at INFO, as `serve` logs (to a file: the lines are counted, not shown).
+            argv = ["scorer", "--tree", str(tree), "--mode", mode, "--log", str(log_of(label))]
             if names_only:
                 argv += ["--kubeconfig", str(kubeconfig), "--expect", str(count)]
             scorers[label] = _start(label, *argv)
@@ -761,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                 gpus=args.gpus,
                 quick=args.quick,
             )
+            row["log_lines"] = log_lines(Path(scratch), list(trees), mode, count)
             rows.append(row)
             print(f"measured {mode} {count}", file=sys.stderr)
     result = {

@@ -57,7 +57,9 @@ class HttpApp(Protocol):
     @property
     def max_body_bytes(self) -> int: ...
 
-    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response: ...
+    def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response:
+        """The answer; the edge calls its `finish()` once it is written."""
+        ...
 
     def body_too_large(self) -> Response: ...
 
@@ -292,12 +294,16 @@ class _Connection:
             body = self._read_body(headers)
             path, _, query = target.partition("?")
             response = server.app.respond(method, unquote(path), query.encode("latin-1"), body)
-            self._write(
-                response,
-                keep_alive=keep_alive,
-                head_only=method == "HEAD",
-                http10=version == "HTTP/1.0",
-            )
+            try:
+                self._write(
+                    response,
+                    keep_alive=keep_alive,
+                    head_only=method == "HEAD",
+                    http10=version == "HTTP/1.0",
+                )
+            finally:
+                # The counters and log lines, after the reply: not in the time the client waits.
+                response.finish()
             del body, response  # release the views of the body buffer before it is reused
             return keep_alive
         finally:

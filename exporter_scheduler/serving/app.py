@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from itertools import compress
 from types import MappingProxyType
 from typing import Final
@@ -31,7 +32,7 @@ from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.podclass import PodClass, PodClassKey, pod_class_key
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.core.records import NodeInput, NodeVerdict
+from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.core.spread import (
     HOSTNAME_KEY,
     LabelsOf,
@@ -50,7 +51,7 @@ from exporter_scheduler.serving.inputs import (
     NamespaceLabels,
     Placements,
 )
-from exporter_scheduler.serving.logfields import log_request_rejections, rejection_fields
+from exporter_scheduler.serving.logfields import count_and_log
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
 from exporter_scheduler.serving.nodestore import NodeStore
@@ -154,11 +155,12 @@ class ScorerApp:
 
     # ------------------------------------------------------------------ routes
     def respond(self, method: str, path: str, query: bytes, body: Buffer) -> Response:
-        """Any HTTP request, routed; never raises."""
+        """Any HTTP request, routed; never raises. The caller calls the answer's `finish()` once
+        the reply is written (the call's counters and log lines)."""
         verb = self._verbs.get(path)
         try:
             if method == "POST" and verb is not None:
-                return self.handle(verb, body, query=query)
+                return self.answer(verb, body, query=query)
             return self.handle_get(method, path)
         except Exception as exc:  # a bug outside the verdicts: still a defined answer, not a 500
             return self._unexpected(verb, exc)
@@ -186,8 +188,17 @@ class ScorerApp:
 
     # ------------------------------------------------------------------ the pipeline
     def handle(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
-        """Answer one extender call (`filter`, `prioritize` or `explain`) for a request body."""
+        """Answer one extender call (`filter`, `prioritize` or `explain`) for a request body,
+        its counters and log lines included."""
+        response = self.answer(verb, body, query=query)
+        response.finish()
+        return response
+
+    def answer(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
+        """`handle`, leaving the call's counters and log lines to `response.finish()`, which the
+        HTTP edge calls once the reply is written: kube-scheduler waits for the reply alone."""
         started = time.perf_counter()
+        later: list[Callable[[], object]] = []
         request = self._decode(verb, body)
         if isinstance(request, Response):
             return request
@@ -209,18 +220,20 @@ class ScorerApp:
                     placements.forget(request.pod.uid)  # scheduled again: it did not bind
                 judgement: Judgement | None = None
                 if request.form == "names":
-                    response, judgement = self._names_reply(verb, request, pod_class, now)
+                    response, judgement = self._names_reply(verb, request, pod_class, now, later)
                 elif request.pod.dra is not None:
                     response = self._dra_reply(verb, request, pod_class, now)
                 else:
-                    response, judgement = self._nodes_reply(verb, request, pod_class, now)
+                    response, judgement = self._nodes_reply(verb, request, pod_class, now, later)
                 # A DRA pod's devices show in its claim's allocation, written before binding.
                 if placements is not None and judgement is not None and request.pod.dra is None:
                     self._propose(verb, request, pod_class, judgement, now, placements)
-                self.metrics.count_request(verb, pod_class.policy.profile)
+                later.append(partial(self.metrics.count_request, verb, pod_class.policy.profile))
         except Exception as exc:
             response = self._internal_error(verb, request, exc)
-        self._observe(verb, request, started)
+        seconds = time.perf_counter() - started  # the reply is made: the time is taken here
+        later.append(partial(self.metrics.observe_request, verb, seconds, request.node_count))
+        response.after = partial(_settle, later)
         return response
 
     def _decode(self, verb: Verb, body: Buffer) -> wire.ExtenderRequest | Response:
@@ -236,7 +249,7 @@ class ScorerApp:
             )
             if request.form == "names" and self.node_store is not None and not request.node_names:
                 names = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
-                request = dataclasses.replace(request, node_names=names)
+                request = request.with_names(names)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
             return bad_request(verb, str(exc))
@@ -336,7 +349,12 @@ class ScorerApp:
         )
 
     def _nodes_reply(
-        self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
+        self,
+        verb: Verb,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        now: datetime,
+        later: list[Callable[[], object]],
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
         before for this class, the others judged, the chain, the reply."""
@@ -356,7 +374,11 @@ class ScorerApp:
         parts = wire.filter_reply_parts(
             request, judgement.passed_mask(), failed=failed, unresolvable=unresolvable
         )
-        self._count_and_log(request, pod_class, judgement, judged)
+        later.append(
+            partial(
+                count_and_log, self.metrics, log, _pod_ref(request), pod_class, judgement, judged
+            )
+        )
         return Response(200, parts), judgement
 
     def _spread(
@@ -400,7 +422,12 @@ class ScorerApp:
         return check, check.blocked
 
     def _names_reply(
-        self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
+        self,
+        verb: Verb,
+        request: wire.ExtenderRequest,
+        pod_class: PodClass,
+        now: datetime,
+        later: list[Callable[[], object]],
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
@@ -430,39 +457,12 @@ class ScorerApp:
                 replies[verb] = body
         if verb == "filter":
             # The node store logged the rejected nodes' values when it judged them.
-            self._count_and_log(request, pod_class, judgement, ())
-        return Response(200, body), judgement
-
-    def _count_and_log(
-        self,
-        request: wire.ExtenderRequest,
-        pod_class: PodClass,
-        judgement: Judgement,
-        judged: Sequence[NodeVerdict],
-    ) -> None:
-        """The verdict counters; log lines for the rejected nodes judged in this request (their
-        values), and one for the request."""
-        counts = judgement.tally()
-        tally = self.metrics.tally_counts(counts)
-        self.metrics.add_tally(tally)
-        if not tally.rejected or not log.isEnabledFor(logging.INFO):
-            return
-        pod = _pod_ref(request)
-        problem = pod_class.hint_problem
-        if problem is not None:
-            log.info(
-                "pod rejected on every node",
-                extra={"fields": {"pod": pod, "reason": problem.reason}},
+            later.append(
+                partial(
+                    count_and_log, self.metrics, log, _pod_ref(request), pod_class, judgement, ()
+                )
             )
-            return
-        logged = 0
-        for verdict in judged:
-            if not verdict.passed:
-                logged += 1
-                _log_rejection(pod, verdict)
-        log_request_rejections(
-            log, pod, pod_class, counts, tally.rejected, tally.unresolvable, logged
-        )
+        return Response(200, body), judgement
 
     def _dra_reply(
         self, verb: Verb, request: wire.ExtenderRequest, pod_class: PodClass, now: datetime
@@ -505,9 +505,8 @@ class ScorerApp:
         return Response(200, wire.encode_json(document))
 
     def _observe(self, verb: Verb, request: wire.ExtenderRequest, started: float) -> None:
-        metrics = self.metrics
-        metrics.request_seconds_by_verb[verb].observe(time.perf_counter() - started)
-        metrics.nodes_per_request_by_verb[verb].observe(request.node_count)
+        seconds = time.perf_counter() - started
+        self.metrics.observe_request(verb, seconds, request.node_count)
 
     # ------------------------------------------------------------------ defined fallbacks
     def _store_ready(self) -> bool:
@@ -583,11 +582,15 @@ class ScorerApp:
         return Response(200, wire.encode_json({"Error": message}))
 
 
+def _settle(later: Sequence[Callable[[], object]]) -> None:
+    """A call's counters and log lines, once its reply is written; a bug among them is logged
+    (the reply, the only thing kube-scheduler reads, is gone already)."""
+    try:
+        for step in later:
+            step()
+    except Exception:
+        log.exception("counting a request failed")
+
+
 def _pod_ref(request: wire.ExtenderRequest) -> str:
     return f"{request.pod.namespace}/{request.pod.name}"
-
-
-def _log_rejection(pod: str, verdict: NodeVerdict) -> None:
-    """One structured line per rejected node judged: the uniform reason plus what was read."""
-    fields = {"pod": pod, **rejection_fields(verdict)}
-    log.info("node rejected", extra={"fields": fields})

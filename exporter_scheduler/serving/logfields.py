@@ -8,12 +8,17 @@ without depending on the module that renders explanations.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.records import BASIS_POINTS, NodeVerdict
 from exporter_scheduler.logs import DeferredFields
 from gpu_contract.schema import format_timestamp
+
+if TYPE_CHECKING:  # types only: both modules read this one's fields
+    from exporter_scheduler.serving.metrics import ScorerMetrics
+    from exporter_scheduler.serving.verdicts import Judgement
 
 
 def describe_pod_class(pod_class: PodClass) -> dict[str, object]:
@@ -112,3 +117,35 @@ def log_request_rejections(  # noqa: PLR0917 (the request's tallies, passed as t
         }
 
     log.info("nodes rejected", extra={"fields": DeferredFields(fields)})
+
+
+def count_and_log(  # noqa: PLR0917 (a request's parts, as the request path holds them)
+    metrics: ScorerMetrics,
+    log: logging.Logger,
+    pod: str,
+    pod_class: PodClass,
+    judgement: Judgement,
+    judged: Sequence[NodeVerdict],
+) -> None:
+    """A filter's verdict counters; log lines for the rejected nodes judged in this request
+    (their values), and one for the request (`pod` is its namespace/name)."""
+    counts = judgement.tally()
+    tally = metrics.tally_counts(counts)
+    metrics.add_tally(tally)
+    if not tally.rejected or not log.isEnabledFor(logging.INFO):
+        return
+    problem = pod_class.hint_problem
+    if problem is not None:
+        log.info(
+            "pod rejected on every node",
+            extra={"fields": {"pod": pod, "reason": problem.reason}},
+        )
+        return
+    logged = 0
+    for verdict in judged:
+        if not verdict.passed:
+            logged += 1
+            # One structured line per rejected node judged: the uniform reason plus what was
+            # read.
+            log.info("node rejected", extra={"fields": {"pod": pod, **rejection_fields(verdict)}})
+    log_request_rejections(log, pod, pod_class, counts, tally.rejected, tally.unresolvable, logged)

@@ -337,6 +337,11 @@ class ScorerMetrics:
             )
         child.inc()
 
+    def observe_request(self, verb: Verb, seconds: float, nodes: int) -> None:
+        """One extender call's time to its reply, and the nodes it named."""
+        self.request_seconds_by_verb[verb].observe(seconds)
+        self.nodes_per_request_by_verb[verb].observe(nodes)
+
     def tally_verdicts(self, verdicts: Iterable[VerdictLike]) -> VerdictTally:
         """Count one request's verdicts (one pass over the nodes) without adding them yet."""
         return self.tally_counts(

@@ -28,7 +28,6 @@ import logging
 import math
 import sys
 import threading
-from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import compress, repeat
@@ -42,7 +41,14 @@ from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
 from exporter_scheduler.serving.inputs import LearnedLoads
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
-from exporter_scheduler.serving.verdicts import TALLY, Entry, Judgement, VerdictTable, all_hold
+from exporter_scheduler.serving.verdicts import (
+    TALLY,
+    Entry,
+    Judgement,
+    VerdictTable,
+    all_hold,
+    count_ids,
+)
 
 log = logging.getLogger("exporter_scheduler.nodestore")
 
@@ -177,14 +183,20 @@ class NodeStore:
                 )
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
-        if any(map(is_, entries, repeat(None))) or not (
-            (table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch)
-            or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
-        ):
+        try:
+            # A name without an entry (None) has no tally: the one pass that reads the tallies
+            # also says whether every name has an entry.
+            tally_ids: list[int] = list(map(TALLY, entries))
+            current = (
+                table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch
+            ) or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
+        except AttributeError:
+            current = False
+        if not current:
             judged = self._complete(table, names, entries, now, now_ts)
+            tally_ids = list(map(TALLY, entries))
         ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
-        tally_ids = list(map(TALLY, ready))
-        counts = Counter(tally_ids)
+        counts = count_ids(tally_ids)
         if list_key:
             if len(table.views) >= _VIEWS_PER_CLASS:
                 table.views.clear()

@@ -7,7 +7,7 @@ module for the shape of its output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from exporter_scheduler.serving import wire
@@ -20,9 +20,10 @@ TEXT: Final = b"text/plain; charset=utf-8"
 
 class Response:
     """A status, a content type and the body as buffers to write in order (a full-node filter
-    reply is mostly slices of the request's own Node bytes, written without joining them)."""
+    reply is mostly slices of the request's own Node bytes, written without joining them), and
+    what is left to do once it is written (`finish`)."""
 
-    __slots__ = ("allow", "content_type", "parts", "status")
+    __slots__ = ("after", "allow", "content_type", "parts", "status")
 
     def __init__(
         self,
@@ -36,6 +37,15 @@ class Response:
         self.parts: tuple[Buffer, ...] = (body,) if isinstance(body, bytes) else tuple(body)
         self.content_type = content_type
         self.allow = allow  # the `Allow` header of a 405
+        # The call's counters and log lines: the HTTP edge writes the reply first, since
+        # kube-scheduler waits for the reply and for nothing else.
+        self.after: Callable[[], None] | None = None
+
+    def finish(self) -> None:
+        """Do what was left for after the reply (once, however often it is called)."""
+        after, self.after = self.after, None
+        if after is not None:
+            after()
 
     @property
     def body(self) -> bytes:

@@ -165,6 +165,11 @@ class ExtenderRequest:
         """Each Node's bytes as sent (full-node form, when asked for)."""
         return () if self.echo is None else self.echo.items()
 
+    def with_names(self, names: tuple[str, ...]) -> ExtenderRequest:
+        """This names-form request with its names read (`dataclasses.replace` by hand: that
+        reads the class's fields on every call, on every names-only request)."""
+        return ExtenderRequest(self.pod, self.form, names, self.node_names_json, keys=self.keys)
+
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
     text = str(exc)
@@ -180,6 +185,10 @@ def parse_gpu_quantity(value: str | int | float, *, resource: str) -> int:
     The API server only admits integer quantities for extended resources, so a fraction or a
     suffix here means the body did not come from a real scheduler.
     """
+    # What the API server writes (ASCII digits), read without the float round trip: every
+    # request's pod and every pod of the Pod watch's LIST comes this way.
+    if type(value) is str and value.isascii() and value.isdigit() and int(value) <= 2**31:
+        return int(value)
     if isinstance(value, bool):
         raise WireError("bad_quantity", f"{resource} quantity must be a whole number")
     if isinstance(value, int):
@@ -217,8 +226,13 @@ def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     """Effective request, as the scheduler computes it: max(sum of containers, largest init)."""
     if spec is None:
         return 0
-    total = sum(_container_gpus(c, resource) for c in spec.containers or ())
-    largest_init = max((_container_gpus(c, resource) for c in spec.initContainers or ()), default=0)
+    # Loops rather than generators: this runs for every request's pod.
+    total = 0
+    for container in spec.containers or ():
+        total += _container_gpus(container, resource)
+    largest_init = 0
+    for container in spec.initContainers or ():
+        largest_init = max(largest_init, _container_gpus(container, resource))
     return max(total, largest_init)
 
 

@@ -76,7 +76,7 @@ def test_malformed_names_before_the_first_list_are_still_400() -> None:
 
 
 class Broken(ScorerApp):
-    def handle(self, verb: Any, body: bytes, *, query: bytes = b"") -> Any:
+    def answer(self, verb: Any, body: bytes, *, query: bytes = b"") -> Any:
         raise RuntimeError("bug")
 
     def handle_get(self, method: str, path: str) -> Any:

@@ -9,9 +9,11 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,3 +392,44 @@ def test_renewed_certificate_files_are_picked_up_without_a_restart(tmp_path: Pat
         stale = connect(server, context=trusts_old)
         with pytest.raises(ssl.SSLError):
             call(stale, "POST", "/filter", body)
+
+
+def test_a_served_call_is_counted_once_its_reply_is_written() -> None:
+    app = make_app()
+    replied = threading.Event()
+    seen: list[bool] = []
+    answer = app.answer
+
+    def answer_watched(verb: Any, body: Any, *, query: bytes = b"") -> Any:
+        response = answer(verb, body, query=query)
+        after = response.after
+        assert after is not None  # the counters wait for the reply
+
+        def finish_watched() -> None:
+            # Set by the client once it holds the reply: had the accounting come first, the
+            # reply would not have been sent yet, and this would wait in vain.
+            seen.append(replied.wait(5.0))
+            after()
+
+        response.after = finish_watched
+        return response
+
+    app.answer = answer_watched  # type: ignore[method-assign]
+    with serving(app) as server:
+        conn = connect(server)
+        status, _, _ = call(conn, "POST", "/filter", args_body(pod(), nodes=[node("a")]))
+        replied.set()
+        # The next request on the connection is read after the last one's accounting.
+        metrics = call(conn, "GET", "/metrics")[2].decode()
+        conn.close()
+    assert status == 200
+    assert seen == [True]
+    assert 'gpu_scorer_requests_total{profile="default",verb="filter"} 1.0' in metrics
+
+
+def test_a_handled_call_is_counted_before_handle_returns() -> None:
+    app = make_app()
+    response = app.handle("filter", args_body(pod(), nodes=[node("a")]))
+    assert response.after is None  # finished already
+    count = app.metrics.render()[0].decode()
+    assert 'gpu_scorer_requests_total{profile="default",verb="filter"} 1.0' in count

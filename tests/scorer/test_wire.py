@@ -91,6 +91,9 @@ def test_exact_key_wins_over_other_casing() -> None:
         pytest.param(" 3 ", 3, id="spaces"),
         pytest.param("0", 0, id="zero"),
         pytest.param("1e1", 10, id="exponent"),
+        pytest.param("0008", 8, id="leading-zeros"),
+        pytest.param("2147483648", 2**31, id="largest"),
+        pytest.param("\u0663", 3, id="non-ascii-digit"),
     ],
 )
 def test_gpu_quantity(value: str | int, expected: int) -> None:
@@ -108,6 +111,9 @@ def test_gpu_quantity(value: str | int, expected: int) -> None:
         pytest.param("nan", id="nan"),
         pytest.param("inf", id="inf"),
         pytest.param(1e12, id="huge"),
+        pytest.param("2147483649", id="huge-digits"),
+        pytest.param("\u00b2", id="superscript-digit"),
+        pytest.param("", id="empty"),
     ],
 )
 def test_bad_gpu_quantity_is_a_wire_error(value: Any) -> None:
