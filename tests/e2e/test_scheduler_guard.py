@@ -274,15 +274,22 @@ def guard(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[Guard]:
         for name in (REQUIRE, RESTRICT)
     }
 
-    # The bindings take effect when the API server's policy informer has them (about a second):
-    # wait until a server-side dry run of a pod breaking each rule gets this mode's answer.
+    # The bindings take effect when the API server's policy informer has them (about a second),
+    # and until then it may still hold the previous mode's policies of the same names: wait
+    # until a server-side dry run of a pod breaking each rule gets this mode's answer, its
+    # action and its message as computed offline from this mode's policies.
     def effective() -> bool:
-        for namespace, probe in (
-            (OPTED_IN, pod("probe")),
-            (ELSEWHERE, pod("probe", scheduler="gpu-scheduler")),
+        for namespace, probe, policy in (
+            (OPTED_IN, pod("probe"), REQUIRE),
+            (ELSEWHERE, pod("probe", scheduler="gpu-scheduler"), RESTRICT),
         ):
             stderr = cluster.create(namespace, probe, dry_run=True).stderr
+            (message,) = (
+                policies[policy].admit_create(probe, cluster.namespaces[namespace]).messages
+            )
             if ("denied request" if mode != "warn" else "Warning:") not in stderr:
+                return False
+            if message not in stderr:
                 return False
         return True
 
