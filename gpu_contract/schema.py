@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from gpu_contract.podusage import PodUsage
 from gpu_contract.podusage import decode as decode_pod_usage
@@ -399,61 +399,36 @@ def _per_gpu_column(
     return values, len(items)
 
 
+# The per-GPU keys in `GpuState`'s field order, each with its value parser; the first
+# `_MEASURED_COLUMNS` are readings of the GPU, the rest describe it.
+_PER_GPU_PARSERS: Final[tuple[tuple[Field, Callable[[str], Any]], ...]] = (
+    (Field.PER_GPU_UTILIZATION, _parse_fraction),
+    (Field.PER_GPU_MEMORY_FREE_MIB, _parse_count),
+    (Field.PER_GPU_TEMPERATURE, _parse_temperature),
+    (Field.PER_GPU_ALLOCATED, _parse_allocated),
+    (Field.PER_GPU_DRA_DEVICE, _parse_device),
+)
+_MEASURED_COLUMNS: Final = 4
+
+
 def _decode_per_gpu(
     annotations: Mapping[str, str], keys: Keys, gpu_count: int | None, problems: list[str]
 ) -> tuple[GpuState, ...]:
     """The per-GPU table (one `GpuState` per GPU), or `()` when no per-GPU key is usable."""
-    get = annotations.get
     n = gpu_count
-    utilization, n = _per_gpu_column(
-        get(keys[Field.PER_GPU_UTILIZATION]),
-        Field.PER_GPU_UTILIZATION,
-        _parse_fraction,
-        expected=n,
-        problems=problems,
-    )
-    memory, n = _per_gpu_column(
-        get(keys[Field.PER_GPU_MEMORY_FREE_MIB]),
-        Field.PER_GPU_MEMORY_FREE_MIB,
-        _parse_count,
-        expected=n,
-        problems=problems,
-    )
-    temperature, n = _per_gpu_column(
-        get(keys[Field.PER_GPU_TEMPERATURE]),
-        Field.PER_GPU_TEMPERATURE,
-        _parse_temperature,
-        expected=n,
-        problems=problems,
-    )
-    allocated, n = _per_gpu_column(
-        get(keys[Field.PER_GPU_ALLOCATED]),
-        Field.PER_GPU_ALLOCATED,
-        _parse_allocated,
-        expected=n,
-        problems=problems,
-    )
-    devices, n = _per_gpu_column(
-        get(keys[Field.PER_GPU_DRA_DEVICE]),
-        Field.PER_GPU_DRA_DEVICE,
-        _parse_device,
-        expected=n,
-        problems=problems,
-    )
+    columns: list[list[Any] | None] = []
+    for f, parse in _PER_GPU_PARSERS:
+        column, n = _per_gpu_column(
+            annotations.get(keys[f]), f, parse, expected=n, problems=problems
+        )
+        columns.append(column)
     # Device names alone are no reading of a GPU: without a measured column there is no table.
-    if n is None or all(c is None for c in (utilization, memory, temperature, allocated)):
+    if n is None or all(c is None for c in columns[:_MEASURED_COLUMNS]):
         return ()
     unknown: list[None] = [None] * n
     return tuple(
         GpuState(*values)
-        for values in zip(
-            unknown if utilization is None else utilization,
-            unknown if memory is None else memory,
-            unknown if temperature is None else temperature,
-            unknown if allocated is None else allocated,
-            unknown if devices is None else devices,
-            strict=True,
-        )
+        for values in zip(*(unknown if c is None else c for c in columns), strict=True)
     )
 
 

@@ -398,6 +398,21 @@ def _json_or_none(text: str | None) -> Any:
         return None
 
 
+def response_record(
+    response: http.client.HTTPResponse, text: str, elapsed_ms: float
+) -> dict[str, Any]:
+    """An answer as the fixtures record it: status line, headers as received, exact body."""
+    return {
+        "http_version": f"HTTP/{response.version // 10}.{response.version % 10}",
+        "status": response.status,
+        "reason": response.reason,
+        "headers": [[k, v] for k, v in response.getheaders()],
+        "body": text,
+        "elapsed_ms": round(elapsed_ms, 3),
+        "body_json": _json_or_none(text),
+    }
+
+
 def _with_resource_version(body: str, api: KubeApi, node: str, offset: int) -> str:
     current = int(api.get(f"/api/v1/nodes/{node}")["metadata"]["resourceVersion"])
     document = json.loads(body)
@@ -463,15 +478,7 @@ def capture_apiserver(plane: ControlPlane, earlier: Path, out: Path) -> None:
                         else {"body": body, "body_json": _json_or_none(body)}
                     ),
                 },
-                "response": {
-                    "http_version": f"HTTP/{response.version // 10}.{response.version % 10}",
-                    "status": response.status,
-                    "reason": response.reason,
-                    "headers": [[k, v] for k, v in response.getheaders()],
-                    "body": text,
-                    "elapsed_ms": round(elapsed_ms, 3),
-                    "body_json": _json_or_none(text),
-                },
+                "response": response_record(response, text, elapsed_ms),
             }
             (out / name).write_text(json.dumps(document, indent=1) + "\n")
     finally:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
 
-from loopback_cluster.capture import USER_AGENT, _json_or_none
+from loopback_cluster.capture import USER_AGENT, _json_or_none, response_record
 from loopback_cluster.control_plane import (
     LOOPBACK,
     ROOT,
@@ -147,16 +147,7 @@ class _Client:
         }
         if body is not None:
             request |= {"body": body, "body_json": _json_or_none(body)}
-        answer = {
-            "http_version": f"HTTP/{response.version // 10}.{response.version % 10}",
-            "status": response.status,
-            "reason": response.reason,
-            "headers": [[k, v] for k, v in response.getheaders()],
-            "body": text,
-            "elapsed_ms": round(elapsed_ms, 3),
-            "body_json": _json_or_none(text),
-        }
-        return request, answer
+        return request, response_record(response, text, elapsed_ms)
 
     def json(self, method: str, path: str, body: object | None = None, **kw: Any) -> Any:
         """A set-up request's JSON answer; anything but 2xx is an error."""
