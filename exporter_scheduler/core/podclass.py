@@ -84,6 +84,7 @@ class PodClass:
         "chain_active",
         "decode",
         "dra_choices",
+        "dra_fixed",
         "gpu_request",
         "gpus_fail",
         "gpus_pass",
@@ -161,6 +162,8 @@ class PodClass:
         # by its first GPU alternative in `gpu_request`: on a node whose GPUs are known, the
         # alternative the allocator takes there decides (`for_node`).
         self.dra_choices = dra_choices
+        # The GPUs of its requests that are the same on every node, taken first there.
+        self.dra_fixed = gpu_request - sum(first_gpu_count(c) for c in dra_choices)
         self.by_gpus: dict[int, PodClass] = {}
         self.decode = Decoder(policy.keys)
         lenient = policy.missing_data == "lenient"
@@ -311,8 +314,7 @@ class PodClass:
         otherwise, kept per k: nodes come in few sizes)."""
         if not self.dra_choices:
             return self
-        fixed = self.gpu_request - sum(first_gpu_count(c) for c in self.dra_choices)
-        k = gpus_on_node(self.dra_choices, fixed, node_gpus, free)
+        k = gpus_on_node(self.dra_choices, self.dra_fixed, node_gpus, free)
         if k == self.gpu_request:
             return self
         found = self.by_gpus.get(k)
