@@ -49,6 +49,13 @@ from gpu_contract.schema import Keys, parse_timestamp
 PROG = "gpu-scorer"
 # Settings `explain` accepts besides the policy: where the policy file is.
 _EXPLAIN_EXTRA = ("policy_file",)
+_LABEL_SETTINGS = (
+    "kubeconfig",
+    "policy_file",
+    "annotation_prefix",
+    "gpu_resource_name",
+    "log_level",
+)
 if TYPE_CHECKING:
     from exporter_scheduler.core.policy import Policy
     from exporter_scheduler.edges.dracache import DraCache
@@ -56,7 +63,7 @@ if TYPE_CHECKING:
     from exporter_scheduler.edges.nodecache import NodeCache
     from exporter_scheduler.edges.podcache import PodCache
 
-_NOT_SETTINGS = {"command", "request", "now", "output"}
+_NOT_SETTINGS = {"command", "request", "now", "output", "dry_run"}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _Watch = TypeVar("_Watch")
 
@@ -117,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="text for people, json for programs (default: text)",
     )
     _add_setting_flags(explain_cmd, [*POLICY_FIELDS, *_EXPLAIN_EXTRA])
+
+    label_cmd = commands.add_parser(
+        "label-gpu-pods",
+        help="label the unfinished GPU pods created before the chart's admission policy "
+        "(for --pod-label-selector), print one JSON summary line",
+    )
+    label_cmd.add_argument(
+        "--dry-run", action="store_true", help="count the pods it would label, label none"
+    )
+    _add_setting_flags(label_cmd, list(_LABEL_SETTINGS))
     return parser
 
 
@@ -321,6 +338,7 @@ def _start_pod_watch(
         kubeconfig=settings.kubeconfig_file(),
         keys=Keys.for_prefix(settings.annotation_prefix),
         gpu_resource_name=settings.gpu_resource_name,
+        label_selector=settings.pod_label_selector,
         metrics=metrics,
     )
 
@@ -420,11 +438,35 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _label_gpu_pods(args: argparse.Namespace) -> int:
+    from exporter_scheduler.edges.listwatch import make_api  # noqa: PLC0415
+    from exporter_scheduler.edges.podlabels import LabelError, label_gpu_pods  # noqa: PLC0415
+
+    settings = _settings_from(args)
+    listener = configure_logging(settings.log_level)
+    try:
+        summary = label_gpu_pods(
+            make_api(settings.kubeconfig_file()),
+            keys=Keys.for_prefix(settings.annotation_prefix),
+            resource=settings.gpu_resource_name,
+            dry_run=args.dry_run,
+        )
+    except LabelError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        listener.stop()
+    print(summary.line())
+    return 1 if summary.failed else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "label-gpu-pods":
+            return _label_gpu_pods(args)
         return _explain(args)
     except SettingsError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from exporter_scheduler.config.profiles import PolicySet, ProfileError, parse_profiles
+from exporter_scheduler.config.selectors import selector_error
 from exporter_scheduler.config.serving import (
     DEFAULT_KEEP_ALIVE_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -148,6 +149,13 @@ class ScorerSettings(BaseSettings):
         description="Watch GPU pods bound to nodes and count those the nodes' data cannot show "
         "yet (in-flight accounting; needs list/watch on pods, and credentials as --node-cache).",
     )
+    pod_label_selector: str | None = Field(
+        None,
+        description="Watch only the pods with these labels (a label selector, e.g. "
+        "gpu-scheduler.example.com/gpu-pod=true as the chart's admission policy sets it on GPU "
+        "pods): the LIST's bytes and CPU then grow with the GPU pods rather than every bound "
+        'pod; a GPU pod without the labels is not counted (docs/deploy.md, "GPU pod label").',
+    )
     # -- DRA pods (docs/scoring.md, "DRA pods")
     dra: bool = Field(
         False,
@@ -225,6 +233,13 @@ class ScorerSettings(BaseSettings):
     @classmethod
     def _prefix(cls, value: str) -> str:
         return Keys.for_prefix(value).prefix
+
+    @field_validator("pod_label_selector")
+    @classmethod
+    def _selector(cls, value: str | None) -> str | None:
+        if value is not None and (why := selector_error(value)) is not None:
+            raise ValueError(f"not a label selector the API server takes: {why}")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> ScorerSettings:

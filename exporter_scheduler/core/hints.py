@@ -28,6 +28,10 @@ EXPECTED_GPU_LOAD: Final = "expected-gpu-load"
 EXPECTED_GPU_MEMORY_MIB: Final = "expected-gpu-memory-mib"
 # Group caps (exporter_scheduler/core/spread.py): the group is the pod's `spread-group` label.
 SPREAD_GROUP_LABEL: Final = "spread-group"
+# Set to "true" on each GPU pod at admission by the chart's MutatingAdmissionPolicy (and on older
+# pods by `gpu-scorer label-gpu-pods`), so that the Pod watch can select GPU pods on the server.
+GPU_POD_LABEL: Final = "gpu-pod"
+GPU_POD_LABEL_VALUE: Final = "true"
 SPREAD_MAX_PER_DOMAIN: Final = "spread-max-per-domain"
 SPREAD_TOPOLOGY_KEY: Final = "spread-topology-key"
 MAX_SPREAD_PER_DOMAIN: Final = 100_000

@@ -95,6 +95,7 @@ class PodCache(ListWatch):
         kubeconfig: str | None = None,
         keys: Keys = DEFAULT_KEYS,
         gpu_resource_name: str = "nvidia.com/gpu",
+        label_selector: str | None = None,
         metrics: ScorerMetrics | None = None,
         tuning: CacheTuning | None = None,
         rng: random.Random | None = None,
@@ -103,6 +104,10 @@ class PodCache(ListWatch):
         super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng, api=api)
         self.keys = keys
         self.resource = gpu_resource_name
+        # Both watches' label selector: {} for every pod the field selectors leave.
+        self.selector: dict[str, str] = (
+            {} if label_selector is None else {"label_selector": label_selector}
+        )
         self._page = PAGE
         self._event = EVENT
         self._lock = threading.Lock()
@@ -242,7 +247,9 @@ class PodCache(ListWatch):
 
     # ------------------------------------------------------------------ the loop's hooks
     def _list(self, **kwargs: Any) -> Any:
-        return self._api.list_pod_for_all_namespaces(field_selector=FIELD_SELECTOR, **kwargs)
+        return self._api.list_pod_for_all_namespaces(
+            field_selector=FIELD_SELECTOR, **self.selector, **kwargs
+        )
 
     def _keep(self, items: list[Any]) -> list[Any]:
         # Only the bound GPU pods, as records. Each raw Pod is first read for its spec; only a
@@ -419,7 +426,7 @@ class _NominationWatch(ListWatch):
 
     def _list(self, **kwargs: Any) -> Any:
         return self._api.list_pod_for_all_namespaces(
-            field_selector=NOMINATED_FIELD_SELECTOR, **kwargs
+            field_selector=NOMINATED_FIELD_SELECTOR, **self._owner.selector, **kwargs
         )
 
     def _keep(self, items: list[Any]) -> list[Any]:

@@ -835,6 +835,33 @@ def test_the_loop_watches_the_nominated_pods_with_their_own_selector(
     ]
 
 
+GPU_POD = f"{PREFIX}gpu-pod"
+
+
+def test_with_a_label_selector_both_watches_hold_only_the_labelled_pods(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore
+) -> None:
+    labelled = {GPU_POD: "true"}
+    standin.put_pod(pod_object("a", labels=labelled))
+    standin.put_pod(pod_object("unlabelled"))  # created before the admission policy
+    standin.put_pod(waiting("gang-0", "gpu-node-2", labels=labelled))
+    standin.put_pod(waiting("gang-unlabelled", "gpu-node-2"))
+    selector = f"{GPU_POD}=true"
+    with PodCache(
+        kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST, label_selector=selector
+    ) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(lambda c: c.active and c.nominations() == 1, WAIT_S)
+        wait_pods(cache, {"gpu-node-1": ["a"], "gpu-node-2": ["gang-0 (nominated)"]})
+        # Labelled later (`gpu-scorer label-gpu-pods`): the watch shows it as it joins the
+        # selection; a pod whose label is taken away leaves it as a DELETED.
+        standin.put_pod(pod_object("unlabelled", labels=labelled))
+        standin.put_pod(pod_object("a"))
+        wait_pods(cache, {"gpu-node-1": ["unlabelled"], "gpu-node-2": ["gang-0 (nominated)"]})
+    for request in recorded(standin, 4, lambda r: r.path == PODS_PATH):
+        assert request.param("labelSelector") == selector, request
+
+
 # ----------------------------------------------------------------------------- failures
 
 

@@ -190,6 +190,18 @@ def test_empty_policy_file_is_no_settings(tmp_path: Path) -> None:
             {"keep_alive_s": 90}, ["--keep-alive-s", "greater than or equal to 91"], id="keep-alive"
         ),
         pytest.param({"kubeconfig": "/nope"}, ["kubeconfig not found"], id="kubeconfig"),
+        pytest.param(
+            {"pod_label_selector": "gpu pod=true"},
+            ["--pod-label-selector", "cannot parse 'gpu pod=true'"],
+            id="selector-not-parsed",
+        ),
+        pytest.param(
+            {"pod_label_selector": "a=b,"}, ["--pod-label-selector", "comma"], id="selector-comma"
+        ),
+        pytest.param(
+            {"pod_label_selector": "k in ()"}, ["cannot be empty"], id="selector-empty-set"
+        ),
+        pytest.param({"pod_label_selector": " "}, ["empty"], id="selector-blank"),
         pytest.param({"surprise": 1}, ["surprise"], id="unknown"),
     ],
 )
@@ -211,3 +223,16 @@ def test_invalid_env_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -
 def test_custom_prefix_reaches_the_policy() -> None:
     policy = load_settings({"annotation_prefix": "gpu.example.org"}).policy()
     assert policy.keys.prefix == "gpu.example.org/"
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "gpu-scheduler.example.com/gpu-pod=true",
+        "gpu-scheduler.example.com/gpu-pod==true,team!=batch",
+        "tier in (gpu, gpu-large), !legacy",
+        "app notin (a),x.y/z",
+    ],
+)
+def test_label_selectors_the_api_server_takes_are_taken(selector: str) -> None:
+    assert load_settings({"pod_label_selector": selector}).pod_label_selector == selector
