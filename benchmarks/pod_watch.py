@@ -61,6 +61,7 @@ from typing import Any, Final, Literal
 from benchmarks.machine import machine_description
 from benchmarks.real_scheduler import Config as FleetConfig
 from benchmarks.real_scheduler import Patcher, node_plan, register_fleet
+from exporter_scheduler.core.hints import GPU_POD_LABEL, GPU_POD_LABEL_VALUE
 from exporter_scheduler.serving.metrics import EVENT_BUCKETS_S
 from gpu_contract.schema import format_timestamp
 from loopback_cluster.control_plane import (
@@ -105,6 +106,9 @@ class Config:
     gpu_share: float = DEFAULT_GPU_SHARE
     # A commit whose scorer also runs, with its Pod watch, beside the two (`before_watch`).
     before: str | None = None
+    # GPU pods carry the label the chart's admission policy sets, and a third scorer watches
+    # with `--pod-label-selector` (`labelled_watch`).
+    labelled: bool = False
 
     def fleet(self) -> FleetConfig:
         """The node fleet and its annotation write rate, as the real-scheduler benchmark has it."""
@@ -146,8 +150,9 @@ def _uid(text: str) -> str:
 _POD_NAME_FIELD: Final = {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def pod_object(plan: PodPlan) -> dict[str, Any]:
-    """A Job's pod bound to its node, as a training or data pipeline creates it (~4 KB)."""
+def pod_object(plan: PodPlan, *, labelled: bool = False) -> dict[str, Any]:
+    """A Job's pod bound to its node, as a training or data pipeline creates it (~4 KB);
+    `labelled`: a GPU pod has the label the chart's admission policy gives it."""
     job = f"{plan.namespace}-job-{plan.index // 16:05d}"
     job_uid = _uid(job)
     main_resources: dict[str, dict[str, str]] = {
@@ -184,7 +189,7 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
         {"name": "config", "mountPath": "/etc/job", "readOnly": True},
         {"name": "scratch", "mountPath": "/scratch"},
     ]
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -260,6 +265,9 @@ def pod_object(plan: PodPlan) -> dict[str, Any]:
             ],
         },
     }
+    if labelled and plan.gpus:
+        pod["metadata"]["labels"][PREFIX + GPU_POD_LABEL] = GPU_POD_LABEL_VALUE
+    return pod
 
 
 def pod_status(
@@ -410,10 +418,13 @@ class PodWriter:
         nodes: int,
         tally: WriteTally,
         gpu_share: float = DEFAULT_GPU_SHARE,
+        *,
+        labelled: bool = False,
     ) -> None:
         self._plane = plane
         self._nodes = nodes
         self._gpu_share = gpu_share
+        self._labelled = labelled
         self.tally = tally
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="pod-writer")
@@ -445,7 +456,7 @@ class PodWriter:
         gpu = 1 if plan.gpus else 0
         try:
             if op == "create":
-                api.create(path, pod_object(plan))
+                api.create(path, pod_object(plan, labelled=self._labelled))
                 self.tally.count(op, ok=True, gpu_delta=gpu)
             elif op == "delete":
                 status, _ = api.raw("DELETE", f"{path}/{plan.name}", {"gracePeriodSeconds": 0})
@@ -453,7 +464,7 @@ class PodWriter:
             else:
                 admitted = now - timedelta(seconds=RUN_AFTER_S - ADMIT_AFTER_S)
                 body = pod_status(
-                    pod_object(plan),
+                    pod_object(plan, labelled=self._labelled),
                     admitted_at=now if op == "admit" else admitted,
                     running_since=now if op == "run" else None,
                 )
@@ -474,7 +485,7 @@ class PodWriter:
             plan = PodPlan.of(index, self._nodes, self._gpu_share)
             api = self._api()
             path = f"/api/v1/namespaces/{plan.namespace}/pods"
-            pod = pod_object(plan)
+            pod = pod_object(plan, labelled=self._labelled)
             try:
                 api.create(path, pod)
                 api.merge_patch(
@@ -704,6 +715,9 @@ class Round:
 SCORERS: Final = ("with_watch", "no_watch")
 # With `--before REF`: REF's scorer, with its Pod watch, in the same rounds.
 BEFORE: Final = "before_watch"
+# With `--labelled`: the scorer with `--pod-label-selector`, in the same rounds.
+LABELLED: Final = "labelled_watch"
+SELECTOR: Final = f"{PREFIX}{GPU_POD_LABEL}={GPU_POD_LABEL_VALUE}"
 
 
 def pod_list_held_at(log_text: str) -> datetime | None:
@@ -794,6 +808,13 @@ def measure_round(
             extra_args=["--no-pod-watch"],
         ),
     }
+    if config.labelled:
+        scorers[LABELLED] = scorer_process(
+            logs,
+            kubeconfig=plane.admin_kubeconfig,
+            name=f"scorer-labelled-r{index}",
+            extra_args=["--pod-label-selector", SELECTOR],
+        )
     if before_tree is not None:
         earlier = scorer_process(
             logs, kubeconfig=plane.admin_kubeconfig, name=f"scorer-before-r{index}"
@@ -908,13 +929,15 @@ def summarize_rounds(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
             "no_watch": _median(no_watch),
             "cost": _median(differences),
         }
-        if all(BEFORE in r["scorers"] for r in rounds) and rounds:
-            before = [r["scorers"][BEFORE][measure] for r in rounds]
-            summary[measure][BEFORE] = _median(before)
-            summary[measure]["before_cost"] = _median(
+        for name, cost in ((BEFORE, "before_cost"), (LABELLED, "labelled_cost")):
+            if not rounds or not all(name in r["scorers"] for r in rounds):
+                continue
+            values = [r["scorers"][name][measure] for r in rounds]
+            summary[measure][name] = _median(values)
+            summary[measure][cost] = _median(
                 [
                     None if a is None or b is None else a - b
-                    for a, b in zip(before, no_watch, strict=True)
+                    for a, b in zip(values, no_watch, strict=True)
                 ]
             )
     return summary
@@ -946,7 +969,7 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                 )
         progress(f"{config.nodes:,} nodes registered in {time.monotonic() - started:.0f} s")
         tally = WriteTally()
-        writer = PodWriter(plane, config.nodes, tally, config.gpu_share)
+        writer = PodWriter(plane, config.nodes, tally, config.gpu_share, labelled=config.labelled)
         patcher = Patcher(plane, fleet)
         rounds: list[Round] = []
         try:
@@ -996,7 +1019,8 @@ def _round_line(result: Round) -> str:
         f"rss {w.rss_end_mib:.0f} vs {n.rss_end_mib:.0f} MiB, pods held {w.pods_listed:.0f} of "
         f"{result.gpu_pods_start} once ready, {w.pods_held:.0f} of {result.gpu_pods_end} at the "
         f"end, churn {result.churn['writes_per_s']} writes/s "
-        f"({result.churn['errors']} errors)"
+        f"({result.churn['errors']} errors); cpu to ready "
+        + ", ".join(f"{name} {s.cpu_to_ready_s:.2f} s" for name, s in result.scorers.items())
     )
 
 
@@ -1036,7 +1060,10 @@ def markdown_section(document: Mapping[str, Any], *, command: str) -> str:
     """The performance document's section: the two scorers side by side, and the cost."""
     config = document["config"]
     summary = document["summary"]
+    labelled = LABELLED in summary["cpu_to_ready_s"]
     rows = [["measure", "with the Pod watch", "`--no-pod-watch`", "cost (with - without)"]]
+    if labelled:
+        rows[0] += ["with `--pod-label-selector`", "its cost"]
     for measure, label, digits in ROWS:
         entry = summary[measure]
         rows.append(
@@ -1046,7 +1073,9 @@ def markdown_section(document: Mapping[str, Any], *, command: str) -> str:
                 _cell(entry["no_watch"], digits),
                 _cell(entry["cost"], digits),
             ]
-        )
+            + ([_cell(entry[LABELLED], digits), _cell(entry["labelled_cost"], digits)]
+               if labelled else [])
+        )  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
@@ -1122,6 +1151,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.gpu_share,
         help="share of the pods that ask for GPUs (default 0.8)",
     )
+    parser.add_argument(
+        "--labelled",
+        action="store_true",
+        help="GPU pods carry the chart's GPU-pod label, and a third scorer watches with "
+        "--pod-label-selector",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -1144,6 +1179,7 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
         args.rounds,
         gpu_share=args.gpu_share,
         before=args.before,
+        labelled=args.labelled,
     )
 
 

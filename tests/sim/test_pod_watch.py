@@ -126,6 +126,24 @@ def test_pods_spread_over_the_nodes_and_one_in_five_asks_for_no_gpu() -> None:
     loader = pod_watch.pod_object(plans[GPU_POD_PERIOD - 1])
     containers = loader["spec"]["containers"] + loader["spec"]["initContainers"]
     assert not any("nvidia.com/gpu" in str(c["resources"]) for c in containers)
+    # With --labelled, the GPU pods (only) carry the label the chart's admission policy sets.
+    label = "gpu-scheduler.example.com/gpu-pod"
+    assert label not in pod["metadata"]["labels"]
+    assert pod_watch.pod_object(plans[0], labelled=True)["metadata"]["labels"][label] == "true"
+    assert (
+        label
+        not in pod_watch.pod_object(plans[GPU_POD_PERIOD - 1], labelled=True)["metadata"]["labels"]
+    )
+
+
+def test_the_labelled_scorers_cost_is_against_the_scorer_without_a_watch() -> None:
+    rounds = [_round(cpu_to_ready_s=(9.0, 2.0)), _round(cpu_to_ready_s=(11.0, 1.0))]
+    for r, labelled in zip(rounds, (3.0, 4.0), strict=True):
+        r["scorers"][pod_watch.LABELLED] = dict.fromkeys(pod_watch.MEASURES, 0.0)
+        r["scorers"][pod_watch.LABELLED]["cpu_to_ready_s"] = labelled
+    summary = summarize_rounds(rounds)["cpu_to_ready_s"]
+    assert (summary[pod_watch.LABELLED], summary["labelled_cost"]) == (3.5, 2.0)
+    assert summary["cost"] == 8.5
 
 
 def test_churn_replaces_pods_one_write_in_four_a_create() -> None:
