@@ -20,6 +20,7 @@ default full-node mode without a pod watch never loads it.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -90,6 +91,27 @@ def make_api(kubeconfig: str | None) -> Any:
     else:
         config.load_incluster_config(client_configuration=configuration)
     return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def refusal_of(exc: BaseException) -> tuple[int, str] | None:
+    """What a failed client call says: (HTTP status, the server's message) for a refusal,
+    (0, the error) for a connection that failed or dropped, None for anything else."""
+    from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError  # noqa: PLC0415
+
+    if isinstance(exc, ApiException):
+        return int(exc.status or 0), _status_message(exc)
+    if isinstance(exc, HTTPError | OSError):
+        return 0, f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _status_message(exc: Any) -> str:
+    """The API server's Status message of a refusal, else its reason phrase."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason or "")
 
 
 def watch_error(obj: Any) -> Exception:

@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from exporter_scheduler.core.hints import GPU_POD_LABEL, GPU_POD_LABEL_VALUE
+from exporter_scheduler.edges.listwatch import refusal_of
 from exporter_scheduler.edges.podobjects import OBJECT, PAGE, PLACEMENT
 from exporter_scheduler.serving.wire import WireError, pod_gpu_request
 from gpu_contract.schema import Keys
@@ -181,33 +182,19 @@ class _Calls:
     def retried(self, call: Callable[[], Any], what: str) -> Any:
         """`call()`, tried again after 429, 5xx and dropped connections (1, 2, 4, ... s, at
         most 30); a refusal of another status, or the last failure, raises `RefusedError`."""
-        from kubernetes.client.exceptions import (  # type: ignore[import-untyped]  # noqa: PLC0415
-            ApiException,
-        )
-        from urllib3.exceptions import HTTPError  # noqa: PLC0415
-
         delay_s = 1.0
         for attempt in range(1, self.attempts + 1):
             try:
                 return call()
-            except ApiException as exc:
-                status = int(exc.status or 0)
-                reason = f"{what}: {status} {_message(exc)}"
-                if status not in _RETRIED_STATUSES or attempt == self.attempts:
+            except Exception as exc:
+                refusal = refusal_of(exc)
+                if refusal is None:
+                    raise
+                status, message = refusal
+                reason = f"{what}: {status} {message}" if status else f"{what}: {message}"
+                if (status and status not in _RETRIED_STATUSES) or attempt == self.attempts:
                     raise RefusedError(status, reason) from None
-            except (HTTPError, OSError) as exc:
-                reason = f"{what}: {type(exc).__name__}: {exc}"
-                if attempt == self.attempts:
-                    raise RefusedError(0, reason) from None
             log.info("retrying", extra={"fields": {"what": what, "why": reason, "in_s": delay_s}})
             self.sleep(delay_s)
             delay_s = min(delay_s * 2, 30.0)
         raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def _message(exc: Any) -> str:
-    """The API server's Status message of a refusal, else its reason phrase."""
-    try:
-        return str(json.loads(exc.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(exc.reason or "")
