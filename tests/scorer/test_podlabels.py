@@ -67,11 +67,18 @@ def pod(
 
 class _Response:
     def __init__(self, body: dict[str, Any]) -> None:
-        self.data = json.dumps(body).encode()
-        self.released = False
+        self._body = json.dumps(body).encode()
+        self.read = False
+        # Whether the body had been read when the connection was released (None: not released).
+        self.released_read: bool | None = None
+
+    @property
+    def data(self) -> bytes:
+        self.read = True
+        return self._body
 
     def release_conn(self) -> None:
-        self.released = True
+        self.released_read = self.read
 
 
 def refusal(status: int, message: str = "refused") -> ApiException:
@@ -91,6 +98,7 @@ class FakeApi:
     patch_faults: dict[str, list[Exception]] = field(default_factory=dict)
     lists: list[dict[str, Any]] = field(default_factory=list)
     patches: list[tuple[str, str, dict[str, Any], str]] = field(default_factory=list)
+    responses: list[_Response] = field(default_factory=list)
     _snapshot: list[dict[str, Any]] = field(default_factory=list)
 
     def list_pod_for_all_namespaces(self, **kwargs: Any) -> _Response:
@@ -110,7 +118,7 @@ class FakeApi:
         start = int(kwargs.get("_continue") or 0)
         end = start + kwargs["limit"]
         more = end < len(selected)
-        return _Response(
+        return self._answer(
             {
                 "kind": "PodList",
                 "metadata": {"resourceVersion": "7", **({"continue": str(end)} if more else {})},
@@ -128,7 +136,13 @@ class FakeApi:
         for p in self.pods:
             if p["metadata"]["name"] == name:
                 p["metadata"]["labels"].update(body["metadata"]["labels"])
-        return _Response({})
+                return self._answer(p)
+        raise refusal(404)
+
+    def _answer(self, body: dict[str, Any]) -> _Response:
+        response = _Response(body)
+        self.responses.append(response)
+        return response
 
 
 def no_sleep(_: float) -> None:
@@ -170,6 +184,17 @@ def test_labels_every_unfinished_gpu_pod_that_lacks_the_label(fleet: list[dict[s
     again = FakeApi(api.pods)
     assert label_gpu_pods(again, keys=KEYS, resource=RESOURCE, sleep=no_sleep).gpu_pods == 0
     assert again.patches == []
+
+
+def test_every_answer_is_read_before_its_connection_goes_back(
+    fleet: list[dict[str, Any]],
+) -> None:
+    # An unread body left on a pooled connection costs the next call a new connection or a
+    # failed request: each patch's answer, unused, is read all the same.
+    api = FakeApi(fleet)
+    label_gpu_pods(api, keys=KEYS, resource=RESOURCE, page_size=3, sleep=no_sleep)
+    assert len(api.responses) == len(api.lists) + len(api.patches)
+    assert [r.released_read for r in api.responses] == [True] * len(api.responses)
 
 
 def test_a_dry_run_counts_and_labels_nothing(fleet: list[dict[str, Any]]) -> None:
