@@ -210,6 +210,19 @@ GPU_AGENT_SEED: {{ .Values.agent.simulated.seed | toString | quote }}
 {{- end }}
 {{- end -}}
 
+{{/* The GPU resource the scorer counts pods by: its policy's gpu_resource_name, else the
+scorer's own default. */}}
+{{- define "gls.scorer.gpuResourceName" -}}
+{{- get .Values.scorer.policy "gpu_resource_name" | default "nvidia.com/gpu" -}}
+{{- end -}}
+
+{{/* A CEL condition on a Pod `object`: a container or an init container names one of the
+resources (a JSON list of names) in its requests or its limits, as kube-scheduler decides which
+pods go to an extender (managedResources) and as the scorer's Pod watch counts GPU pods. */}}
+{{- define "gls.podRequestsCel" -}}
+(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r in {{ . }})) || (has(c.resources.limits) && c.resources.limits.exists(r, r in {{ . }}))))
+{{- end -}}
+
 {{/* Environment of the scorer: GPU_SCORER_<FLAG_UPPER_SNAKE>, as `gpu-scorer serve` reads it. */}}
 {{/* Trust only the agent's writes: by default exactly when only the agent may write them. */}}
 {{- define "gls.scorer.requireAgentWriter" -}}
@@ -437,7 +450,7 @@ schedulerGuard.requireScheduler.resourceClaims, or with it null, scorer.dra.enab
 {{/* The GPU resources whose pods the guard holds to the scheduler, as a JSON list: the scorer's
 GPU resource and every resource kube-scheduler sends to the scorer (managedResources). */}}
 {{- define "gls.guard.gpuResources" -}}
-{{- $names := list (get .Values.scorer.policy "gpu_resource_name" | default "nvidia.com/gpu") -}}
+{{- $names := list (include "gls.scorer.gpuResourceName" .) -}}
 {{- range .Values.scheduler.extender.managedResources -}}
 {{- $names = append $names .name -}}
 {{- end -}}
