@@ -249,6 +249,13 @@ VARIANTS: dict[str, Variant] = {
             }
         }
     ),
+    "gpu-pod-label": Variant({"scorer": {"gpuPodLabel": {"enabled": True}}}),
+    "gpu-pod-label-sidecar-no-job": Variant(
+        {
+            "annotationPrefix": "gpu.acme.io",
+            "scorer": {"mode": "sidecar", "gpuPodLabel": {"enabled": True, "labelExisting": False}},
+        }
+    ),
     "pinned-images": Variant(
         {
             "image": {"digest": "sha256:" + "ab" * 32},

@@ -223,6 +223,20 @@ pods go to an extender (managedResources) and as the scorer's Pod watch counts G
 (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c, has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(r, r in {{ . }})) || (has(c.resources.limits) && c.resources.limits.exists(r, r in {{ . }}))))
 {{- end -}}
 
+{{/* Whether the GPU pods are labelled and the scorer's Pod watches select by the label
+("true" or empty). */}}
+{{- define "gls.gpuPodLabel.enabled" -}}
+{{- if and .Values.scorer.enabled .Values.scorer.gpuPodLabel.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The label the admission policy sets on GPU pods, and the selector the scorer watches by. */}}
+{{- define "gls.gpuPodLabel.key" -}}
+{{- printf "%sgpu-pod" (include "gls.annotationPrefix" .) -}}
+{{- end -}}
+{{- define "gls.gpuPodLabel.selector" -}}
+{{- printf "%s=true" (include "gls.gpuPodLabel.key" .) -}}
+{{- end -}}
+
 {{/* Environment of the scorer: GPU_SCORER_<FLAG_UPPER_SNAKE>, as `gpu-scorer serve` reads it. */}}
 {{/* Trust only the agent's writes: by default exactly when only the agent may write them. */}}
 {{- define "gls.scorer.requireAgentWriter" -}}
@@ -240,6 +254,9 @@ GPU_SCORER_METRICS_PORT: {{ .Values.scorer.metricsPort | toString | quote }}
 GPU_SCORER_PATH_PREFIX: {{ default "/" (include "gls.scorer.pathPrefix" .) | quote }}
 GPU_SCORER_NODE_CACHE: {{ .Values.scorer.nodeCache | toString | quote }}
 GPU_SCORER_POD_WATCH: {{ .Values.scorer.podWatch | toString | quote }}
+{{- if include "gls.gpuPodLabel.enabled" . }}
+GPU_SCORER_POD_LABEL_SELECTOR: {{ include "gls.gpuPodLabel.selector" . | quote }}
+{{- end }}
 {{- if not .Values.scorer.nodeCache }}
 GPU_SCORER_OWN_LOAD_NODE_WATCH: {{ .Values.scorer.ownLoadNodeWatch | toString | quote }}
 {{- end }}
@@ -370,6 +387,9 @@ readinessProbe:
 {{- if and (has "Deny" $actions) (has "Warn" $actions) -}}
 {{- fail (printf "schedulerGuard.%s.validationActions: Deny and Warn cannot be combined (the API server refuses such a binding): [Deny] or [Deny, Audit] to refuse, [Warn, Audit] to warn" $policy) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (include "gls.gpuPodLabel.enabled" .) (not .Values.scorer.podWatch) -}}
+{{- fail "scorer.gpuPodLabel narrows the scorer's Pod watch to the labelled GPU pods, and scorer.podWatch=false turns that watch off: set scorer.podWatch=true, or scorer.gpuPodLabel.enabled=false" -}}
 {{- end -}}
 {{- if and (include "gls.guard.enabled" .) (not .Values.schedulerGuard.namespaceSelector) (gt (len .Values.scheduler.name) 63) -}}
 {{- fail (printf "schedulerGuard: the default opt-in label %sscheduler=%s needs a label value of at most 63 characters: set schedulerGuard.namespaceSelector" (include "gls.annotationPrefix" .) .Values.scheduler.name) -}}
