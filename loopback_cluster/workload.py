@@ -169,6 +169,10 @@ _RESOURCE_PATHS: Final[dict[str, str]] = {
     "ValidatingAdmissionPolicyBinding": (
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
     ),
+    "MutatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies",
+    "MutatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings"
+    ),
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
 }
 

@@ -28,6 +28,7 @@ BUILT_IN: dict[str, tuple[str, bool]] = {
     "Service": ("services", True),
     "Deployment": ("deployments", True),
     "DaemonSet": ("daemonsets", True),
+    "Job": ("jobs", True),
     "NetworkPolicy": ("networkpolicies", True),
     "PodDisruptionBudget": ("poddisruptionbudgets", True),
     "Role": ("roles", True),
@@ -36,6 +37,8 @@ BUILT_IN: dict[str, tuple[str, bool]] = {
     "ClusterRoleBinding": ("clusterrolebindings", False),
     "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
+    "MutatingAdmissionPolicy": ("mutatingadmissionpolicies", False),
+    "MutatingAdmissionPolicyBinding": ("mutatingadmissionpolicybindings", False),
 }
 # The variants that between them turn every template on.
 CHECKED_VARIANTS = (
@@ -49,6 +52,7 @@ CHECKED_VARIANTS = (
     "cert-manager-mtls",
     "tenant-profiles",
     "scheduler-guard-deny",
+    "gpu-pod-label",
 )
 
 
