@@ -80,7 +80,6 @@ MAX_PROPOSED_NODES: Final = 3
 # A spread-capped pod is proposed on every tied node up to this many (a bound on the work).
 MAX_CAPPED_PROPOSED_NODES: Final = 256
 
-
 # Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
 # cannot be kept: its pods wait rather than exceed it.
 SPREAD_UNCOUNTED: Final = "spread group not counted (pod watch off)"
@@ -146,6 +145,7 @@ class ScorerApp:
         self.metrics = metrics if metrics is not None else ScorerMetrics()
         self._classes: dict[PodClassKey, PodClass] = {}
         self._full_node_verdicts = ContentVerdicts()
+        self._prioritizes = False  # a prioritize came: each names-only filter prepares its own
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -441,7 +441,8 @@ class ScorerApp:
             )
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
-        judgement.block(self._spread(request, pod_class)[1])
+        blocked = self._spread(request, pod_class)[1]
+        judgement.block(blocked)
         replies = judgement.replies  # bytes made earlier from these same entries, if any
         body = None if replies is None else replies.get(verb)
         if body is None:
@@ -455,13 +456,14 @@ class ScorerApp:
                 )
             if replies is not None:
                 replies[verb] = body
-        if verb == "filter":
-            # The node store logged the rejected nodes' values when it judged them.
-            later.append(
-                partial(
-                    count_and_log, self.metrics, log, _pod_ref(request), pod_class, judgement, ()
-                )
-            )
+        if verb == "prioritize":
+            self._prioritizes = True  # kube-scheduler's configuration sends them
+            return Response(200, body), judgement
+        if dra is None and not blocked and self._prioritizes:
+            later.append(partial(self.node_store.judge_ahead, pod_class, judgement, now))
+        # The node store logged the rejected nodes' values when it judged them.
+        pod_ref = _pod_ref(request)
+        later.append(partial(count_and_log, self.metrics, log, pod_ref, pod_class, judgement, ()))
         return Response(200, body), judgement
 
     def _dra_reply(

@@ -35,6 +35,8 @@ from operator import eq, is_, itemgetter, not_
 from types import MappingProxyType
 from typing import Final
 
+import msgspec
+
 from exporter_scheduler.core.dra import ExcludedKey
 from exporter_scheduler.core.inflight import NO_PODS, BoundPod
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
@@ -206,6 +208,19 @@ class NodeStore:
                 names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
             )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
+
+    def judge_ahead(self, pod_class: PodClass, filtered: Judgement, now: datetime) -> None:
+        """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
+        the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
+        order), so their verdicts and prioritize bytes are made now, under the key its request
+        will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
+        or the view patched with what changed since, as for any list asked about before."""
+        passed = list(compress(filtered.names, filtered.passed_mask()))
+        if len(passed) < 2:  # kube-scheduler binds a single feasible node without scoring
+            return
+        ahead = self.judge(pod_class, passed, now, list_key=msgspec.json.encode(passed))
+        if ahead.replies is not None and "prioritize" not in ahead.replies:
+            ahead.replies["prioritize"] = ahead.prioritize_reply()
 
     def judge_dra(
         self,

@@ -229,6 +229,9 @@ step = st.one_of(
         st.lists(st.sampled_from(NAMES), max_size=6, unique=True).map(tuple),
         st.sampled_from(["go", "go-typed", "spaced"]),
     ),
+    # The prioritize kube-scheduler sends after a filter: the nodes that passed, in order
+    # (the one the filter's reply prepared, unless something changed in between).
+    st.tuples(st.just("follow")),
     st.tuples(st.just("write"), st.sampled_from(NAMES), node_data),
     st.tuples(st.just("delete"), st.sampled_from(NAMES)),
     st.tuples(st.just("relist")),
@@ -269,8 +272,14 @@ def test_replies_match_a_fresh_evaluation(
     expected_counts: Counter[str] = Counter()
     reference_metrics = ScorerMetrics()
     bound: dict[str, tuple[Any, ...]] = {}  # the pods set, by node (kept apart from the store)
+    passed: tuple[int, list[str]] | None = None  # the last names filter's pod and passed nodes
     for action, *args in steps:
-        if action in ("names", "nodes"):
+        if action == "follow":
+            if passed is not None:
+                body = names_body(PODS[passed[0]], passed[1])
+                want, _ = reference("prioritize", body, store.lookup(passed[1]), clock.now, policy)
+                assert app.handle("prioritize", body).body == want
+        elif action in ("names", "nodes"):
             verb, pod_index, names, *layout = args
             if action == "names":
                 body = names_body(PODS[pod_index], names)
@@ -290,6 +299,8 @@ def test_replies_match_a_fresh_evaluation(
             got = app.handle(verb, body)
             assert got.status == 200
             assert got.body == want
+            if action == "names" and verb == "filter":
+                passed = (pod_index, json.loads(got.body)["NodeNames"])
             if verb == "filter":
                 reference_metrics.add_tally(reference_metrics.tally_counts(counts))
         elif action == "write":
@@ -432,6 +443,54 @@ def test_chain_rank_switches_when_another_node_changes() -> None:
         assert json.loads(app.handle("filter", body).body)["NodeNames"] == ["v100"]
         store.put(gpu_node("a100", model=A100, utilization=0.3))
         assert json.loads(app.handle("filter", body).body)["NodeNames"] == ["a100"]
+
+
+def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
+    """Once kube-scheduler has sent a prioritize, each names-only filter makes, after its own
+    reply, the reply of the prioritize that follows it (the nodes that passed, in order, under
+    the bytes kube-scheduler will send for them). That prioritize gets those bytes, or fresh
+    ones where a node was written in between; one passing node, or none, prepares nothing."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node(n, utilization=0.95 if n == "n2" else 0.3) for n in NAMES])
+    app = _app(store, clock)
+    pod_class = _class(hinted(), app.policy)
+
+    def filtered(names: Sequence[str]) -> list[str]:
+        response = app.handle("filter", names_body(hinted(), names))
+        return list(json.loads(response.body)["NodeNames"])
+
+    def prepared(names: Sequence[str]) -> bytes | None:
+        key = msgspec.json.encode(list(names))
+        replies = store.judge(pod_class, names, clock.now, list_key=key).replies
+        return None if replies is None else replies.get("prioritize")
+
+    def prioritized(names: Sequence[str]) -> bytes:
+        body = names_body(hinted(), names)
+        want, _ = reference("prioritize", body, store.lookup(names), clock.now, app.policy)
+        got = app.handle("prioritize", body).body
+        assert got == want
+        return got
+
+    # Before any prioritize the scheduler may not send them: nothing is prepared.
+    passed = filtered(NAMES[:4])
+    assert passed == ["n0", "n1", "n3"]
+    assert prepared(passed) is None
+    prioritized(passed)
+    # Now each filter prepares its prioritize, which gets exactly those bytes.
+    passed = filtered(["n3", "n4", "n5", "n0"])
+    ahead = prepared(passed)
+    assert ahead is not None
+    assert prioritized(passed) is ahead
+    # A node written between the filter and its prioritize: its score is fresh.
+    passed = filtered(["n1", "n5", "n0"])
+    ahead = prepared(passed)
+    store.put(gpu_node("n5", utilization=0.7))
+    assert prioritized(passed) != ahead
+    # One node passing is bound without scoring, none is not placed: nothing prepared.
+    for names, left in ((["n2", "n3"], ["n3"]), (["n2"], [])):
+        assert filtered(names) == left
+        assert prepared(left) is None
 
 
 def test_a_watch_event_is_judged_for_every_active_class_before_any_request() -> None:
