@@ -145,9 +145,7 @@ class NodeStore:
             # Not interned: most lists are new (kube-scheduler's window moves pod after pod),
             # and interning a name costs more than the lookups it would speed up.
             names = tuple(decode(list_key))
-            if len(self._lists) >= _LISTS_KEPT:
-                self._lists = {}
-            self._lists[list_key] = names
+            self._remember_list(list_key, names)
         return names
 
     def judge(
@@ -209,16 +207,23 @@ class NodeStore:
             )
         return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
 
+    def _remember_list(self, list_key: bytes, names: tuple[str, ...]) -> None:
+        if len(self._lists) >= _LISTS_KEPT:
+            self._lists = {}
+        self._lists[list_key] = names
+
     def judge_ahead(self, pod_class: PodClass, filtered: Judgement, now: datetime) -> None:
         """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
         the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
         order), so their verdicts and prioritize bytes are made now, under the key its request
         will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
         or the view patched with what changed since, as for any list asked about before."""
-        passed = list(compress(filtered.names, filtered.passed_mask()))
+        passed = tuple(compress(filtered.names, filtered.passed_mask()))
         if len(passed) < 2:  # kube-scheduler binds a single feasible node without scoring
             return
-        ahead = self.judge(pod_class, passed, now, list_key=msgspec.json.encode(passed))
+        key = msgspec.json.encode(passed)
+        self._remember_list(key, passed)  # its request's names need no decoding either
+        ahead = self.judge(pod_class, passed, now, list_key=key)
         if ahead.replies is not None and "prioritize" not in ahead.replies:
             ahead.replies["prioritize"] = ahead.prioritize_reply()
 
