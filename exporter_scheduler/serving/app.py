@@ -585,13 +585,14 @@ class ScorerApp:
 
 
 def _settle(later: Sequence[Callable[[], object]]) -> None:
-    """A call's counters and log lines, once its reply is written; a bug among them is logged
-    (the reply, the only thing kube-scheduler reads, is gone already)."""
-    try:
-        for step in later:
+    """What a call left for after its reply is written (its counters and log lines, the
+    prioritize a filter prepares): a bug in one step is logged and the others still run (the
+    reply, the only thing kube-scheduler reads, is gone already)."""
+    for step in later:
+        try:
             step()
-    except Exception:
-        log.exception("counting a request failed")
+        except Exception:
+            log.exception("work after a reply failed")
 
 
 def _pod_ref(request: wire.ExtenderRequest) -> str:

@@ -493,6 +493,32 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
         assert prepared(left) is None
 
 
+def test_a_step_after_the_reply_that_fails_leaves_the_others_to_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the prioritize a filter prepares is logged; the filter's counters and its
+    verdict tally still count it, and the reply was made before either."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node(n) for n in NAMES])
+    app = _app(store, clock)
+    app.handle("prioritize", names_body(hinted(), NAMES))
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("prepared prioritize")
+
+    monkeypatch.setattr(store, "judge_ahead", broken)
+    before = counters(app.metrics)
+    with caplog.at_level(logging.ERROR, logger="exporter_scheduler.server"):
+        response = app.handle("filter", names_body(hinted(), NAMES))
+    assert json.loads(response.body)["NodeNames"] == list(NAMES)
+    assert [r.getMessage() for r in caplog.records] == ["work after a reply failed"]
+    after = counters(app.metrics)
+    assert sum(after.values()) > sum(before.values())  # the filter's tally still counted
+    requests = app.metrics.render()[0].decode()
+    assert 'gpu_scorer_requests_total{profile="default",verb="filter"} 1.0' in requests
+
+
 def test_a_watch_event_is_judged_for_every_active_class_before_any_request() -> None:
     clock = Clock()
     store = NodeStore(clock=clock)
