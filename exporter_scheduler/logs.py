@@ -8,7 +8,6 @@ it, and the command line, which starts it.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import logging.handlers
@@ -19,18 +18,28 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
+# A log line's structured fields: JSON values by name.
+Fields = dict[str, object]
+
 
 class DeferredFields(Mapping[str, object]):
     """A log record's `fields`, built when first read: by the writer thread when it formats
     the line, not by the request that logged it. `build` must read only values that do not
     change after the call that logs (immutable ones, or copies made for the record)."""
 
-    __slots__ = ("_built",)
+    __slots__ = ("_build", "_fields")
 
-    def __init__(self, build: Callable[[], dict[str, object]]) -> None:
-        # Built at most once, whichever thread reads first (a racing second read builds the
-        # same fields).
-        self._built = functools.cache(build)
+    def __init__(self, build: Callable[[], Fields]) -> None:
+        self._build = build
+        self._fields: Fields | None = None
+
+    def _built(self) -> Fields:
+        # Built once, by whichever thread reads first (a racing second read builds the same
+        # fields). Not `functools.cache`: making its wrapper cost the request path more.
+        fields = self._fields
+        if fields is None:
+            fields = self._fields = self._build()
+        return fields
 
     def __getitem__(self, key: str) -> object:
         return self._built()[key]
@@ -71,6 +80,11 @@ LOG_FLUSH_INTERVAL_S: Final = 0.05
 
 def configure_logging(level: str) -> BatchedLogWriter:
     """JSON lines on stderr, written by a writer thread so the request path only enqueues."""
+    # What a record would otherwise look up as it is made, on the request path, for fields
+    # the JSON lines do not carry: the calling frame, the thread, the process (the logging
+    # HOWTO's "Optimization" settings).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     root = logging.getLogger()
     for handler in list(root.handlers):

@@ -14,23 +14,37 @@ on every accepted socket (no Nagle stall on small replies), the body limit (413,
 `Content-Length` before reading, or while reading a chunked body). The handler runs on the
 connection's thread; the work is CPU-only, and the GIL lets one request run at a time, which is
 what kube-scheduler's one-pod-at-a-time calls need.
+
+After a reply, its call's counters and log lines run on the same thread. kube-scheduler sends a
+names-only filter's prioritize a moment after the filter's reply, while it runs its own score
+plugins; measured on the loopback control plane, that prioritize was already waiting in about
+half of the filters when their counters and log lines were done. So a reply that awaits its
+next request (`Response.awaits_next`) gets only its preparation for that request run at once;
+its counters and log lines wait until the next request is answered, or until the connection
+has idled `hold_s`, or until it closes. A scrape counts them regardless (`ScorerApp.settle`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Sequence
-from http import HTTPStatus
 from typing import Final, Literal, Protocol
 from urllib.parse import unquote
 
 from exporter_scheduler.config.serving import DEFAULT_KEEP_ALIVE_S, TlsFiles
+from exporter_scheduler.edges.http1 import (
+    BadRequestError,
+    keeps_alive,
+    parse_head,
+    reply_head,
+    timeval,
+)
 from exporter_scheduler.edges.tls import TlsContexts
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.echo import Buffer
@@ -42,11 +56,12 @@ DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_CONNECTIONS: Final = 128
 _MAX_HEAD_BYTES: Final = 64 * 1024
 _READ_CHUNK: Final = 256 * 1024
+# The counters and log lines of a reply whose next request follows at once (a filter, then its
+# prioritize) wait for that request this long at most; a scrape does not wait for them.
+DEFAULT_HOLD_S: Final = 0.05
+# Replies whose counters and log lines wait at once, at most (a client that never sends them).
+_MAX_HELD: Final = 8
 _IOV_MAX: Final = 1024  # buffers per sendmsg (Linux's UIO_MAXIOV)
-# Response heads less their length, by (status, content type, allow, keep-alive, HTTP/1.0):
-# a handful in practice; the bound only keeps odd inputs from growing it.
-_HEADS: dict[tuple[int, bytes, bytes | None, bool, bool], tuple[bytes, bytes]] = {}
-_MAX_HEADS: Final = 64
 
 log = logging.getLogger("exporter_scheduler.server")
 
@@ -62,10 +77,6 @@ class HttpApp(Protocol):
         ...
 
     def body_too_large(self) -> Response: ...
-
-
-class _BadRequestError(Exception):
-    """The request cannot be read as HTTP/1.1; answered 400 and the connection closed."""
 
 
 class _TooLargeError(Exception):
@@ -91,9 +102,11 @@ class HttpServer:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         tls_check_every_s: float = 30.0,
+        hold_s: float = DEFAULT_HOLD_S,
     ) -> None:
         self.app = app
         self.keep_alive_s = keep_alive_s
+        self.hold_s = hold_s
         self.request_timeout_s = request_timeout_s
         self.scheme: Literal["http", "https"] = "https" if tls else "http"
         self._tls = TlsContexts(tls, check_every_s=tls_check_every_s) if tls is not None else None
@@ -206,7 +219,7 @@ def _refuse(sock: socket.socket) -> None:
     try:
         sock.settimeout(1.0)
         body = wire.encode_json({"Error": "too many connections"})
-        sock.sendall(_head(503, b"application/json", len(body), None, keep_alive=False) + body)
+        sock.sendall(reply_head(503, b"application/json", len(body), None, keep_alive=False) + body)
     except OSError:
         pass
     finally:
@@ -223,6 +236,7 @@ class _Connection:
         self._start = 0  # unread bytes are _buffer[_start:_end]
         self._end = 0
         self._body = bytearray()  # the last request's body, reused for the next
+        self._held: list[Response] = []  # replies whose `finish` waits (`_one_request`)
         self._idle = True
         self._lock = threading.Lock()
         self._closed = False
@@ -261,22 +275,25 @@ class _Connection:
             # SO_SNDTIMEO): Python's own timeouts cost a poll() before every recv and send.
             self.sock.settimeout(None)
             self.sock.setsockopt(
-                socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(server.request_timeout_s)
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval(server.request_timeout_s)
             )
-        while not server.stopping():
-            try:
-                if not self._one_request():
+        try:
+            while not server.stopping():
+                try:
+                    if not self._one_request():
+                        return
+                except _ClosedError:
                     return
-            except _ClosedError:
-                return
-            except _BadRequestError as exc:
-                self._answer_and_close(Response(400, wire.encode_json({"Error": str(exc)})))
-                return
-            except _TooLargeError:
-                self._answer_and_close(server.app.body_too_large())
-                return
-            except (OSError, ssl.SSLError):
-                return
+                except BadRequestError as exc:
+                    self._answer_and_close(Response(400, wire.encode_json({"Error": str(exc)})))
+                    return
+                except _TooLargeError:
+                    self._answer_and_close(server.app.body_too_large())
+                    return
+                except (OSError, ssl.SSLError):
+                    return
+        finally:
+            self._settle()
 
     def _one_request(self) -> bool:
         """Read, answer; False when the connection is to be closed."""
@@ -289,8 +306,8 @@ class _Connection:
             self._idle = False
         try:
             self._want_timeout_s = server.request_timeout_s
-            method, target, version, headers = _parse_head(head)
-            keep_alive = _keeps_alive(version, headers)
+            method, target, version, headers = parse_head(head)
+            keep_alive = keeps_alive(version, headers)
             body = self._read_body(headers)
             path, _, query = target.partition("?")
             response = server.app.respond(method, unquote(path), query.encode("latin-1"), body)
@@ -301,8 +318,18 @@ class _Connection:
                     head_only=method == "HEAD",
                     http10=version == "HTTP/1.0",
                 )
-            finally:
-                # The counters and log lines, after the reply: not in the time the client waits.
+            except BaseException:
+                response.finish()
+                raise
+            # After the reply, not in the time the client waits: first what its next request
+            # reads (the prioritize a filter prepares); then the counters and log lines, which
+            # wait until that request is answered when it follows at once (its wait would
+            # otherwise include them), or until the connection has idled `hold_s`.
+            response.prepare()
+            if response.awaits_next and len(self._held) < _MAX_HELD:
+                self._held.append(response)
+            else:
+                self._settle()
                 response.finish()
             del body, response  # release the views of the body buffer before it is reused
             return keep_alive
@@ -319,7 +346,7 @@ class _Connection:
             if isinstance(sock, ssl.SSLSocket):
                 sock.settimeout(want)
             else:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(want))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval(want))
             self._timeout_s = want
         try:
             return sock.recv_into(view)
@@ -334,7 +361,7 @@ class _Connection:
             buffer[:unread] = buffer[self._start : self._end]
             self._start, self._end = 0, unread
         if self._end == len(buffer):
-            raise _BadRequestError("request head too large")
+            raise BadRequestError("request head too large")
         with memoryview(buffer) as view:
             count = self._recv_into(view[self._end :])
         if count == 0:
@@ -350,13 +377,33 @@ class _Connection:
                 self._start = end + 4
                 return head
             if self._end - self._start >= _MAX_HEAD_BYTES:
-                raise _BadRequestError("request head too large")
+                raise BadRequestError("request head too large")
+            if self._held and not self._readable(self.server.hold_s):
+                self._settle()
             try:
                 self._fill()
             except (_ClosedError, TimeoutError):
                 if self._start == self._end:
                     return None
                 raise _ClosedError from None
+
+    def _readable(self, timeout_s: float) -> bool:
+        """Whether more of the client's bytes are here, waiting up to `timeout_s` for them."""
+        sock = self.sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        try:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(timeout_s * 1000))
+        except (OSError, ValueError):  # closed under us: the read says how
+            return True
+
+    def _settle(self) -> None:
+        """Finish the held replies, in the order they were written."""
+        held, self._held = self._held, []
+        for response in held:
+            response.finish()
 
     def _read_exact(self, view: memoryview) -> None:
         """Fill `view`: first from what is buffered, then straight from the socket."""
@@ -378,7 +425,7 @@ class _Connection:
                 self._start = end + 2
                 return line
             if self._end - self._start > 1024:
-                raise _BadRequestError("chunk size line too long")
+                raise BadRequestError("chunk size line too long")
             self._fill()
 
     def _body_buffer(self, size: int) -> bytearray:
@@ -399,16 +446,16 @@ class _Connection:
         encoding = headers.get("transfer-encoding")
         if encoding is not None:
             if encoding.strip().lower() != "chunked":
-                raise _BadRequestError(f"unsupported transfer-encoding {encoding[:40]!r}")
+                raise BadRequestError(f"unsupported transfer-encoding {encoding[:40]!r}")
             if "content-length" in headers:
-                raise _BadRequestError("both content-length and transfer-encoding")
+                raise BadRequestError("both content-length and transfer-encoding")
             self._continue(headers)
             return self._read_chunked(limit)
         length_text = headers.get("content-length")
         if length_text is None:
             return b""
         if not length_text.isdigit():
-            raise _BadRequestError("content-length is not a number")
+            raise BadRequestError("content-length is not a number")
         length = int(length_text)
         if length > limit:
             raise _TooLargeError
@@ -428,7 +475,7 @@ class _Connection:
             try:
                 chunk = int(line, 16)
             except ValueError:
-                raise _BadRequestError("bad chunk size") from None
+                raise BadRequestError("bad chunk size") from None
             if chunk == 0:
                 while self._read_line():  # trailers, up to the blank line
                     pass
@@ -441,7 +488,7 @@ class _Connection:
                 self._read_exact(view)
             chunks.append(bytes(piece))
             if self._read_line():
-                raise _BadRequestError("chunk not followed by CRLF")
+                raise BadRequestError("chunk not followed by CRLF")
 
     def _continue(self, headers: dict[str, str]) -> None:
         if headers.get("expect", "").lower() == "100-continue":
@@ -472,7 +519,7 @@ class _Connection:
             # One Python timeout for both directions: a reply is sent under the request's.
             sock.settimeout(self.server.request_timeout_s)
             self._timeout_s = self.server.request_timeout_s
-        head = _head(
+        head = reply_head(
             response.status,
             response.content_type,
             len(response),
@@ -510,91 +557,3 @@ def _send_all(sock: socket.socket, buffers: list[Buffer], total: int) -> None:
             return
         sent = sock.sendmsg(views[index : index + _IOV_MAX])
         left -= sent
-
-
-def _head(
-    status: int,
-    content_type: bytes,
-    length: int,
-    allow: bytes | None,
-    *,
-    keep_alive: bool,
-    http10: bool = False,
-) -> bytes:
-    """The response head; all but the length is built once per kind of reply."""
-    key = (status, content_type, allow, keep_alive, http10)
-    framing = _HEADS.get(key)
-    if framing is None:
-        if len(_HEADS) >= _MAX_HEADS:
-            _HEADS.clear()
-        framing = _HEADS[key] = _head_framing(*key)
-    before, after = framing
-    return b"%s%d%s" % (before, length, after)
-
-
-def _head_framing(
-    status: int, content_type: bytes, allow: bytes | None, keep_alive: bool, http10: bool
-) -> tuple[bytes, bytes]:
-    """The head's bytes before and after its content length."""
-    phrase = HTTPStatus(status).phrase.encode()
-    before = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: " % (
-        status,
-        phrase,
-        content_type,
-    )
-    lines = [b""]
-    if allow is not None:
-        lines.append(b"allow: " + allow)
-    if not keep_alive:
-        lines.append(b"connection: close")
-    elif http10:  # an HTTP/1.0 client keeps the connection only when told so
-        lines.append(b"connection: keep-alive")
-    return before, b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
-    """Request line and headers (names lower-cased). Strict where leniency lets one request be
-    read as two (obsolete line folding, space before the colon, repeated lengths)."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        raise _BadRequestError("undecodable head") from None
-    request_line, *lines = text.split("\r\n")
-    parts = request_line.split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
-        raise _BadRequestError("malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise _BadRequestError(f"unsupported version {version[:16]!r}")
-    headers: dict[str, str] = {}
-    for line in lines:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or line[0] in " \t":
-            raise _BadRequestError("malformed header line")
-        key = name.lower()
-        value = value.strip()
-        if key in headers:
-            if key == "content-length" and headers[key] != value:
-                raise _BadRequestError("conflicting content-length headers")
-            if key in ("transfer-encoding", "connection"):
-                value = f"{headers[key]}, {value}"
-        headers[key] = value
-    return method, target, version, headers
-
-
-def _keeps_alive(version: str, headers: dict[str, str]) -> bool:
-    connection = headers.get("connection")
-    if connection is None:  # kube-scheduler's Go client sends none
-        return version != "HTTP/1.0"
-    tokens = {t.strip().lower() for t in connection.split(",")}
-    if version == "HTTP/1.0":
-        return "keep-alive" in tokens
-    return "close" not in tokens
-
-
-def _timeval(seconds: float) -> bytes:
-    """`seconds` as the `struct timeval` that SO_RCVTIMEO and SO_SNDTIMEO take."""
-    whole = int(seconds)
-    micros = int((seconds - whole) * 1_000_000)
-    # All zero would mean no timeout at all; the shortest one is meant.
-    return struct.pack("@ll", whole, micros if whole or micros else 1)

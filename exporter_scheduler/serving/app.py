@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -58,7 +60,9 @@ from exporter_scheduler.serving.nodestore import NodeStore
 from exporter_scheduler.serving.responses import (
     TEXT,
     Response,
+    Steps,
     bad_request,
+    fallback_reply,
     method_not_allowed,
     normalize_path_prefix,
 )
@@ -146,6 +150,10 @@ class ScorerApp:
         self._classes: dict[PodClassKey, PodClass] = {}
         self._full_node_verdicts = ContentVerdicts()
         self._prioritizes = False  # a prioritize came: each names-only filter prepares its own
+        self._recent_pod = wire.RecentPod()
+        # Replies whose counters and log lines the HTTP edge may hold; a scrape settles them.
+        self._held: weakref.WeakSet[Response] = weakref.WeakSet()
+        self._held_lock = threading.Lock()
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -183,8 +191,16 @@ class ScorerApp:
             if self.node_store is None or self.node_store.ready():
                 return Response(200, b"ok\n", TEXT)
             return Response(503, b"node cache has not completed its first list\n", TEXT)
+        self.settle()
         body, content_type = self.metrics.render()
         return Response(200, body, content_type.encode())
+
+    def settle(self) -> None:
+        """Finish every reply whose counters and log lines are still held."""
+        with self._held_lock:
+            held = list(self._held)
+        for response in held:
+            response.finish()
 
     # ------------------------------------------------------------------ the pipeline
     def handle(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
@@ -198,7 +214,7 @@ class ScorerApp:
         """`handle`, leaving the call's counters and log lines to `response.finish()`, which the
         HTTP edge calls once the reply is written: kube-scheduler waits for the reply alone."""
         started = time.perf_counter()
-        later: list[Callable[[], object]] = []
+        steps = Steps()
         request = self._decode(verb, body)
         if isinstance(request, Response):
             return request
@@ -220,26 +236,36 @@ class ScorerApp:
                     placements.forget(request.pod.uid)  # scheduled again: it did not bind
                 judgement: Judgement | None = None
                 if request.form == "names":
-                    response, judgement = self._names_reply(verb, request, pod_class, now, later)
+                    response, judgement = self._names_reply(verb, request, pod_class, now, steps)
                 elif request.pod.dra is not None:
                     response = self._dra_reply(verb, request, pod_class, now)
                 else:
-                    response, judgement = self._nodes_reply(verb, request, pod_class, now, later)
+                    response, judgement = self._nodes_reply(verb, request, pod_class, now, steps)
                 # A DRA pod's devices show in its claim's allocation, written before binding.
                 if placements is not None and judgement is not None and request.pod.dra is None:
                     self._propose(verb, request, pod_class, judgement, now, placements)
-                later.append(partial(self.metrics.count_request, verb, pod_class.policy.profile))
+                steps.later.append(
+                    partial(self.metrics.count_request, verb, pod_class.policy.profile)
+                )
         except Exception as exc:
             response = self._internal_error(verb, request, exc)
         seconds = time.perf_counter() - started  # the reply is made: the time is taken here
-        later.append(partial(self.metrics.observe_request, verb, seconds, request.node_count))
-        response.after = partial(_settle, later)
+        steps.later.append(partial(self.metrics.observe_request, verb, seconds, request.node_count))
+        response.then(steps)
+        if steps.first:
+            with self._held_lock:
+                self._held.add(response)
         return response
 
     def _decode(self, verb: Verb, body: Buffer) -> wire.ExtenderRequest | Response:
         """Stage 1: the body, decoded to what a verdict reads, or the 400 that says why not."""
         try:
-            request = wire.decode_args(
+            # A prioritize names the pod its filter just decoded.
+            request = (
+                self._recent_pod.names_request(body, self.policy.keys)
+                if verb == "prioritize" and self.node_store is not None
+                else None
+            ) or wire.decode_args(
                 body,
                 gpu_resource_name=self.policy.gpu_resource_name,
                 keys=self.policy.keys,
@@ -247,6 +273,8 @@ class ScorerApp:
                 # The node store knows the names of the lists it has been asked about.
                 decode_names=self.node_store is None,
             )
+            if verb == "filter":
+                self._recent_pod.remember(request)
             if request.form == "names" and self.node_store is not None and not request.node_names:
                 names = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
                 request = request.with_names(names)
@@ -354,7 +382,7 @@ class ScorerApp:
         request: wire.ExtenderRequest,
         pod_class: PodClass,
         now: datetime,
-        later: list[Callable[[], object]],
+        steps: Steps,
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for full Node objects (or neither list): the verdicts of Nodes seen
         before for this class, the others judged, the chain, the reply."""
@@ -374,7 +402,7 @@ class ScorerApp:
         parts = wire.filter_reply_parts(
             request, judgement.passed_mask(), failed=failed, unresolvable=unresolvable
         )
-        later.append(
+        steps.later.append(
             partial(
                 count_and_log, self.metrics, log, _pod_ref(request), pod_class, judgement, judged
             )
@@ -427,7 +455,7 @@ class ScorerApp:
         request: wire.ExtenderRequest,
         pod_class: PodClass,
         now: datetime,
-        later: list[Callable[[], object]],
+        steps: Steps,
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
@@ -459,11 +487,14 @@ class ScorerApp:
         if verb == "prioritize":
             self._prioritizes = True  # kube-scheduler's configuration sends them
             return Response(200, body), judgement
-        if dra is None and not blocked and self._prioritizes:
-            later.append(partial(self.node_store.judge_ahead, pod_class, judgement, now))
+        # kube-scheduler scores (and so prioritizes) only when more than one node is left.
+        if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
+            steps.first.append(partial(self.node_store.judge_ahead, pod_class, judgement, now))
         # The node store logged the rejected nodes' values when it judged them.
         pod_ref = _pod_ref(request)
-        later.append(partial(count_and_log, self.metrics, log, pod_ref, pod_class, judgement, ()))
+        steps.later.append(
+            partial(count_and_log, self.metrics, log, pod_ref, pod_class, judgement, ())
+        )
         return Response(200, body), judgement
 
     def _dra_reply(
@@ -506,10 +537,6 @@ class ScorerApp:
             return Response(200, render_text(document).encode(), TEXT)
         return Response(200, wire.encode_json(document))
 
-    def _observe(self, verb: Verb, request: wire.ExtenderRequest, started: float) -> None:
-        seconds = time.perf_counter() - started
-        self.metrics.observe_request(verb, seconds, request.node_count)
-
     # ------------------------------------------------------------------ defined fallbacks
     def _store_ready(self) -> bool:
         return self.node_store is not None and self.node_store.ready()
@@ -529,7 +556,7 @@ class ScorerApp:
             response = Response(
                 200, wire.encode_prioritize_reply((name, 0) for name in request.node_names)
             )
-        self._observe(verb, request, started)
+        self.metrics.observe_request(verb, time.perf_counter() - started, request.node_count)
         return response
 
     def _nodes_of(self, request: wire.ExtenderRequest, now: datetime) -> Sequence[NodeInput]:
@@ -555,15 +582,7 @@ class ScorerApp:
         """The answer when `handle` itself raised (nothing known of the request)."""
         self.metrics.internal_errors.labels(verb or "other").inc()
         log.error("request failed", exc_info=exc, extra={"fields": {"verb": verb or "other"}})
-        message = f"gpu scorer internal error: {type(exc).__name__}"
-        if verb == "filter":
-            return Response(200, wire.encode_filter_error(None, message))
-        if verb == "prioritize":
-            # No node named, no score added: the scheduler ranks as without the extender.
-            return Response(200, wire.encode_prioritize_reply(()))
-        if verb == "explain":
-            return Response(200, wire.encode_json({"Error": message}))
-        return Response(503, wire.encode_json({"Error": message}))
+        return fallback_reply(verb, None, f"gpu scorer internal error: {type(exc).__name__}")
 
     def _internal_error(
         self, verb: Verb, request: wire.ExtenderRequest, exc: Exception
@@ -574,25 +593,7 @@ class ScorerApp:
             exc_info=exc,
             extra={"fields": {"verb": verb, "pod": _pod_ref(request), "nodes": request.node_count}},
         )
-        message = f"gpu scorer internal error: {type(exc).__name__}"
-        if verb == "filter":
-            return Response(200, wire.encode_filter_error(request, message))
-        if verb == "prioritize":
-            return Response(
-                200, wire.encode_prioritize_reply((name, 0) for name in request.node_names)
-            )
-        return Response(200, wire.encode_json({"Error": message}))
-
-
-def _settle(later: Sequence[Callable[[], object]]) -> None:
-    """What a call left for after its reply is written (its counters and log lines, the
-    prioritize a filter prepares): a bug in one step is logged and the others still run (the
-    reply, the only thing kube-scheduler reads, is gone already)."""
-    for step in later:
-        try:
-            step()
-        except Exception:
-            log.exception("work after a reply failed")
+        return fallback_reply(verb, request, f"gpu scorer internal error: {type(exc).__name__}")
 
 
 def _pod_ref(request: wire.ExtenderRequest) -> str:

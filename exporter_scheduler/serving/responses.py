@@ -7,7 +7,11 @@ module for the shape of its output.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Final
 
 from exporter_scheduler.serving import wire
@@ -17,13 +21,36 @@ from exporter_scheduler.serving.metrics import Verb
 JSON: Final = b"application/json"
 TEXT: Final = b"text/plain; charset=utf-8"
 
+# The request path's logger: a failed step after a reply is the request path's error.
+log = logging.getLogger("exporter_scheduler.server")
+# Taken while a reply's steps are claimed: the HTTP edge and a scrape (`ScorerApp.settle`)
+# may both finish one reply, and its steps run once.
+_CLAIM: Final = threading.Lock()
+
+
+@dataclass(slots=True)
+class Steps:
+    """What a call leaves for after its reply (`Response.then`)."""
+
+    later: list[Callable[[], object]] = field(default_factory=list)
+    first: list[Callable[[], object]] = field(default_factory=list)
+
 
 class Response:
     """A status, a content type and the body as buffers to write in order (a full-node filter
     reply is mostly slices of the request's own Node bytes, written without joining them), and
     what is left to do once it is written (`finish`)."""
 
-    __slots__ = ("after", "allow", "content_type", "parts", "status")
+    __slots__ = (
+        "__weakref__",
+        "after",
+        "allow",
+        "awaits_next",
+        "content_type",
+        "first",
+        "parts",
+        "status",
+    )
 
     def __init__(
         self,
@@ -40,10 +67,34 @@ class Response:
         # The call's counters and log lines: the HTTP edge writes the reply first, since
         # kube-scheduler waits for the reply and for nothing else.
         self.after: Callable[[], None] | None = None
+        # What the next request will read, made right after the reply (`prepare`).
+        self.first: Callable[[], None] | None = None
+        # The client's next request follows at once (a prioritize after its filter): the
+        # HTTP edge answers it before it runs `after`.
+        self.awaits_next = False
+
+    def then(self, steps: Steps) -> None:
+        """Leave `steps.later` for after the reply (its counters and log lines) and
+        `steps.first` for right after it (the prioritize a filter prepares, which kube-scheduler
+        sends next). Each step runs even when one before it raised; the bug is logged (the
+        reply, the only thing kube-scheduler reads, is gone already)."""
+        self.after = partial(_run_each, steps.later)
+        if steps.first:
+            self.first = partial(_run_each, steps.first)
+            self.awaits_next = True
+
+    def prepare(self) -> None:
+        """Run `first` (once, however often and from whichever thread it is called)."""
+        with _CLAIM:
+            first, self.first = self.first, None
+        if first is not None:
+            first()
 
     def finish(self) -> None:
-        """Do what was left for after the reply (once, however often it is called)."""
-        after, self.after = self.after, None
+        """`prepare`, then what was left for after the reply (once, as `prepare`)."""
+        self.prepare()
+        with _CLAIM:
+            after, self.after = self.after, None
         if after is not None:
             after()
 
@@ -57,6 +108,14 @@ class Response:
 
     def __len__(self) -> int:
         return sum(map(len, self.parts))
+
+
+def _run_each(steps: Sequence[Callable[[], object]]) -> None:
+    for step in steps:
+        try:
+            step()
+        except Exception:
+            log.exception("work after a reply failed")
 
 
 def normalize_path_prefix(prefix: str) -> str:
@@ -77,3 +136,17 @@ def method_not_allowed(allowed: str) -> Response:
     """405, naming the methods the path takes."""
     body = wire.encode_json({"Error": f"method not allowed; use {allowed}"})
     return Response(405, body, allow=allowed.encode())
+
+
+def fallback_reply(verb: Verb | None, request: wire.ExtenderRequest | None, error: str) -> Response:
+    """The answer when judging failed, one kube-scheduler can act on: a filter's `Error` with no
+    node passing; a prioritize's neutral 0 for every node named (none when the request is
+    unknown: the scheduler ranks as without the extender); explain's error; else 503."""
+    if verb == "filter":
+        return Response(200, wire.encode_filter_error(request, error))
+    if verb == "prioritize":
+        names = () if request is None else request.node_names
+        return Response(200, wire.encode_prioritize_reply((name, 0) for name in names))
+    return Response(
+        200 if verb == "explain" or request is not None else 503, wire.encode_json({"Error": error})
+    )

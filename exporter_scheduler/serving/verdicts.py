@@ -390,13 +390,10 @@ class Judgement:
     def only_passed(self) -> str | None:
         """The one node that passed, after the overrides, if exactly one did: kube-scheduler
         then binds the pod there without scoring."""
-        if not self.overrides.active:
+        if not self.overrides.active and self.passing() != 1:
             # Counted from the few distinct tally keys first: the common answer (many pass)
             # costs no pass over the entries.
-            keys = self.tally_keys
-            by_id = self._counts if self._counts is not None else count_ids(self._tally_ids())
-            if sum(n for i, n in by_id.items() if keys[i][0]) != 1:
-                return None
+            return None
         passed = list(compress(self.names, self.passed_mask()))
         return passed[0] if len(passed) == 1 else None
 
@@ -410,6 +407,15 @@ class Judgement:
         if best <= 0 or scores.count(best) > most:
             return []
         return list(compress(self.names, map(eq, scores, repeat(best))))
+
+    def passing(self) -> int:
+        """How many nodes pass, after the overrides."""
+        if self.overrides.active:
+            return sum(self.passed_mask())
+        # Without overrides, from the few distinct tally keys: no pass over the entries.
+        keys = self.tally_keys
+        by_id = self._counts if self._counts is not None else count_ids(self._tally_ids())
+        return sum(n for i, n in by_id.items() if keys[i][0])
 
     def tally(self) -> dict[TallyKey, int]:
         """Node counts per `(passed, unresolvable, reason, data_status)`, after the overrides."""

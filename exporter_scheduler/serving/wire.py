@@ -101,11 +101,12 @@ _TOP_LEVEL_DECODER: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 @functools.cache
 def _args_decoder(prefix: str) -> msgspec.json.Decoder[Any]:
-    """`ExtenderArgs` typed for one annotation prefix (its Nodes as `nodeobjects` reads them)."""
+    """`ExtenderArgs` typed for one annotation prefix (its Nodes as `nodeobjects` reads them).
+    The Pod is kept raw and decoded on its own: its bytes identify it (`RecentPod`)."""
     args = msgspec.defstruct(
         "ExtenderArgs",
         [
-            ("Pod", _Pod | UnsetType | None, UNSET),
+            ("Pod", msgspec.Raw | UnsetType, UNSET),
             ("Nodes", node_types(prefix).node_list_struct | UnsetType | None, UNSET),
             # Kept raw too: its bytes name the node list (`ExtenderRequest.node_names_json`).
             ("NodeNames", msgspec.Raw | UnsetType, UNSET),
@@ -149,6 +150,8 @@ class ExtenderRequest:
     records: Sequence[Any] = ()
     echo: NodeEcho | None = None
     keys: Keys = DEFAULT_KEYS
+    # Names form: the `Pod` value byte for byte (the same bytes, the same `pod`).
+    pod_json: bytes = b""
 
     @property
     def node_count(self) -> int:
@@ -168,7 +171,9 @@ class ExtenderRequest:
     def with_names(self, names: tuple[str, ...]) -> ExtenderRequest:
         """This names-form request with its names read (`dataclasses.replace` by hand: that
         reads the class's fields on every call, on every names-only request)."""
-        return ExtenderRequest(self.pod, self.form, names, self.node_names_json, keys=self.keys)
+        return ExtenderRequest(
+            self.pod, self.form, names, self.node_names_json, keys=self.keys, pod_json=self.pod_json
+        )
 
 
 def _msg(exc: msgspec.DecodeError, where: str = "") -> str:
@@ -381,7 +386,12 @@ def decode_args(
         raise WireError("wrong_type", _msg(exc)) from None
     except msgspec.DecodeError as exc:
         raise WireError("malformed_json", f"malformed JSON: {exc}") from None
-    pod, nodes, names_raw = args.Pod, args.Nodes, args.NodeNames  # a struct made by defstruct
+    pod_raw, nodes, names_raw = args.Pod, args.Nodes, args.NodeNames  # made by defstruct
+    pod: Any = pod_raw
+    pod_json = b""
+    if pod_raw is not UNSET:
+        pod_json = bytes(pod_raw)
+        pod = None if pod_json == b"null" else _decode_pod(pod_raw)
     names: Any = UNSET
     names_json = b""
     if names_raw is not UNSET:
@@ -412,8 +422,66 @@ def decode_args(
             pod_input, "nodes", node_names, records=records, echo=node_echo, keys=keys
         )
     if names is not UNSET and names is not None:
-        return ExtenderRequest(pod_input, "names", names, names_json, keys=keys)
+        return ExtenderRequest(
+            pod_input, "names", names, names_json, keys=keys, pod_json=b"" if folded else pod_json
+        )
     return ExtenderRequest(pod_input, "none", keys=keys)
+
+
+def _decode_pod(raw: msgspec.Raw) -> _Pod:
+    try:
+        pod: _Pod = _POD_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise WireError("wrong_type", _msg(exc, "$.Pod")) from None
+    except msgspec.DecodeError as exc:  # pragma: no cover - the body as a whole decoded
+        raise WireError("malformed_json", f"malformed JSON: {exc}") from None
+    return pod
+
+
+class _RawArgs(msgspec.Struct):
+    Pod: msgspec.Raw | UnsetType = UNSET
+    Nodes: msgspec.Raw | UnsetType = UNSET
+    NodeNames: msgspec.Raw | UnsetType = UNSET
+
+
+_RAW_ARGS_DECODER: Final = msgspec.json.Decoder(_RawArgs)
+
+
+class RecentPod:
+    """The pod of the last names-only filter, with the bytes it was decoded from.
+
+    kube-scheduler's prioritize that follows a filter sends the same Pod byte for byte (one
+    object, encoded again; seen in the v1.36 captures), so a prioritize whose Pod has those
+    bytes takes the decoded pod rather than decoding it again: the same bytes decode to the
+    same pod. Its body is only delimited, in one pass in C.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, PodInput] | None = None  # replaced whole: no lock needed
+
+    def remember(self, request: ExtenderRequest) -> None:
+        if request.form == "names" and request.pod_json:
+            self._last = (request.pod_json, request.pod)
+
+    def names_request(self, body: Buffer, keys: Keys) -> ExtenderRequest | None:
+        """`body` as `decode_args(..., decode_names=False)` reads it, when it is a names-only
+        request with the remembered pod's bytes; None for anything else (decode it whole)."""
+        last = self._last
+        if last is None:
+            return None
+        try:
+            args = _RAW_ARGS_DECODER.decode(body)
+        except msgspec.DecodeError:
+            return None  # the whole decode says what is wrong with it
+        pod, nodes, names = args.Pod, args.Nodes, args.NodeNames
+        if pod is UNSET or nodes is UNSET or names is UNSET or bytes(nodes) != b"null":
+            return None
+        pod_json, names_json = bytes(pod), bytes(names)
+        if pod_json != last[0] or not names_json.startswith(b"["):
+            return None
+        return ExtenderRequest(last[1], "names", (), names_json, keys=keys, pod_json=pod_json)
 
 
 # --------------------------------------------------------------------------- replies

@@ -493,6 +493,38 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
         assert prepared(left) is None
 
 
+def test_a_prioritize_decodes_no_pod_its_filter_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prioritize after a filter carries the same Pod bytes: its pod is the filter's,
+    decoded once. A prioritize of another pod is decoded and judged as that pod."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node(n, utilization=0.3) for n in NAMES])
+    app = _app(store, clock)
+    decodes: list[bytes] = []
+    decode_pod = wire._decode_pod
+
+    def counted(raw: msgspec.Raw) -> Any:
+        decodes.append(bytes(raw))
+        return decode_pod(raw)
+
+    def handled(verb: Verb, pod_doc: dict[str, Any]) -> tuple[bytes, int]:
+        """The reply (checked against a fresh evaluation) and the pods the app decoded."""
+        body = names_body(pod_doc, NAMES[:3])
+        want, _ = reference(verb, body, store.lookup(NAMES[:3]), clock.now, app.policy)
+        with monkeypatch.context() as patch:
+            patch.setattr(wire, "_decode_pod", counted)
+            got = app.handle(verb, body).body
+        assert got == want
+        return got, len(decodes)
+
+    assert handled("filter", hinted())[1] == 1
+    assert handled("prioritize", hinted())[1] == 1
+    # Another pod's prioritize (kube-scheduler sends none such, but a body is a body).
+    other, count = handled("prioritize", hinted({"max-utilization": "lots"}))
+    assert count == 2
+    assert other != handled("prioritize", hinted())[0]
+
+
 def test_a_step_after_the_reply_that_fails_leaves_the_others_to_run(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

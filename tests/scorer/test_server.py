@@ -22,7 +22,7 @@ from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.serving.observability import ObservabilityApp
-from exporter_scheduler.serving.responses import normalize_path_prefix
+from exporter_scheduler.serving.responses import Response, Steps, normalize_path_prefix
 from tests.scorer._http_helpers import (
     NOW,
     args_body,
@@ -37,6 +37,7 @@ from tests.scorer._http_helpers import (
     serving,
     store_of,
 )
+from tests.scorer.test_nodestore import gpu_node
 
 
 def _mixed_nodes() -> list[dict[str, object]]:
@@ -433,3 +434,84 @@ def test_a_handled_call_is_counted_before_handle_returns() -> None:
     assert response.after is None  # finished already
     count = app.metrics.render()[0].decode()
     assert 'gpu_scorer_requests_total{profile="default",verb="filter"} 1.0' in count
+
+
+class _Steps:
+    """An app whose replies record when their steps run: a filter's reply prepares for the
+    request that follows it, as the scorer's names-only filter prepares its prioritize."""
+
+    max_body_bytes = 1024
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.finished = {"filter": threading.Event(), "prioritize": threading.Event()}
+
+    def respond(self, method: str, path: str, query: bytes, body: Any) -> Response:
+        verb = path.strip("/")
+        self.events.append(f"answer {verb}")
+        response = Response(200, b"{}")
+        first = [lambda: self.events.append(f"prepare {verb}")] if verb == "filter" else []
+        response.then(Steps(later=[lambda: self._later(verb)], first=first))
+        return response
+
+    def _later(self, verb: str) -> None:
+        self.events.append(f"count {verb}")
+        self.finished[verb].set()
+
+    def body_too_large(self) -> Response:
+        return Response(413, b"{}")
+
+
+def test_a_reply_whose_next_request_follows_is_counted_after_that_one() -> None:
+    """The filter's preparation runs right after its reply; its counters and log lines wait
+    until the prioritize that follows is answered, so that the prioritize does not wait for
+    them."""
+    app = _Steps()
+    with HttpServer(app, host="127.0.0.1", port=0, hold_s=60.0) as server:
+        conn = connect(server)
+        assert call(conn, "POST", "/filter", b"{}")[0] == 200
+        assert call(conn, "POST", "/prioritize", b"{}")[0] == 200
+        assert app.finished["prioritize"].wait(10.0)
+        conn.close()
+    assert app.events == [
+        "answer filter",
+        "prepare filter",
+        "answer prioritize",
+        "count filter",
+        "count prioritize",
+    ]
+
+
+@pytest.mark.parametrize("ending", ["idle", "closed"])
+def test_a_held_reply_is_counted_when_no_request_follows(ending: str) -> None:
+    """No request after the filter: its counters and log lines wait `hold_s` at most, and
+    are not lost when the connection closes before that."""
+    app = _Steps()
+    hold_s = 0.05 if ending == "idle" else 60.0
+    with HttpServer(app, host="127.0.0.1", port=0, hold_s=hold_s) as server:
+        conn = connect(server)
+        assert call(conn, "POST", "/filter", b"{}")[0] == 200
+        if ending == "closed":
+            conn.close()
+        assert app.finished["filter"].wait(10.0)
+        assert app.events == ["answer filter", "prepare filter", "count filter"]
+        conn.close()
+
+
+def test_a_scrape_counts_every_reply_written_before_it() -> None:
+    """A filter's counters wait for its prioritize (hold), but a scrape from another
+    connection meanwhile still counts the filter."""
+    names = [f"n{i}" for i in range(4)]
+    app = make_app(node_store=store_of(gpu_node(n) for n in names))
+    with HttpServer(app, host="127.0.0.1", port=0, hold_s=60.0) as server:
+        scheduler = connect(server)
+        body = args_body(pod(), names=names)
+        call(scheduler, "POST", "/prioritize", body)  # the scheduler sends them
+        status, _, reply = call(scheduler, "POST", "/filter", body)
+        assert status == 200
+        assert len(json.loads(reply)["NodeNames"]) >= 2  # its prioritize is prepared
+        scrape = connect(server)
+        metrics = call(scrape, "GET", "/metrics")[2].decode()
+        scrape.close()
+        scheduler.close()
+    assert 'gpu_scorer_requests_total{profile="default",verb="filter"} 1.0' in metrics

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from exporter_scheduler.serving import wire
+from gpu_contract.schema import DEFAULT_KEYS
 from tests.scorer._http_helpers import FIXTURES, args_body, gpu_annotations, node, pod
 
 GPU = "nvidia.com/gpu"
@@ -294,3 +295,46 @@ def test_raw_items_are_views_of_the_body_not_reencodings() -> None:
     assert isinstance(request.raw_nodes[0], msgspec.Raw)
     reply = wire.encode_filter_reply(request, passed=["a"], failed={}, unresolvable={})
     assert reply.startswith(b'{"Nodes":{"items":[' + item + b"]}")
+
+
+def _captured(name: str) -> bytes:
+    return (FIXTURES / "nodecache-true" / name).read_bytes()
+
+
+def test_a_prioritize_with_its_filters_pod_takes_the_decoded_pod() -> None:
+    """kube-scheduler's prioritize carries its filter's Pod byte for byte (the v1.36 capture
+    pair); that request is read without decoding the Pod again, and reads as a whole decode
+    does. Any other body is left to the whole decode."""
+    recent = wire.RecentPod()
+    prioritize = _captured("0002-prioritize.request.json")
+    assert recent.names_request(prioritize, DEFAULT_KEYS) is None  # no filter yet
+    filtered = wire.decode_args(
+        _captured("0001-filter.request.json"), gpu_resource_name=GPU, decode_names=False
+    )
+    recent.remember(filtered)
+    request = recent.names_request(prioritize, DEFAULT_KEYS)
+    assert request is not None
+    assert request.pod is filtered.pod
+    assert request == wire.decode_args(prioritize, gpu_resource_name=GPU, decode_names=False)
+    assert json.loads(request.node_names_json) == json.loads(prioritize)["NodeNames"]
+
+    document = json.loads(prioritize)
+    changed_pod = json.loads(prioritize)
+    changed_pod["Pod"]["metadata"]["resourceVersion"] += "1"
+    full_nodes = {**document, "Nodes": {"items": []}, "NodeNames": None}
+    others = [
+        json.dumps(changed_pod, separators=(",", ":")).encode(),
+        json.dumps(full_nodes, separators=(",", ":")).encode(),
+        json.dumps({**document, "NodeNames": None}, separators=(",", ":")).encode(),
+        json.dumps({"pod": document["Pod"], "Nodes": None, "NodeNames": []}).encode(),
+        prioritize[:-2],  # malformed: the whole decode says why
+    ]
+    for body in others:
+        assert recent.names_request(body, DEFAULT_KEYS) is None
+
+
+def test_a_pod_of_the_wrong_type_is_named_by_its_path() -> None:
+    body = b'{"Pod":{"spec":{"containers":{}}},"Nodes":null,"NodeNames":[]}'
+    with pytest.raises(wire.WireError, match=r"\$\.Pod\.spec\.containers") as raised:
+        wire.decode_args(body, gpu_resource_name=GPU)
+    assert raised.value.cause == "wrong_type"
