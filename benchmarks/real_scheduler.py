@@ -11,11 +11,12 @@ as `gpu-scorer serve` defaults to, its Pod watch: in-flight accounting on; full 
 without credentials and so without the Pod watch; `names-no-inflight`: names only with
 `--no-pod-watch`, to compare in-flight accounting on and off in the same run;
 `names-no-own-load`: names only with `--no-own-load`, to compare counting the pod's own load on
-and off in the same run), and keeps patching GPU annotations at a fleet's write rate for the whole
-run. Each pod is a replica of a Deployment, as its controller creates it (owned by a ReplicaSet,
-with the `pod-template-hash` label), so the scorer looks up its workload's learned load on every
-request; with no kubelet no replica ever runs, so nothing is learned and the pod's own load is
-the policy's default. There is no kubelet: each pod a
+and off in the same run; `names-before`, with `--before REF`: the names-only scorer of commit REF,
+to compare two versions in the same run), and keeps patching GPU annotations at a fleet's write
+rate for the whole run. Each pod is a replica of a Deployment, as its controller creates it
+(owned by a ReplicaSet, with the `pod-template-hash` label), so the scorer looks up its
+workload's learned load on every request; with no kubelet no replica ever runs, so nothing is
+learned and the pod's own load is the policy's default. There is no kubelet: each pod a
 names-only burst binds stays "allocation pending" in the Pod watch's scorer (it counts on its node)
 until its round deletes it. Then, per mode, in rounds that rotate the order:
 
@@ -85,16 +86,19 @@ VARIANT_FLAGS: Final = {"names-no-inflight": "--no-pod-watch", "names-no-own-loa
 # Extenders that decide nothing, to split the extender's cost (`--modes`): compiled Go (the
 # mechanism's own cost), and Python on the scorer's HTTP edge (that edge's cost).
 NULL_MODES: Final = ("null-go-names", "null-py-names", "null-go-full")
-ALL_MODES: Final = (*MODES, *VARIANT_MODES, *NULL_MODES)
+# The names-only scorer of another commit (`--before REF`), against `names` in the same run.
+BEFORE_MODE: Final = "names-before"
+ALL_MODES: Final = (*MODES, *VARIANT_MODES, BEFORE_MODE, *NULL_MODES)
 NAMES_ONLY_MODES: Final = (
     "names",
+    BEFORE_MODE,
     "names-no-inflight",
     "names-no-own-load",
     "null-go-names",
     "null-py-names",
 )
 # The scorer's modes with its Pod watch on (in-flight accounting, the workloads' pods).
-INFLIGHT_MODES: Final = ("names", "names-no-own-load")
+INFLIGHT_MODES: Final = ("names", "names-no-own-load", BEFORE_MODE)
 NAMESPACE: Final = "bench"
 # The fleet simulation's write rate before per-GPU data: 11.5 % of one write per 5 s sample, or
 # ~110 patches/s at 5,000 nodes. Today's defaults write 9.6 %, so this churn is a little heavier.
@@ -125,6 +129,7 @@ class Config:
     seed: int = 7
     timeout_s: float = 180.0
     modes: tuple[str, ...] = MODES
+    before: str | None = None  # the commit `names-before` runs
 
     def pods_for(self, mode: str) -> int:
         return self.full_pods if mode.endswith("full") else self.pods
@@ -277,15 +282,21 @@ class Extender:
 
 
 def extenders(
-    plane: ControlPlane, logs: Path, modes: Sequence[str], *, record: Path | None = None
+    plane: ControlPlane,
+    logs: Path,
+    modes: Sequence[str],
+    *,
+    record: Path | None = None,
+    before: Path | None = None,
 ) -> dict[str, Extender]:
-    """Each mode's extender; `record`: the Python null extender writes the requests there."""
+    """Each mode's extender; `record`: the Python null extender writes the requests there;
+    `before`: the source tree `names-before` runs."""
     made: dict[str, Extender] = {}
     for mode in modes:
         if mode == "none":
             continue
         names_only = mode in NAMES_ONLY_MODES
-        if mode in ("names", "full", *VARIANT_MODES):
+        if mode in ("names", "full", *VARIANT_MODES, BEFORE_MODE):
             # Names only: the admin kubeconfig serves the node cache and the Pod watch alike.
             inflight = mode in INFLIGHT_MODES
             flag = VARIANT_FLAGS.get(mode)
@@ -295,6 +306,13 @@ def extenders(
                 name=f"scorer-{mode}",
                 extra_args=() if flag is None else (flag,),
             )
+            if mode == BEFORE_MODE:
+                if before is None:
+                    raise ValueError(f"{BEFORE_MODE} needs --before")
+                # Its package from that tree: `-P` keeps this checkout (the working directory)
+                # off the path, PYTHONPATH puts the tree on it.
+                scorer.argv.insert(1, "-P")
+                scorer.env["PYTHONPATH"] = str(before)
             made[mode] = Extender(scorer.url, names_only, scorer, scorer, inflight=inflight)
             continue
         port = free_port()
@@ -477,7 +495,11 @@ class Bench:
 def bench(
     config: Config, *, progress: Callable[[str], None], record: Path | None = None
 ) -> Iterator[Bench]:
+    # Not at the top: scorer_latency imports this checkout's scorer modules.
+    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+
     with (
+        source_tree(config.before) as before,
         tempfile.TemporaryDirectory(prefix="real-scheduler-") as scratch_dir,
         running_control_plane(Path(scratch_dir) / "plane") as plane,
     ):
@@ -492,7 +514,7 @@ def bench(
                 namespace=NAMESPACE,
             )
         progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
-        made = extenders(plane, scratch / "logs", config.modes, record=record)
+        made = extenders(plane, scratch / "logs", config.modes, record=record, before=before)
         patcher = Patcher(plane, config)
         try:
             for extender in made.values():
@@ -569,6 +591,7 @@ MODE_LABELS: Final = {
     "names": "names only (`nodeCacheCapable: true`)",
     "names-no-inflight": "names only, no in-flight accounting (`--no-pod-watch`)",
     "names-no-own-load": "names only, the pod's own load not counted (`--no-own-load`)",
+    BEFORE_MODE: "names only, the scorer of the `--before` commit",
     "full": "full nodes (`nodeCacheCapable: false`)",
     "null-go-names": "names only, null extender in Go",
     "null-py-names": "names only, null extender on the scorer's HTTP edge",
@@ -794,6 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(MODES),
         help=f"comma-separated, of {', '.join(ALL_MODES)} (null-*: extenders that decide nothing)",
     )
+    parser.add_argument("--before", metavar="REF", help=f"the commit {BEFORE_MODE} runs")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
@@ -801,6 +825,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(modes) - set(ALL_MODES))
     if unknown or "none" not in modes:
         parser.error(f"--modes: choose from {', '.join(ALL_MODES)}, with none (the baseline)")
+    if (BEFORE_MODE in modes) != (args.before is not None):
+        parser.error(f"--before and the mode {BEFORE_MODE} go together")
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -814,6 +840,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rounds=args.rounds,
                 writes_per_node_s=args.writes_per_node_s,
                 modes=modes,
+                before=args.before,
             ),
             progress=progress,
         )

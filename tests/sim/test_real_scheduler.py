@@ -176,3 +176,19 @@ def test_the_figures_run_every_mode_the_new_ones_included() -> None:
     assert {"names-no-inflight", "names-no-own-load"} <= set(real_scheduler.ALL_MODES)
     assert set(real_scheduler.ALL_MODES) <= set(real_scheduler.MODE_LABELS)
     assert real_scheduler.MODES == ("none", "names", "full")  # the default run is unchanged
+
+
+def test_the_before_scorer_runs_that_trees_package(tmp_path: Path) -> None:
+    plane: Any = SimpleNamespace(admin_kubeconfig=tmp_path / "admin.kubeconfig")
+    tree = tmp_path / "tree"
+    made = real_scheduler.extenders(
+        plane, tmp_path, ("none", "names", real_scheduler.BEFORE_MODE), before=tree
+    )
+    before = made[real_scheduler.BEFORE_MODE].process
+    # `-P`: the working directory (this checkout) stays off the path; the tree is on it.
+    assert before.argv[1:4] == ["-P", "-m", "exporter_scheduler"]
+    assert before.env["PYTHONPATH"] == str(tree)
+    assert "-P" not in made["names"].process.argv
+    assert "PYTHONPATH" not in made["names"].process.env
+    with pytest.raises(ValueError, match="--before"):
+        real_scheduler.extenders(plane, tmp_path, (real_scheduler.BEFORE_MODE,))
