@@ -237,6 +237,7 @@ class _Connection:
         self._end = 0
         self._body = bytearray()  # the last request's body, reused for the next
         self._held: list[Response] = []  # replies whose `finish` waits (`_one_request`)
+        self._poller: select.poll | None = None  # made at the first wait for a next request
         self._idle = True
         self._lock = threading.Lock()
         self._closed = False
@@ -393,8 +394,10 @@ class _Connection:
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True
         try:
-            poller = select.poll()
-            poller.register(sock, select.POLLIN)
+            poller = self._poller
+            if poller is None:
+                poller = self._poller = select.poll()
+                poller.register(sock, select.POLLIN)
             return bool(poller.poll(timeout_s * 1000))
         except (OSError, ValueError):  # closed under us: the read says how
             return True
