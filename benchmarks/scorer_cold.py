@@ -20,7 +20,6 @@ the medians over `--pairs` pods per gap, the median over `--rounds` rounds, tree
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from benchmarks.kube_requests import (
     passing_names,
 )
 from benchmarks.machine import machine_description
+from benchmarks.scorer_cpu import tree_app
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("filter", "filter_after", "prioritize", "prioritize_after")
@@ -46,15 +46,7 @@ WARM_PAIRS = 300
 
 def measure(tree: Path, nodes: int, gaps_ms: list[float], pairs: int) -> dict[str, Any]:
     """Per gap, each stage's median wall time (us) in this process, with `tree` imported."""
-    sys.path.insert(0, str(tree))
-    # By name: the modules of the tree under test, whose API may differ from this checkout's.
-    helpers = importlib.import_module("tests.scorer._http_helpers")
-    gpu_node = importlib.import_module("tests.scorer.test_nodestore").gpu_node
-    writer = importlib.import_module("exporter_scheduler.logs").configure_logging("info")
-    store = helpers.store_of(
-        gpu_node(f"node-{i:05d}", utilization=0.95 if i % 10 == 0 else 0.1) for i in range(nodes)
-    )
-    app = helpers.make_app(node_store=store)
+    app, writer = tree_app(tree, nodes, "info")
     rotation = Rotation(informer_order([f"node-{i:05d}" for i in range(nodes)], nodes), 0)
     pods = PodStream(seed=nodes)
 

@@ -46,14 +46,14 @@ ROOT = Path(__file__).resolve().parents[1]
 WARM_PAIRS = 200
 
 
-def serve(tree: Path, nodes: int, log_level: str) -> None:
-    """The scorer of `tree` on an ephemeral port (printed), until stdin closes."""
+def tree_app(tree: Path, nodes: int, log_level: str) -> tuple[Any, Any]:
+    """The names-only `ScorerApp` of `tree` over `nodes` nodes, one in ten above the
+    utilization limit (so that filters log their rejections), and its started log writer.
+    Call in a process of its own: `tree`'s modules are imported in place of this checkout's."""
     sys.path.insert(0, str(tree))
     # By name: the modules of the tree under test, whose API may differ from this checkout's.
-    http_server = importlib.import_module("exporter_scheduler.edges.server").HttpServer
     helpers = importlib.import_module("tests.scorer._http_helpers")
     gpu_node = importlib.import_module("tests.scorer.test_nodestore").gpu_node
-
     # The log writer's module: `logs` in this tree, `cli` in trees from before it moved.
     try:
         logs = importlib.import_module("exporter_scheduler.logs")
@@ -63,7 +63,14 @@ def serve(tree: Path, nodes: int, log_level: str) -> None:
     store = helpers.store_of(
         gpu_node(f"node-{i:05d}", utilization=0.95 if i % 10 == 0 else 0.1) for i in range(nodes)
     )
-    server = http_server(helpers.make_app(node_store=store), host="127.0.0.1", port=0).start()
+    return helpers.make_app(node_store=store), writer
+
+
+def serve(tree: Path, nodes: int, log_level: str) -> None:
+    """The scorer of `tree` on an ephemeral port (printed), until stdin closes."""
+    app, writer = tree_app(tree, nodes, log_level)
+    http_server = importlib.import_module("exporter_scheduler.edges.server").HttpServer
+    server = http_server(app, host="127.0.0.1", port=0).start()
     print(server.port, flush=True)
     sys.stdin.readline()
     server.stop()

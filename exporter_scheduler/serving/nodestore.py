@@ -217,10 +217,10 @@ class NodeStore:
         the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
         order), so their verdicts and prioritize bytes are made now, under the key its request
         will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
-        or the view patched with what changed since, as for any list asked about before."""
+        or the view patched with what changed since, as for any list asked about before. The
+        caller asks only when more than one node passed (a single feasible node is bound
+        without scoring), and holds the filter's counters for that prioritize."""
         passed = tuple(compress(filtered.names, filtered.passed_mask()))
-        if len(passed) < 2:  # kube-scheduler binds a single feasible node without scoring
-            return
         key = msgspec.json.encode(passed)
         self._remember_list(key, passed)  # its request's names need no decoding either
         ahead = self.judge(pod_class, passed, now, list_key=key)
