@@ -459,14 +459,13 @@ class ScorerApp:
     ) -> tuple[Response, Judgement]:
         """Stages 3 and 4 for node names: the store's current verdicts, the chain, the bytes."""
         assert self.node_store is not None  # `_decode` answered 400 otherwise
-        names, dra = request.node_names, request.pod.dra
+        names, dra, key = request.node_names, request.pod.dra, request.node_names_json
         if dra is not None and self.dra is not None:
             excluded = exclusions(names, self.dra, dra)
             judgement = self.node_store.judge_dra(pod_class, names, excluded, now)
-        else:
-            judgement = self.node_store.judge(
-                pod_class, names, now, list_key=request.node_names_json
-            )
+        else:  # a filter reads the verdicts' tally indexes alone
+            store, only = self.node_store, verb == "filter"
+            judgement = store.judge(pod_class, names, now, list_key=key, tallies_only=only)
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         blocked = self._spread(request, pod_class)[1]

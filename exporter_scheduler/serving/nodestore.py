@@ -26,10 +26,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from itertools import compress, repeat
 from operator import eq, is_, itemgetter, not_
 from types import MappingProxyType
@@ -42,6 +42,7 @@ from exporter_scheduler.core.inflight import NO_PODS, BoundPod
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
 from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
 from exporter_scheduler.serving.inputs import LearnedLoads
+from exporter_scheduler.serving.listviews import ListView
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
 from exporter_scheduler.serving.verdicts import (
     TALLY,
@@ -60,9 +61,6 @@ DEFAULT_MAX_CLASSES: Final = 16
 # Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
 _VIEWS_PER_CLASS: Final = 8
 _LISTS_KEPT: Final = 64
-# A view patched with at most this many changed names finds them by scanning its list rather
-# than by building the list's index (`_View.positions`).
-_FEW_CHANGES: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 # A name without a DRA entry (`NodeStore.judge_dra`): matches no node, its entry never read.
 _NOT_KEPT: Final = (None, None, None)
@@ -100,7 +98,7 @@ class NodeStore:
         # The GPU pods bound to each node (the pod watch's `set_pods`), merged into the node's
         # `NodeInput` whenever either changes, so that entries are judged with them.
         self._pods: dict[str, tuple[BoundPod, ...]] = {}
-        self._tables: dict[PodClassKey, VerdictTable[_View]] = {}
+        self._tables: dict[PodClassKey, VerdictTable[ListView]] = {}
         self._lock = threading.Lock()
         self._synced = False
         self._uses = 0
@@ -149,13 +147,21 @@ class NodeStore:
         return names
 
     def judge(
-        self, pod_class: PodClass, names: Sequence[str], now: datetime, *, list_key: bytes = b""
+        self,
+        pod_class: PodClass,
+        names: Sequence[str],
+        now: datetime,
+        *,
+        list_key: bytes = b"",
+        tallies_only: bool = False,
     ) -> Judgement:
         """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them.
 
         `list_key` names the node list (the request's `NodeNames` bytes: the same key must mean
         the same names in the same order). A list asked about before for this class is not
         looked up name by name again: its last entries are patched with the names stored since.
+        `tallies_only`: the caller reads the verdicts' tally indexes alone (a filter), so a
+        class without a chain reads no entry unless every name's verdict is not yet current.
         """
         now = as_utc(now)
         now_ts = now.timestamp()
@@ -172,6 +178,10 @@ class NodeStore:
                 and table.max_from_ts <= now_ts < table.min_until_ts
                 and table.epoch == epoch
             ):
+                if patched.entries is None and not tallies_only:
+                    # A filter's list, asked for its entries (the prioritize of a filter that
+                    # passed every node): read once, and kept with the view.
+                    patched = patched.with_entries(self._entries_of(table, view.names, now))
                 table.views[list_key] = patched
                 return table.judgement(
                     view.names,
@@ -180,7 +190,22 @@ class NodeStore:
                     tally_ids=patched.tally_ids,
                     counts=patched.counts,
                     replies=patched.replies,
+                    fetch=None
+                    if patched.entries is not None
+                    else partial(self._entries_of, table, view.names, now),
                 )
+        if tallies_only and not pod_class.chain_active:
+            # One dict lookup per name, to a shared small int: the entries themselves, each in
+            # a cache line of its own, cost as much again (a filter after an idle pause misses
+            # the cache on nearly every one).
+            ids: list[int | None] = list(map(table.tallies.get, names))
+            id_counts = count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
+            if (
+                None not in id_counts
+                and table.max_from_ts <= now_ts < table.min_until_ts
+                and table.epoch == epoch
+            ):
+                return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
         try:
@@ -197,15 +222,55 @@ class NodeStore:
             tally_ids = list(map(TALLY, entries))
         ready: list[Entry] = entries  # type: ignore[assignment]  # no None left
         counts = count_ids(tally_ids)
-        if list_key:
-            if len(table.views) >= _VIEWS_PER_CLASS:
-                table.views.clear()
-            view = _View(names, ready, tally_ids, counts, seen=seen)
-            table.views[list_key] = view
+        return self._viewed(table, names, ready, judged, tally_ids, counts, list_key, seen, now)
+
+    def _viewed(  # noqa: PLR0917 (judge's locals)
+        self,
+        table: VerdictTable[ListView],
+        names: Sequence[str],
+        entries: list[Entry] | None,
+        judged: int,
+        tally_ids: list[int],
+        counts: dict[int, int],
+        list_key: bytes,
+        seen: int,
+        now: datetime,
+    ) -> Judgement:
+        """The judgement of `names`, kept as the view of `list_key` (if any) for the next
+        request that sends the same list."""
+        fetch = None if entries is not None else partial(self._entries_of, table, names, now)
+        if not list_key:
             return table.judgement(
-                names, ready, judged, tally_ids=tally_ids, counts=counts, replies=view.replies
+                names, entries, judged, tally_ids=tally_ids, counts=counts, fetch=fetch
             )
-        return table.judgement(names, ready, judged, tally_ids=tally_ids, counts=counts)
+        if len(table.views) >= _VIEWS_PER_CLASS:
+            table.views.clear()
+        view = ListView(names, entries, tally_ids, counts, seen=seen)
+        table.views[list_key] = view
+        return table.judgement(
+            names,
+            entries,
+            judged,
+            tally_ids=tally_ids,
+            counts=counts,
+            replies=view.replies,
+            fetch=fetch,
+        )
+
+    def _entries_of(
+        self, table: VerdictTable[ListView], names: Sequence[str], now: datetime
+    ) -> list[Entry]:
+        """`names`' entries for `table`'s class at `now` (a judgement made from tally indexes,
+        when a reply needs its entries): those stored, the others judged as a request does."""
+        now_ts = now.timestamp()
+        entries: list[Entry | None] = list(map(table.entries.get, names))
+        try:
+            if all_hold(entries, now_ts):  # type: ignore[arg-type]  # no None here
+                return entries  # type: ignore[return-value]
+        except AttributeError:  # a name without an entry
+            pass
+        self._complete(table, names, entries, now, now_ts)
+        return entries  # type: ignore[return-value]  # no None left
 
     def _remember_list(self, list_key: bytes, names: tuple[str, ...]) -> None:
         if len(self._lists) >= _LISTS_KEPT:
@@ -294,14 +359,14 @@ class NodeStore:
                 if kept is not None and kept[1] != excluded:
                     table.dra_entries[name] = (node, excluded, table.judge(judged, now, now_ts)[0])
 
-    def _table(self, pod_class: PodClass) -> VerdictTable[_View]:
+    def _table(self, pod_class: PodClass) -> VerdictTable[ListView]:
         table = self._tables.get(pod_class.key)
         if table is not None:
             return table
         with self._lock:
             table = self._tables.get(pod_class.key)
             if table is None:
-                table = VerdictTable[_View](pod_class, log_changes=True)
+                table = VerdictTable[ListView](pod_class, log_changes=True)
                 while len(self._tables) >= self.max_classes:
                     oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
                     del self._tables[oldest]
@@ -310,7 +375,7 @@ class NodeStore:
 
     def _complete(
         self,
-        table: VerdictTable[_View],
+        table: VerdictTable[ListView],
         names: Sequence[str],
         entries: list[Entry | None],
         now: datetime,
@@ -458,118 +523,13 @@ class NodeStore:
             self._store(table, node.name, entry, verdict)
 
     def _store(
-        self, table: VerdictTable[_View], name: str, entry: Entry, verdict: NodeVerdict
+        self, table: VerdictTable[ListView], name: str, entry: Entry, verdict: NodeVerdict
     ) -> None:
         old = table.entries.get(name)
         table.store(name, entry)
         changed = old is None or not old.rejected or old.reason != entry.reason
         if entry.rejected and changed and log.isEnabledFor(logging.INFO):
             _log_rejection(table.pod_class, verdict)
-
-
-class _View:
-    """One node list's entries for one pod class as a request left them, with the position in
-    the class's change log they are current to. Immutable: a request that patches it stores a
-    new one (several request threads may hold the same view)."""
-
-    __slots__ = ("_positions", "counts", "entries", "names", "replies", "seen", "tally_ids")
-
-    def __init__(
-        self,
-        names: Sequence[str],
-        entries: list[Entry],
-        tally_ids: list[int],
-        counts: dict[int, int],
-        *,
-        seen: int,
-        positions: dict[str, list[int]] | None = None,
-        replies: dict[str, bytes] | None = None,
-    ) -> None:
-        self.names = names
-        self.entries = entries
-        self.tally_ids = tally_ids
-        self.counts = counts
-        self.seen = seen
-        # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
-        # entries give the same bytes, so a view whose entries did not change keeps them.
-        self.replies: dict[str, bytes] = {} if replies is None else replies
-        # Built when the view is first patched: most lists kube-scheduler sends are never sent
-        # again (it samples a moving window of a large cluster), and building the index of a
-        # list costs more than looking its names up.
-        self._positions = positions
-
-    @property
-    def positions(self) -> dict[str, list[int]]:
-        """Name -> its indexes in the list."""
-        positions = self._positions
-        if positions is None:
-            # By the interned names the node cache stores (see `NodeCache._node_input`), so
-            # that finding a changed name compares identities rather than strings.
-            positions = {}
-            for index, name in enumerate(map(sys.intern, self.names)):
-                positions.setdefault(name, []).append(index)
-            self._positions = positions  # racy, and any thread builds the same index
-        return positions
-
-    def patched(self, table: VerdictTable[_View], log_end: int) -> _View | None:
-        """This view with the entries stored since `seen` (up to `log_end`, read before), or
-        None when that is no cheaper than looking every name up (or a node went away)."""
-        changes = table.changes
-        assert changes is not None
-        base = table.changes_base
-        if self.seen < base or log_end - self.seen > len(self.names) // 2:
-            return None
-        # The latest entry of each name changed (None: dropped), in C.
-        changed = dict(changes[self.seen - base : log_end - base])
-        positions: Mapping[Hashable, list[int]]
-        if self._positions is None and len(changed) <= _FEW_CHANGES:
-            # A few names changed: found by scanning the list in C, without indexing it.
-            positions = {name: at for name in changed if (at := _indexes(self.names, name))}
-        else:
-            positions = self.positions  # type: ignore[assignment]  # str keys are Hashable
-        if not any(map(positions.__contains__, changed)):  # nothing of this list changed
-            return _View(
-                self.names,
-                self.entries,
-                self.tally_ids,
-                self.counts,
-                seen=log_end,
-                positions=self._positions,
-                replies=self.replies,
-            )
-        entries = self.entries[:]
-        tally_ids = self.tally_ids[:]
-        counts = dict(self.counts)
-        for name, entry in changed.items():
-            where = positions.get(name)
-            if where is None:
-                continue
-            if entry is None:  # dropped: its name is judged as unknown on the full path
-                return None
-            for index in where:
-                old = tally_ids[index]
-                if old != entry.tally:
-                    counts[old] -= 1
-                    counts[entry.tally] = counts.get(entry.tally, 0) + 1
-                    tally_ids[index] = entry.tally
-                entries[index] = entry
-        # Only a whole index is handed on (`positions` may hold the changed names alone).
-        return _View(
-            self.names, entries, tally_ids, counts, seen=log_end, positions=self._positions
-        )
-
-
-def _indexes(names: Sequence[str], name: Hashable) -> list[int]:
-    """Every index of `name` in `names` (a scan in C per match)."""
-    found: list[int] = []
-    start = 0
-    while True:
-        try:
-            start = names.index(name, start)
-        except ValueError:
-            return found
-        found.append(start)
-        start += 1
 
 
 def _same_data(a: NodeInput, b: NodeInput) -> bool:

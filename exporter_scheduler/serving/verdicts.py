@@ -115,6 +115,7 @@ class VerdictTable(Generic[ViewT]):
         "max_from_ts",
         "min_until_ts",
         "pod_class",
+        "tallies",
         "tally_ids",
         "tally_keys",
         "views",
@@ -130,6 +131,10 @@ class VerdictTable(Generic[ViewT]):
         self.changes_base = 0
         self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
+        # Each stored entry's tally index, by the same key (`store`, `drop`): what a names-only
+        # filter reads per name. A small int is one shared object, where an entry is a cache
+        # line of its own to fetch for each name of the request.
+        self.tallies: dict[Hashable, int] = {}
         # DRA pods' entries (`NodeStore.judge_dra`), by node name: the last one judged, with
         # the node input and the GPUs excluded it was judged from (one tuple: a reader sees
         # the three together). Filled by requests; node, claim and taint events change what a
@@ -174,15 +179,17 @@ class VerdictTable(Generic[ViewT]):
         return entry, verdict
 
     def store(self, key: Hashable, entry: Entry) -> None:
-        """Keep `entry` (the caller holds the owner's write lock): bounds first, then the entry,
-        so that whoever reads the entry finds the bounds covering it."""
+        """Keep `entry` (the caller holds the owner's write lock): bounds first, then the entry
+        and its tally index, so that whoever reads either finds the bounds covering it."""
         self.max_from_ts = max(self.max_from_ts, entry.from_ts)
         self.min_until_ts = min(self.min_until_ts, entry.until_ts)
         self.entries[key] = entry
+        self.tallies[key] = entry.tally
         self._log(key, entry)
 
     def drop(self, key: Hashable) -> None:
         """Forget `key`'s entry (the caller holds the owner's write lock)."""
+        self.tallies.pop(key, None)  # first: a reader that found the index finds the entry
         if self.entries.pop(key, None) is not None:
             self._log(key, None)
 
@@ -222,18 +229,23 @@ class VerdictTable(Generic[ViewT]):
     def judgement(
         self,
         names: Sequence[str],
-        entries: list[Entry],
+        entries: list[Entry] | None,
         judged: int,
         *,
         tally_ids: list[int] | None = None,
         counts: Mapping[int, int] | None = None,
         replies: dict[str, bytes] | None = None,
+        fetch: Callable[[], list[Entry]] | None = None,
     ) -> Judgement:
-        """A request's verdicts from its entries (in request order): the chain resolved, the
-        overrides (a bad hint, the chain) read."""
+        """A request's verdicts from its entries (in request order), or from their tally
+        indexes alone with `fetch` to read the entries when a reply needs more: the chain
+        resolved, the overrides (a bad hint, the chain) read."""
         c = self.pod_class
         chain = None
         if c.chain_active:
+            if entries is None:
+                assert fetch is not None
+                entries = fetch()
             below = min(map(_BELOW_RANK, entries), default=NO_RANK)
             passed = NO_RANK
             if below == NO_RANK:
@@ -251,24 +263,27 @@ class VerdictTable(Generic[ViewT]):
             tally_ids=tally_ids,
             counts=counts,
             replies=replies,
+            fetch=fetch,
         )
 
 
 class Judgement:
     """One request's verdicts: the entries in request order, and what overrules them.
 
-    A filter reads each entry once (its tally index: what the counters, the passing mask and the
+    A filter reads each node's tally index alone (what the counters, the passing mask and the
     rejection maps all derive from, through the few distinct tally keys), because entries are
-    scattered in memory and every pass over them costs more than the work it does. What
+    scattered in memory and every pass over them costs more than the work it does: without a
+    chain, its entries are read only if a reply needs them (`entries`). What
     overrules the node rules (a bad hint, the chain, a spread cap) is one `Overrides`, read once
     per request into the nodes it rejects (`overruled`): every reply piece derives from that.
     """
 
     __slots__ = (
         "_counts",
+        "_entries",
+        "_fetch",
         "_ids",
         "_overruled",
-        "entries",
         "judged",
         "names",
         "overrides",
@@ -279,7 +294,7 @@ class Judgement:
     def __init__(
         self,
         names: Sequence[str],
-        entries: list[Entry],
+        entries: list[Entry] | None,
         overrides: Overrides,
         tally_keys: list[TallyKey],
         judged: int,
@@ -287,12 +302,16 @@ class Judgement:
         tally_ids: list[int] | None = None,
         counts: Mapping[int, int] | None = None,
         replies: dict[str, bytes] | None = None,
+        fetch: Callable[[], list[Entry]] | None = None,
     ) -> None:
+        if entries is None and (tally_ids is None or fetch is None):
+            raise ValueError("a judgement without entries needs their tally indexes and fetch")
         self.names = names
         # Reply bytes by verb already made from these very entries, shared with whoever made
         # them (None: nothing to share); the caller fills it in.
         self.replies = replies
-        self.entries = entries
+        self._entries = entries
+        self._fetch = fetch  # reads the entries, when made from tally indexes alone
         self.overrides = overrides
         # A copy taken after the entries were read: it holds every index they carry.
         self.tally_keys = tally_keys[:]
@@ -300,6 +319,17 @@ class Judgement:
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
         self._overruled: list[tuple[int, str]] | None = None
+
+    @property
+    def entries(self) -> list[Entry]:
+        """The entries in request order. Made from tally indexes alone, they are read on first
+        use (a prioritize's scores): later than the indexes, so a node stored in between shows
+        its newer entry, as if its event had come a moment before this request."""
+        entries = self._entries
+        if entries is None:
+            assert self._fetch is not None
+            entries = self._entries = self._fetch()
+        return entries
 
     @property
     def chain(self) -> ChainOutcome | None:
@@ -327,7 +357,7 @@ class Judgement:
             chain = overrides.chain
             rejection = None if chain is None else chain.not_preferred
             if overrides.hint is not None:  # every node, whatever the rules said
-                found = list(zip(range(len(self.entries)), repeat(overrides.hint.reason)))
+                found = list(zip(range(len(self.names)), repeat(overrides.hint.reason)))
             elif rejection is not None and chain is not None and not overrides.blocked:
                 # The chain alone: the passing nodes of the ranks it did not keep, found in C
                 # (a per-node call of `Overrides.reason` cost a tenth of a names-only filter).
@@ -342,8 +372,12 @@ class Judgement:
                 )
             elif overrides.active:
                 why = overrides.reason
-                for i, (e, name) in enumerate(zip(self.entries, self.names, strict=True)):
-                    reason = why(name, passed=e.passed, rank=e.passed_rank)
+                passed_by_id = [key[0] for key in self.tally_keys]
+                passed = map(passed_by_id.__getitem__, self._tally_ids())
+                # A rank matters to the chain alone: without one, no entry is read.
+                ranks = repeat(NO_RANK) if chain is None else map(_PASSED_RANK, self.entries)
+                for i, (name, ok, rank) in enumerate(zip(self.names, passed, ranks, strict=False)):
+                    reason = why(name, passed=ok, rank=rank)
                     if reason is not None:
                         found.append((i, reason))
             self._overruled = found
@@ -424,9 +458,9 @@ class Judgement:
         counts = {keys[i]: n for i, n in by_id.items() if n}
         overruled = self.overruled()
         if overruled:
-            entries = self.entries
+            ids = self._tally_ids()
             for i, reason in overruled:
-                key = keys[entries[i].tally]
+                key = keys[ids[i]]
                 counts[key] -= 1
                 moved = (False, True, reason, key[3])
                 counts[moved] = counts.get(moved, 0) + 1

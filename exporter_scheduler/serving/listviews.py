@@ -1,0 +1,136 @@
+"""A node list's verdicts for one pod class as a request left them (the node store's views).
+
+kube-scheduler sends the same few node lists pod after pod in a small cluster, and a prioritize
+sends the names its filter passed: a request that names a list seen before for the same class
+reads only the names stored since (`ListView.patched`), not every name again.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Final
+
+from exporter_scheduler.serving.verdicts import Entry, VerdictTable
+
+# A view patched with at most this many changed names finds them by scanning its list rather
+# than by building the list's index (`ListView.positions`).
+_FEW_CHANGES: Final = 8
+
+
+class ListView:
+    """One node list's entries for one pod class as a request left them, with the position in
+    the class's change log they are current to. Immutable: a request that patches it stores a
+    new one (several request threads may hold the same view)."""
+
+    __slots__ = ("_positions", "counts", "entries", "names", "replies", "seen", "tally_ids")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        entries: list[Entry] | None,
+        tally_ids: list[int],
+        counts: dict[int, int],
+        *,
+        seen: int,
+        positions: dict[str, list[int]] | None = None,
+        replies: dict[str, bytes] | None = None,
+    ) -> None:
+        self.names = names
+        self.entries = entries  # None: a filter's, made from the tally indexes alone
+        self.tally_ids = tally_ids
+        self.counts = counts
+        self.seen = seen
+        # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
+        # entries give the same bytes, so a view whose entries did not change keeps them.
+        self.replies: dict[str, bytes] = {} if replies is None else replies
+        # Built when the view is first patched: most lists kube-scheduler sends are never sent
+        # again (it samples a moving window of a large cluster), and building the index of a
+        # list costs more than looking its names up.
+        self._positions = positions
+
+    @property
+    def positions(self) -> dict[str, list[int]]:
+        """Name -> its indexes in the list."""
+        positions = self._positions
+        if positions is None:
+            # By the interned names the node cache stores (see `NodeCache._node_input`), so
+            # that finding a changed name compares identities rather than strings.
+            positions = {}
+            for index, name in enumerate(map(sys.intern, self.names)):
+                positions.setdefault(name, []).append(index)
+            self._positions = positions  # racy, and any thread builds the same index
+        return positions
+
+    def with_entries(self, entries: list[Entry]) -> ListView:
+        """This view with its entries (a filter's view, made from its tally indexes alone)."""
+        return ListView(
+            self.names,
+            entries,
+            self.tally_ids,
+            self.counts,
+            seen=self.seen,
+            positions=self._positions,
+            replies=self.replies,
+        )
+
+    def patched(self, table: VerdictTable[ListView], log_end: int) -> ListView | None:
+        """This view with the entries stored since `seen` (up to `log_end`, read before), or
+        None when that is no cheaper than looking every name up (or a node went away)."""
+        changes = table.changes
+        assert changes is not None
+        base = table.changes_base
+        if self.seen < base or log_end - self.seen > len(self.names) // 2:
+            return None
+        # The latest entry of each name changed (None: dropped), in C.
+        changed = dict(changes[self.seen - base : log_end - base])
+        positions: Mapping[Hashable, list[int]]
+        if self._positions is None and len(changed) <= _FEW_CHANGES:
+            # A few names changed: found by scanning the list in C, without indexing it.
+            positions = {name: at for name in changed if (at := _indexes(self.names, name))}
+        else:
+            positions = self.positions  # type: ignore[assignment]  # str keys are Hashable
+        if not any(map(positions.__contains__, changed)):  # nothing of this list changed
+            return ListView(
+                self.names,
+                self.entries,
+                self.tally_ids,
+                self.counts,
+                seen=log_end,
+                positions=self._positions,
+                replies=self.replies,
+            )
+        entries = None if self.entries is None else self.entries[:]
+        tally_ids = self.tally_ids[:]
+        counts = dict(self.counts)
+        for name, entry in changed.items():
+            where = positions.get(name)
+            if where is None:
+                continue
+            if entry is None:  # dropped: its name is judged as unknown on the full path
+                return None
+            for index in where:
+                old = tally_ids[index]
+                if old != entry.tally:
+                    counts[old] -= 1
+                    counts[entry.tally] = counts.get(entry.tally, 0) + 1
+                    tally_ids[index] = entry.tally
+                if entries is not None:
+                    entries[index] = entry
+        # Only a whole index is handed on (`positions` may hold the changed names alone).
+        return ListView(
+            self.names, entries, tally_ids, counts, seen=log_end, positions=self._positions
+        )
+
+
+def _indexes(names: Sequence[str], name: Hashable) -> list[int]:
+    """Every index of `name` in `names` (a scan in C per match)."""
+    found: list[int] = []
+    start = 0
+    while True:
+        try:
+            start = names.index(name, start)
+        except ValueError:
+            return found
+        found.append(start)
+        start += 1

@@ -1,0 +1,179 @@
+"""A names-only filter reads each node's tally index alone, and its entries only when asked.
+
+The node store keeps, per pod class, each node's tally index beside its entry
+(`VerdictTable.tallies`); a filter of a class without a chain reads those, and a `Judgement`
+made from them reads the entries on first use (a prioritize's scores, a spread cap's check).
+Replies stay the bytes a fresh `evaluate` gives (`reference`), whatever was read.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from exporter_scheduler.core.overrides import Overrides
+from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.serving.app import ScorerApp
+from exporter_scheduler.serving.nodestore import NodeStore
+from exporter_scheduler.serving.verdicts import Entry, Judgement, VerdictTable
+from tests.scorer.scoring_builders import A100, V100
+from tests.scorer.test_nodestore import (
+    NAMES,
+    Clock,
+    _class,
+    gpu_node,
+    hinted,
+    names_body,
+    reference,
+)
+
+
+class CountedEntries(dict[Any, Entry]):
+    """A table's entries that count the reads a request makes of them."""
+
+    reads = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        CountedEntries.reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Entry:
+        CountedEntries.reads += 1
+        return super().__getitem__(key)
+
+
+def _store(clock: Clock) -> NodeStore:
+    store = NodeStore(clock=clock)
+    store.replace(
+        [gpu_node(n, utilization=0.95 if n in ("n1", "n4") else 0.3, model=A100) for n in NAMES]
+    )
+    return store
+
+
+def _counted(table: VerdictTable[Any]) -> None:
+    table.entries = CountedEntries(table.entries)
+    CountedEntries.reads = 0
+
+
+def _in_step(table: VerdictTable[Any]) -> bool:
+    return table.tallies == {key: entry.tally for key, entry in table.entries.items()}
+
+
+def test_a_filter_reads_no_entry_and_its_prioritize_does() -> None:
+    clock = Clock()
+    store = _store(clock)
+    app = ScorerApp(policy=Policy(), clock=clock, node_store=store)
+    first = names_body(hinted(), NAMES)
+    app.handle("filter", first)  # the class's entries are judged here, on the request path
+    table = store._table(_class(hinted(), app.policy))
+    assert _in_step(table)
+    _counted(table)
+    for names in (NAMES[::-1], NAMES[1:4], ("n5", "n0", "n4")):
+        body = names_body(hinted(), names)
+        want, _ = reference("filter", body, store.lookup(names), clock.now, app.policy)
+        assert app.handle("filter", body).body == want
+    assert CountedEntries.reads == 0
+    body = names_body(hinted(), ("n2", "n3"))
+    want, _ = reference("prioritize", body, store.lookup(("n2", "n3")), clock.now, app.policy)
+    assert app.handle("prioritize", body).body == want
+    assert CountedEntries.reads == 2
+
+
+def test_tally_indexes_follow_every_write() -> None:
+    clock = Clock()
+    store = _store(clock)
+    pod_class = _class(hinted(), Policy())
+    store.judge(pod_class, NAMES, clock.now)
+    table = store._table(pod_class)
+    store.put(gpu_node("n0", utilization=0.97))
+    store.delete("n2")
+    store.replace([*store.lookup(["n0", "n1", "n3", "n4", "n5"]), gpu_node("n6")])
+    clock.now += timedelta(seconds=200)  # every window ends
+    assert store.refresh_expired() > 0
+    assert _in_step(table)
+    assert "n2" not in table.tallies
+
+
+def test_a_class_with_a_chain_reads_its_entries() -> None:
+    """The chain ranks the nodes across the list: its classes read every entry."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node("a", model=A100, utilization=0.3), gpu_node("v", model=V100)])
+    app = ScorerApp(policy=Policy(), clock=clock, node_store=store)
+    preference = hinted({"gpu-model-preference": f"{A100},{V100}"})
+    body = names_body(preference, ["v", "a"])
+    app.handle("filter", body)
+    _counted(store._table(_class(preference, app.policy)))
+    assert json.loads(app.handle("filter", body).body)["NodeNames"] == ["a"]
+    assert CountedEntries.reads > 0
+
+
+@pytest.mark.parametrize("then", ["kept", "written", "deleted"])
+def test_entries_read_after_the_indexes_are_those_stored_since(then: str) -> None:
+    """A judgement's entries read after a write show it, as if the write had come a moment
+    before the request: the filter's verdicts are those of its own read."""
+    clock = Clock()
+    store = _store(clock)
+    policy = Policy()
+    pod_class = _class(hinted(), policy)
+    store.judge(pod_class, NAMES, clock.now)
+    names = ("n3", "n4", "n0")
+    judgement = store.judge(pod_class, names, clock.now, tallies_only=True)
+    if then == "written":
+        store.put(gpu_node("n3", utilization=0.99))
+    elif then == "deleted":
+        store.delete("n3")  # unknown now: judged without data (lenient: passes)
+    assert judgement.passed_mask() == [True, False, True]
+    body = names_body(hinted(), names)
+    want, _ = reference("prioritize", body, store.lookup(names), clock.now, policy)
+    assert judgement.prioritize_reply() == want
+    assert [e.node.name for e in judgement.entries] == list(names)
+
+
+def test_a_spread_cap_over_tally_indexes_counts_as_over_entries() -> None:
+    clock = Clock()
+    store = _store(clock)
+    pod_class = _class(hinted(), Policy())
+    store.judge(pod_class, NAMES, clock.now)
+    blocked = {"n0": "spread group at its cap", "n1": "spread group at its cap"}
+    seen = []
+    for tallies_only in (True, False):
+        judgement = store.judge(pod_class, NAMES, clock.now, tallies_only=tallies_only)
+        judgement.block(blocked)
+        rejections = judgement.rejections()
+        seen.append((judgement.passed_mask(), rejections, judgement.tally(), judgement.passing()))
+    assert seen[0] == seen[1]
+    mask, (failed, unresolvable), _, passing = seen[0]
+    assert mask == [False, False, True, True, False, True]
+    assert (sorted(failed), sorted(unresolvable), passing) == (["n1", "n4"], ["n0"], 3)
+
+
+def test_a_judgement_needs_its_entries_or_a_way_to_read_them() -> None:
+    with pytest.raises(ValueError, match="tally indexes and fetch"):
+        Judgement(["n0"], None, Overrides(), [], 0, tally_ids=[0])
+
+
+def test_the_prioritize_of_a_list_passed_whole_reads_its_entries_once() -> None:
+    """A filter that passed every node prepares its prioritize under its own list's key: the
+    entries that preparation reads are kept with the list's view, for the prioritize."""
+    clock = Clock()
+    store = _store(clock)
+    app = ScorerApp(policy=Policy(), clock=clock, node_store=store)
+    app.handle("filter", names_body(hinted(), NAMES))  # every entry judged
+    app.handle("prioritize", names_body(hinted(), ["n0", "n2"]))  # filters prepare from now on
+    _counted(store._table(_class(hinted(), app.policy)))
+    names = ("n5", "n3", "n2", "n0")
+    body = names_body(hinted(), names)
+    assert json.loads(app.handle("filter", body).body)["NodeNames"] == list(names)
+    assert CountedEntries.reads == len(names)  # the preparation, after the filter's reply
+    want, _ = reference("prioritize", body, store.lookup(names), clock.now, app.policy)
+    assert app.handle("prioritize", body).body == want
+    # What a prioritize reads of its entries beyond the reply (where it expects the pod).
+    key = msgspec.json.encode(names)
+    pod_class = _class(hinted(), app.policy)
+    assert store.judge(pod_class, names, clock.now, list_key=key).top_scored(3) == []
+    assert CountedEntries.reads == len(names)
