@@ -55,6 +55,7 @@ from exporter_scheduler.edges.podobjects import (
     PLACEMENT,
     bound_pod,
     nominated_pod,
+    resource_key,
 )
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.wire import WireError, pod_gpu_request
@@ -104,6 +105,7 @@ class PodCache(ListWatch):
         super().__init__(kubeconfig=kubeconfig, metrics=metrics, tuning=tuning, rng=rng, api=api)
         self.keys = keys
         self.resource = gpu_resource_name
+        self._resource_key = resource_key(gpu_resource_name)
         # Both watches' label selector: {} for every pod the field selectors leave.
         self.selector: dict[str, str] = (
             {} if label_selector is None else {"label_selector": label_selector}
@@ -252,11 +254,14 @@ class PodCache(ListWatch):
         )
 
     def _keep(self, items: list[Any]) -> list[Any]:
-        # Only the bound GPU pods, as records. Each raw Pod is first read for its spec; only a
-        # bound pod that asks for the resource is decoded whole (in a cluster that shares its
-        # GPU nodes with CPU work, most pods are not).
+        # Only the bound GPU pods, as records. A raw Pod without the resource name as a key asks
+        # for none (in a cluster that shares its GPU nodes with CPU work, most pods); any other
+        # is read for its spec, and only a bound pod that asks for the resource is decoded whole.
         kept = []
+        key = self._resource_key
         for raw in items:
+            if key not in bytes(raw):  # a copy, and one scan in C: msgspec.Raw is no bytes
+                continue
             spec = PLACEMENT.decode(raw).spec
             if spec is None or not spec.nodeName:
                 continue

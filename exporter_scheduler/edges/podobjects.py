@@ -8,6 +8,7 @@ turn what is read into the `BoundPod` records in-flight accounting counts.
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from typing import Any, Final
@@ -112,6 +113,20 @@ PAGE: Final = msgspec.json.Decoder(_PodList)
 PLACEMENT: Final = msgspec.json.Decoder(_Placement)
 OBJECT: Final = msgspec.json.Decoder(_Object)
 EVENT: Final = msgspec.json.Decoder(_Event)
+
+
+def resource_key(resource: str) -> bytes:
+    """What a Pod's raw JSON holds wherever it asks for `resource` (a container's requests or
+    limits, whose keys are resource names): the name's last segment as the end of a JSON key,
+    `/gpu":` for `nvidia.com/gpu`. A Pod without it asks for none, and a LIST reads it no
+    further: the search runs in C at several times the speed of decoding the Pod's spec, and
+    most pods of a large cluster ask for no GPU. A toleration or node selector naming the
+    resource holds it as a value, not a key, so the pods that tolerate a GPU taint are skipped
+    too. It matches the name with its `/` escaped (`\\/`, which JSON allows) as well; a key
+    that only ends the same way (`amd.com/gpu`) costs a decode."""
+    last = resource.rsplit("/", 1)[-1]
+    tail = json.dumps(last).encode()[1:]  # the closing quote, not the opening one
+    return (b"/" if "/" in resource else b'"') + tail + b":"
 
 
 def _time(text: str | None) -> datetime | None:

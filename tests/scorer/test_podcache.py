@@ -29,6 +29,7 @@ import pytest
 
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
+from exporter_scheduler.edges import podcache, podobjects
 from exporter_scheduler.edges.listwatch import CacheTuning
 from exporter_scheduler.edges.podcache import (
     FIELD_SELECTOR,
@@ -382,6 +383,49 @@ def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
     }
     nominated_lists = [r for r in standin.requests if nomination_watch(r) and not r.param("watch")]
     assert [r.param("continue") for r in nominated_lists] == [None]
+
+
+def test_a_list_reads_the_spec_only_of_pods_that_name_the_resource_as_a_key(
+    kubeconfig: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most pods of a large cluster ask for no GPU: a raw Pod of a LIST page without the
+    resource name as a key (requests and limits are keyed by it) is dropped unread, though it
+    tolerates the GPU taint and selects GPU nodes; one with a key that ends the same way (a
+    label) is read for its spec, and dropped for it. The name with its `/` escaped, as JSON
+    allows, still counts."""
+    cpu = pod_object("cpu", gpus=0)
+    cpu["spec"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    cpu["spec"]["nodeSelector"] = {"nvidia.com/gpu.present": "true"}
+    pods = [
+        pod_object("gpu"),
+        cpu,
+        pod_object("cpu-labelled", gpus=0, labels={"example.com/gpu": "yes"}),
+        pod_object("init-gpus", gpus=0, init_gpus=2),
+    ]
+    items = [json.dumps(p, separators=(",", ":")).encode() for p in pods]
+    escaped = json.dumps(pod_object("gpu-escaped"), separators=(",", ":")).encode()
+    items.append(escaped.replace(b'"nvidia.com/gpu"', b'"nvidia.com\\/gpu"'))
+    page = b'{"metadata":{},"items":[' + b",".join(items) + b"]}"
+    read: list[bytes] = []
+    placement = podobjects.PLACEMENT
+
+    class Counted:
+        def decode(self, raw: msgspec.Raw) -> Any:
+            read.append(bytes(raw))
+            return placement.decode(raw)
+
+    monkeypatch.setattr(podcache, "PLACEMENT", Counted())
+    cache = PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics())
+    kept = cache._keep(podobjects.PAGE.decode(page).items or [])
+    assert sorted((p.name, p.gpus) for p in kept) == [
+        ("gpu", 1),
+        ("gpu-escaped", 1),
+        ("init-gpus", 2),
+    ]
+    assert len(read) == 4  # all but "cpu"
+    assert not any(b'"name":"cpu"' in raw for raw in read)
 
 
 # ----------------------------------------------------------------------------- events
