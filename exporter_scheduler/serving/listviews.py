@@ -16,6 +16,10 @@ from exporter_scheduler.serving.verdicts import Entry, VerdictTable
 # A view patched with at most this many changed names finds them by scanning its list rather
 # than by building the list's index (`ListView.positions`).
 _FEW_CHANGES: Final = 8
+# A view is patched while its class has logged at most 1/this of its list's length in changes
+# since: each change costs a step in Python, where looking every name up again costs one dict
+# lookup in C per name (`NodeStore.judge`), and only the changes of its own nodes are saved.
+_PATCH_SHARE: Final = 8
 
 
 class ListView:
@@ -80,7 +84,7 @@ class ListView:
         changes = table.changes
         assert changes is not None
         base = table.changes_base
-        if self.seen < base or log_end - self.seen > len(self.names) // 2:
+        if self.seen < base or log_end - self.seen > len(self.names) // _PATCH_SHARE:
             return None
         # The latest entry of each name changed (None: dropped), in C.
         changed = dict(changes[self.seen - base : log_end - base])

@@ -58,9 +58,12 @@ log = logging.getLogger("exporter_scheduler.nodestore")
 # Pod classes kept (an LRU, learned from requests): a few in practice (pods differ in hints and
 # GPU count), each ~200 bytes per node.
 DEFAULT_MAX_CLASSES: Final = 16
-# Node lists remembered per pod class (kube-scheduler sends the same few lists pod after pod).
-_VIEWS_PER_CLASS: Final = 8
-_LISTS_KEPT: Final = 64
+# Node lists remembered per pod class, and their names (kube-scheduler's window of a large
+# cluster comes back every few pods: at 5,000 nodes its 500-name window every 10th pod, and a
+# prioritize's list with each; at 500 nodes, its 230-name window every 50th). At 5,000 nodes
+# and nine classes they held 3.3 MiB more than 8 and 64 did (docs/performance.md).
+_VIEWS_PER_CLASS: Final = 32
+_LISTS_KEPT: Final = 128
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 # A name without a DRA entry (`NodeStore.judge_dra`): matches no node, its entry never read.
 _NOT_KEPT: Final = (None, None, None)
