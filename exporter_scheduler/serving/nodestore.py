@@ -197,10 +197,15 @@ class NodeStore:
                     if patched.entries is not None
                     else partial(self._entries_of, table, view.names, now),
                 )
-        if tallies_only and not pod_class.chain_active:
+        if (
+            tallies_only
+            and not pod_class.chain_active
+            and table.max_from_ts <= now_ts < table.min_until_ts
+        ):
             # One dict lookup per name, to a shared small int: the entries themselves, each in
             # a cache line of its own, cost as much again (a filter after an idle pause misses
-            # the cache on nearly every one).
+            # the cache on nearly every one). Only while the table's bounds say that every
+            # entry holds: else each entry's window is read below, and the indexes with it.
             ids: list[int | None] = list(map(table.tallies.get, names))
             id_counts = count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
             if (
