@@ -164,7 +164,7 @@ class NodeStore:
         the same names in the same order). A list asked about before for this class is not
         looked up name by name again: its last entries are patched with the names stored since.
         `tallies_only`: the caller reads the verdicts' tally indexes alone (a filter), so a
-        class without a chain reads no entry unless every name's verdict is not yet current.
+        class without a chain reads no entry while its bounds say that every entry holds.
         """
         now = as_utc(now)
         now_ts = now.timestamp()
