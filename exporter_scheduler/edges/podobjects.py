@@ -123,7 +123,8 @@ def resource_key(resource: str) -> bytes:
     most pods of a large cluster ask for no GPU. A toleration or node selector naming the
     resource holds it as a value, not a key, so the pods that tolerate a GPU taint are skipped
     too. It matches the name with its `/` escaped (`\\/`, which JSON allows) as well; a key
-    that only ends the same way (`amd.com/gpu`) costs a decode."""
+    that only ends the same way (`amd.com/gpu`) costs a decode. kube-apiserver, like every
+    common JSON encoder, writes a key's closing quote and its colon together."""
     last = resource.rsplit("/", 1)[-1]
     tail = json.dumps(last).encode()[1:]  # the closing quote, not the opening one
     return (b"/" if "/" in resource else b'"') + tail + b":"
