@@ -176,11 +176,7 @@ class NodeStore:
         view = table.views.get(list_key) if list_key else None
         if view is not None:
             patched = view.patched(table, seen)
-            if (
-                patched is not None
-                and table.max_from_ts <= now_ts < table.min_until_ts
-                and table.epoch == epoch
-            ):
+            if patched is not None and table.holds(now_ts, epoch):
                 if patched.entries is None and not tallies_only:
                     # A filter's list, asked for its entries (the prioritize of a filter that
                     # passed every node): read once, and kept with the view.
@@ -197,22 +193,14 @@ class NodeStore:
                     if patched.entries is not None
                     else partial(self._entries_of, table, view.names, now),
                 )
-        if (
-            tallies_only
-            and not pod_class.chain_active
-            and table.max_from_ts <= now_ts < table.min_until_ts
-        ):
+        if tallies_only and not pod_class.chain_active and table.holds(now_ts, epoch):
             # One dict lookup per name, to a shared small int: the entries themselves, each in
             # a cache line of its own, cost as much again (a filter after an idle pause misses
             # the cache on nearly every one). Only while the table's bounds say that every
             # entry holds: else each entry's window is read below, and the indexes with it.
             ids: list[int | None] = list(map(table.tallies.get, names))
             id_counts = count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
-            if (
-                None not in id_counts
-                and table.max_from_ts <= now_ts < table.min_until_ts
-                and table.epoch == epoch
-            ):
+            if None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
@@ -220,9 +208,7 @@ class NodeStore:
             # A name without an entry (None) has no tally: the one pass that reads the tallies
             # also says whether every name has an entry.
             tally_ids: list[int] = list(map(TALLY, entries))
-            current = (
-                table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch
-            ) or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
+            current = table.holds(now_ts, epoch) or all_hold(entries, now_ts)  # type: ignore[arg-type]  # no None here
         except AttributeError:
             current = False
         if not current:
@@ -273,12 +259,11 @@ class NodeStore:
         now_ts = now.timestamp()
         epoch = table.epoch
         entries: list[Entry | None] = list(map(table.entries.get, names))
-        if not any(map(is_, entries, repeat(None))):  # in C, no comparison of entries
-            # The table's bounds first, as `judge` reads them: two numbers, not every entry.
-            if table.max_from_ts <= now_ts < table.min_until_ts and table.epoch == epoch:
-                return entries  # type: ignore[return-value]  # no None here
-            if all_hold(entries, now_ts):  # type: ignore[arg-type]
-                return entries  # type: ignore[return-value]
+        # None checked in C, by identity (no entry compared); the bounds before every window.
+        if not any(map(is_, entries, repeat(None))) and (
+            table.holds(now_ts, epoch) or all_hold(entries, now_ts)  # type: ignore[arg-type]
+        ):
+            return entries  # type: ignore[return-value]  # no None here
         self._complete(table, names, entries, now, now_ts)
         return entries  # type: ignore[return-value]  # no None left
 

@@ -203,6 +203,11 @@ class VerdictTable(Generic[ViewT]):
                 del changes[:half]
                 self.changes_base += half
 
+    def holds(self, now_ts: float, epoch: int) -> bool:
+        """Every entry of the table holds at `now_ts`, by its bounds (two numbers, not every
+        entry), and no rebuild has widened them since `epoch` was read."""
+        return self.max_from_ts <= now_ts < self.min_until_ts and self.epoch == epoch
+
     def log_end(self) -> int:
         """The position after the last logged change."""
         assert self.changes is not None
