@@ -44,6 +44,7 @@ from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
 from exporter_scheduler.serving.inputs import LearnedLoads
 from exporter_scheduler.serving.listviews import ListView
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
+from exporter_scheduler.serving.nodeslots import NodeSlots
 from exporter_scheduler.serving.verdicts import (
     TALLY,
     Entry,
@@ -58,12 +59,14 @@ log = logging.getLogger("exporter_scheduler.nodestore")
 # Pod classes kept (an LRU, learned from requests): a few in practice (pods differ in hints and
 # GPU count), each ~200 bytes per node.
 DEFAULT_MAX_CLASSES: Final = 16
-# Node lists remembered per pod class, and their names (kube-scheduler's window of a large
-# cluster comes back every few pods: at 5,000 nodes its 500-name window every 10th pod, and a
-# prioritize's list with each; at 500 nodes, its 230-name window every 50th). At 5,000 nodes
-# and nine classes they held 3.3 MiB more than 8 and 64 did (docs/performance.md).
+# Node lists remembered per pod class, and their names and slots (kube-scheduler's window of a
+# large cluster comes back every few pods: at 5,000 nodes its 500-name window every 10th pod;
+# at 500 nodes, its 230-name window every 50th). At 5,000 nodes and nine classes they held 3.3
+# MiB more than 8 and 64 did (docs/performance.md).
 _VIEWS_PER_CLASS: Final = 32
 _LISTS_KEPT: Final = 128
+# The lists `judge_ahead` prepared, each asked about by the one prioritize that follows.
+_AHEAD_KEPT: Final = 8
 _NO_ANNOTATIONS: Final[Mapping[str, str]] = MappingProxyType({})
 # A name without a DRA entry (`NodeStore.judge_dra`): matches no node, its entry never read.
 _NOT_KEPT: Final = (None, None, None)
@@ -71,6 +74,9 @@ _DRA_STAMP: Final = itemgetter(0, 1)
 _DRA_ENTRY: Final = itemgetter(2)
 
 Clock = Callable[[], datetime]
+# A node list as the store keeps it: its `NodeNames` bytes (the object lists are keyed by) and
+# its names.
+KnownList = tuple[bytes, tuple[str, ...]]
 
 
 def utc_now() -> datetime:
@@ -105,7 +111,14 @@ class NodeStore:
         self._lock = threading.Lock()
         self._synced = False
         self._uses = 0
-        self._lists: dict[bytes, tuple[str, ...]] = {}
+        # By a list's bytes: those bytes as first seen, and its names. Later requests use that
+        # bytes object as the list's key (`list_names`), so that each further lookup by it
+        # (views, gathers) matches by identity, where equal bytes compare all 5 KB of a
+        # 230-name list, cold, at every lookup. Windows and the lists `judge_ahead` prepares
+        # are kept apart: each of those is asked about once, and would push the windows out.
+        self._lists: dict[bytes, KnownList] = {}
+        self._ahead: dict[bytes, KnownList] = {}
+        self._slots = NodeSlots(max_lists=_LISTS_KEPT)
 
     # ------------------------------------------------------------------ reads (any thread)
     def ready(self) -> bool:
@@ -136,18 +149,17 @@ class NodeStore:
             ]
         return found  # type: ignore[return-value]  # no None left
 
-    def list_names(
-        self, list_key: bytes, decode: Callable[[bytes], tuple[str, ...]]
-    ) -> tuple[str, ...]:
-        """The names of the node list `list_key` (a request's `NodeNames` bytes): `decode`d
-        once per list, then remembered (the scheduler repeats its few lists)."""
-        names = self._lists.get(list_key)
-        if names is None:
+    def list_names(self, list_key: bytes, decode: Callable[[bytes], tuple[str, ...]]) -> KnownList:
+        """The node list `list_key` (a request's `NodeNames` bytes): the same bytes as the
+        store keys the list by, and its names, `decode`d once per list, then remembered (the
+        scheduler repeats its few lists)."""
+        known = self._lists.get(list_key) or self._ahead.get(list_key)
+        if known is None:
             # Not interned: most lists are new (kube-scheduler's window moves pod after pod),
             # and interning a name costs more than the lookups it would speed up.
-            names = tuple(decode(list_key))
-            self._remember_list(list_key, names)
-        return names
+            known = (list_key, tuple(decode(list_key)))
+            self._remember_list(known)
+        return known
 
     def judge(
         self,
@@ -194,12 +206,12 @@ class NodeStore:
                     else partial(self._entries_of, table, view.names, now),
                 )
         if tallies_only and not pod_class.chain_active and table.holds(now_ts, epoch):
-            # One dict lookup per name, to a shared small int: the entries themselves, each in
-            # a cache line of its own, cost as much again (a filter after an idle pause misses
-            # the cache on nearly every one). Only while the table's bounds say that every
-            # entry holds: else each entry's window is read below, and the indexes with it.
-            ids: list[int | None] = list(map(table.tallies.get, names))
-            id_counts = count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
+            # The list's tally indexes gathered by their slots (`nodeslots`): the entries,
+            # each in a cache line of its own, cost several times as much (a filter after an
+            # idle pause misses the cache on nearly every one). Only while the table's bounds
+            # say that every entry holds: else each entry's window is read below.
+            ids = self._slots.tally_ids(table.tally_row, names, list_key)
+            id_counts = {None: 0} if ids is None else count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
             if None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
         entries: list[Entry | None] = list(map(table.entries.get, names))
@@ -267,10 +279,11 @@ class NodeStore:
         self._complete(table, names, entries, now, now_ts)
         return entries  # type: ignore[return-value]  # no None left
 
-    def _remember_list(self, list_key: bytes, names: tuple[str, ...]) -> None:
-        if len(self._lists) >= _LISTS_KEPT:
-            self._lists = {}
-        self._lists[list_key] = names
+    def _remember_list(self, known: KnownList, *, ahead: bool = False) -> None:
+        lists, most = (self._ahead, _AHEAD_KEPT) if ahead else (self._lists, _LISTS_KEPT)
+        if len(lists) >= most:
+            lists.clear()
+        lists[known[0]] = known
 
     def judge_ahead(self, pod_class: PodClass, filtered: Judgement, now: datetime) -> None:
         """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
@@ -282,7 +295,7 @@ class NodeStore:
         without scoring), and holds the filter's counters for that prioritize."""
         passed = tuple(compress(filtered.names, filtered.passed_mask()))
         key = msgspec.json.encode(passed)
-        self._remember_list(key, passed)  # its request's names need no decoding either
+        self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
         ahead = self.judge(pod_class, passed, now, list_key=key)
         if ahead.replies is not None and "prioritize" not in ahead.replies:
             ahead.replies["prioritize"] = ahead.prioritize_reply()
@@ -361,7 +374,7 @@ class NodeStore:
         with self._lock:
             table = self._tables.get(pod_class.key)
             if table is None:
-                table = VerdictTable[ListView](pod_class, log_changes=True)
+                table = VerdictTable[ListView](pod_class, log_changes=True, slots=self._slots.of)
                 while len(self._tables) >= self.max_classes:
                     oldest = min(self._tables, key=lambda k: self._tables[k].last_used)
                     del self._tables[oldest]
@@ -410,6 +423,7 @@ class NodeStore:
                     self._nodes[node.name] = dataclasses.replace(old, labels=node.labels)
                 return False
             self._nodes[node.name] = node
+            self._slots.add(node.name)
             self._judge_everywhere(node)
             return True
 
@@ -419,6 +433,7 @@ class NodeStore:
                 return False
             for table in self._tables.values():
                 table.drop(name)
+            self._slots.remove(name)
             return True
 
     def replace(self, nodes: Iterable[NodeInput]) -> None:
@@ -441,7 +456,10 @@ class NodeStore:
             for table in self._tables.values():
                 for name in gone:
                     table.drop(name)
+            for name in gone:
+                self._slots.remove(name)
             for node in changed:
+                self._slots.add(node.name)
                 self._judge_everywhere(node)
             self._synced = True
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from itertools import compress, repeat
 from operator import and_, attrgetter, eq, is_, ne
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
@@ -115,13 +115,20 @@ class VerdictTable(Generic[ViewT]):
         "max_from_ts",
         "min_until_ts",
         "pod_class",
-        "tallies",
+        "slots",
         "tally_ids",
         "tally_keys",
+        "tally_row",
         "views",
     )
 
-    def __init__(self, pod_class: PodClass, *, log_changes: bool = False) -> None:
+    def __init__(
+        self,
+        pod_class: PodClass,
+        *,
+        log_changes: bool = False,
+        slots: Mapping[Any, int] | None = None,  # keyed as `entries` are
+    ) -> None:
         self.pod_class = pod_class
         # With `log_changes`, (key, entry) for each entry stored and (key, None) for each one
         # dropped, in order (`changes_base` is the position of its first item in the whole
@@ -131,10 +138,13 @@ class VerdictTable(Generic[ViewT]):
         self.changes_base = 0
         self.views: dict[bytes, ViewT] = {}
         self.entries: dict[Hashable, Entry] = {}
-        # Each stored entry's tally index, by the same key (`store`, `drop`): what a names-only
-        # filter reads per name. A small int is one shared object, where an entry is a cache
-        # line of its own to fetch for each name of the request.
-        self.tallies: dict[Hashable, int] = {}
+        # Each stored entry's tally index at its key's slot (`slots`, the owner's key -> a small
+        # int that it reuses only after every table dropped the key; None: no entry there):
+        # what a names-only filter reads per name. One list of shared small ints, gathered by
+        # a list's slots in C (`NodeStore.judge`), where an entry is a cache line of its own to
+        # fetch, and a dict lookup by name one more for the name itself.
+        self.slots = slots
+        self.tally_row: list[int | None] = []
         # DRA pods' entries (`NodeStore.judge_dra`), by node name: the last one judged, with
         # the node input and the GPUs excluded it was judged from (one tuple: a reader sees
         # the three together). Filled by requests; node, claim and taint events change what a
@@ -184,14 +194,25 @@ class VerdictTable(Generic[ViewT]):
         self.max_from_ts = max(self.max_from_ts, entry.from_ts)
         self.min_until_ts = min(self.min_until_ts, entry.until_ts)
         self.entries[key] = entry
-        self.tallies[key] = entry.tally
+        self._set_tally(key, entry.tally)
         self._log(key, entry)
 
     def drop(self, key: Hashable) -> None:
         """Forget `key`'s entry (the caller holds the owner's write lock)."""
-        self.tallies.pop(key, None)  # first: a reader that found the index finds the entry
+        self._set_tally(key, None)  # first: a reader that found the index finds the entry
         if self.entries.pop(key, None) is not None:
             self._log(key, None)
+
+    def _set_tally(self, key: Hashable, tally: int | None) -> None:
+        slot = None if self.slots is None else self.slots.get(key)
+        if slot is None:  # no slot: its tally is never gathered (an owner's choice)
+            return
+        row = self.tally_row
+        if slot >= len(row):
+            if tally is None:
+                return
+            row.extend(repeat(None, slot + 1 - len(row)))
+        row[slot] = tally
 
     def _log(self, key: Hashable, entry: Entry | None) -> None:
         changes = self.changes

@@ -1,8 +1,9 @@
 """A names-only filter reads each node's tally index alone, and its entries only when asked.
 
-The node store keeps, per pod class, each node's tally index beside its entry
-(`VerdictTable.tallies`); a filter of a class without a chain reads those, and a `Judgement`
-made from them reads the entries on first use (a prioritize's scores, a spread cap's check).
+The node store keeps, per pod class, each node's tally index at the node's slot
+(`VerdictTable.tally_row`, `nodeslots`); a filter of a class without a chain reads those, and
+a `Judgement` made from them reads the entries on first use (a prioritize's scores, a spread
+cap's check).
 Replies stay the bytes a fresh `evaluate` gives (`reference`), whatever was read.
 """
 
@@ -60,7 +61,13 @@ def _counted(table: VerdictTable[Any]) -> None:
 
 
 def _in_step(table: VerdictTable[Any]) -> bool:
-    return table.tallies == {key: entry.tally for key, entry in table.entries.items()}
+    """Each entry's tally index at its name's slot, and None at every other slot."""
+    assert table.slots is not None
+    by_slot = {table.slots[key]: entry.tally for key, entry in table.entries.items()}
+    row = table.tally_row
+    return all(row[slot] == by_slot.get(slot) for slot in range(len(row))) and all(
+        slot < len(row) for slot in by_slot
+    )
 
 
 def test_a_filter_reads_no_entry_and_its_prioritize_does() -> None:
@@ -95,7 +102,7 @@ def test_tally_indexes_follow_every_write() -> None:
     clock.now += timedelta(seconds=200)  # every window ends
     assert store.refresh_expired() > 0
     assert _in_step(table)
-    assert "n2" not in table.tallies
+    assert "n2" not in table.slots  # type: ignore[operator]  # the store's slots, not None
 
 
 def test_a_class_with_a_chain_reads_its_entries() -> None:
