@@ -304,15 +304,24 @@ class PodCache(ListWatch):
             nominated = None if pod is None else self._nominated.get(uid)
             if pod == old and uid not in self._proposed and nominated is None:
                 return False  # a change no verdict reads (labels, the kubelet's probes, ...)
-            self._drop_proposals(uid)  # the watch shows where the pod went: the truth
             if nominated is not None:
                 self._drop_nomination(uid)
             if pod is None:
                 self._by_uid.pop(uid, None)
             else:
                 self._by_uid[uid] = pod
-            for node in sorted({p.node for p in (old, pod) if p is not None}):
-                pods = tuple(p for p in self.pods_of(node) if p.uid != uid or p.provisional)
+            # The watch shows where the pod went, the truth: its proposals leave in the same
+            # publish as its record arrives, so each node is judged again once (a bind where
+            # the scorer proposed is one node, not two publishes of it), and no request sees
+            # the node with neither.
+            proposals = self._proposed.pop(uid, ())
+            dropped = {id(proposal) for proposal in proposals}
+            for node in sorted({p.node for p in (old, pod, *proposals) if p is not None}):
+                pods = tuple(
+                    p
+                    for p in self.pods_of(node)
+                    if (p.uid != uid or p.provisional) and id(p) not in dropped
+                )
                 if pod is not None and pod.node == node:
                     pods = _ordered([*pods, pod])
                 self._publish(node, pods)
