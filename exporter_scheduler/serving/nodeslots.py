@@ -5,9 +5,10 @@ A names-only filter of a class without a chain needs only each node's tally inde
 the class's few outcomes its verdict is). Looked up by name, each of a request's names costs a
 dict probe and a string comparison, two scattered cache lines, and a filter after an idle pause
 misses the cache on nearly every one. kube-scheduler sends the same few windows of names over
-and over (its rotation over the cluster), so each window's slots are looked up once, kept with
-its bytes as a gather (`operator.itemgetter` over the slots), and applied to each class's row of
-tally indexes (`VerdictTable.tally_row`) in C: one pointer array read in order.
+and over (its rotation over the cluster, while its own filters pass every node), so a window
+that comes back has its slots looked up once, kept with its bytes as a gather
+(`operator.itemgetter` over the slots), and applied to each class's row of tally indexes
+(`VerdictTable.tally_row`) in C: one pointer array read in order.
 
 Slots are reused: a name's slot is freed only after every table dropped its entry (which clears
 the slot in each row), and freeing one bumps `epoch`, so that a gather made before is not used
@@ -17,7 +18,7 @@ epoch around their gather (`tally_ids`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import Final
@@ -39,7 +40,7 @@ class NodeSlots:
         self.max_lists = max_lists
         self._free: list[int] = []
         self._next = _NO_SLOT + 1
-        self._gathers: dict[bytes, tuple[int, Gather]] = {}
+        self._gathers: dict[bytes, tuple[int, Gather | None]] = {}
         # The slots' int objects, made together so that they lie side by side in memory: a
         # gather reads each one it indexes by (ints above 256 are objects of their own).
         self._ints: list[int] = list(range(1024))
@@ -65,20 +66,32 @@ class NodeSlots:
             self._free.append(slot)
 
     def tally_ids(
-        self, row: list[int | None], names: Sequence[str], list_key: bytes
+        self,
+        row: list[int | None],
+        by_name: Mapping[Hashable, int],
+        names: Sequence[str],
+        list_key: bytes,
     ) -> list[int | None] | None:
-        """Each name's value in `row` (None where it has no entry), or None when the slots
-        changed while it was read. `list_key` names the list (its bytes; b"": not kept)."""
+        """Each name's tally index (None where it has no entry), or None when the slots
+        changed while they were read. `row` holds the indexes by slot, `by_name` by name;
+        `list_key` names the list (its bytes; b"": not kept).
+
+        A list seen for the first time is looked up by name: many are seen once (a window
+        moves on when kube-scheduler's own filters reject nodes), and making a gather costs
+        more than that lookup, cold, by a third lookup per name (its slot's int). Its gather
+        is made the second time it comes, and read from the third."""
         epoch = self.epoch
         kept = self._gathers.get(list_key) if list_key else None
         if kept is None or kept[0] != epoch:
-            gather = _gather(list(map(self.of.get, names, repeat(_NO_SLOT))))
             if list_key:
                 if len(self._gathers) >= self.max_lists:
                     self._gathers = {}
-                self._gathers[list_key] = (epoch, gather)
-        else:
-            gather = kept[1]
+                self._gathers[list_key] = (epoch, None)
+            return list(map(by_name.get, names))
+        gather = kept[1]
+        if gather is None:
+            gather = _gather(list(map(self.of.get, names, repeat(_NO_SLOT))))
+            self._gathers[list_key] = (epoch, gather)
         try:
             ids = gather(row)
         except IndexError:  # a slot past the row's end: no entry stored there yet

@@ -210,7 +210,7 @@ class NodeStore:
             # each in a cache line of its own, cost several times as much (a filter after an
             # idle pause misses the cache on nearly every one). Only while the table's bounds
             # say that every entry holds: else each entry's window is read below.
-            ids = self._slots.tally_ids(table.tally_row, names, list_key)
+            ids = self._slots.tally_ids(table.tally_row, table.tallies, names, list_key)
             id_counts = {None: 0} if ids is None else count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
             if None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here

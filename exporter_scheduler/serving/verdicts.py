@@ -116,6 +116,7 @@ class VerdictTable(Generic[ViewT]):
         "min_until_ts",
         "pod_class",
         "slots",
+        "tallies",
         "tally_ids",
         "tally_keys",
         "tally_row",
@@ -145,6 +146,8 @@ class VerdictTable(Generic[ViewT]):
         # fetch, and a dict lookup by name one more for the name itself.
         self.slots = slots
         self.tally_row: list[int | None] = []
+        # The same indexes by key: what a list seen for the first time reads (`nodeslots`).
+        self.tallies: dict[Hashable, int] = {}
         # DRA pods' entries (`NodeStore.judge_dra`), by node name: the last one judged, with
         # the node input and the GPUs excluded it was judged from (one tuple: a reader sees
         # the three together). Filled by requests; node, claim and taint events change what a
@@ -204,6 +207,10 @@ class VerdictTable(Generic[ViewT]):
             self._log(key, None)
 
     def _set_tally(self, key: Hashable, tally: int | None) -> None:
+        if tally is None:
+            self.tallies.pop(key, None)
+        else:
+            self.tallies[key] = tally
         slot = None if self.slots is None else self.slots.get(key)
         if slot is None:  # no slot: its tally is never gathered (an owner's choice)
             return

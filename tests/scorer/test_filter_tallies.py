@@ -1,9 +1,9 @@
 """A names-only filter reads each node's tally index alone, and its entries only when asked.
 
-The node store keeps, per pod class, each node's tally index at the node's slot
-(`VerdictTable.tally_row`, `nodeslots`); a filter of a class without a chain reads those, and
-a `Judgement` made from them reads the entries on first use (a prioritize's scores, a spread
-cap's check).
+The node store keeps, per pod class, each node's tally index by name and at the node's
+slot (`VerdictTable.tallies`, `tally_row`, `nodeslots`); a filter of a class without a chain
+reads those, and a `Judgement` made from them reads the entries on first use (a prioritize's
+scores, a spread cap's check).
 Replies stay the bytes a fresh `evaluate` gives (`reference`), whatever was read.
 """
 
@@ -65,8 +65,10 @@ def _in_step(table: VerdictTable[Any]) -> bool:
     assert table.slots is not None
     by_slot = {table.slots[key]: entry.tally for key, entry in table.entries.items()}
     row = table.tally_row
-    return all(row[slot] == by_slot.get(slot) for slot in range(len(row))) and all(
-        slot < len(row) for slot in by_slot
+    return (
+        all(row[slot] == by_slot.get(slot) for slot in range(len(row)))
+        and all(slot < len(row) for slot in by_slot)
+        and table.tallies == {key: entry.tally for key, entry in table.entries.items()}
     )
 
 

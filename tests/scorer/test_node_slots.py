@@ -59,24 +59,47 @@ def test_a_list_sent_again_after_its_nodes_changed_slots_reads_each_nodes_own_ve
     assert json.loads(want)["NodeNames"] == ["n4", "n1", "n5"]
 
 
-def test_a_gather_made_before_a_slot_changed_hands_is_made_again() -> None:
+def _slots(*names: str) -> NodeSlots:
     slots = NodeSlots(max_lists=4)
-    for name in ("a", "b", "c"):
+    for name in names:
         slots.add(name)
+    return slots
+
+
+def test_a_list_is_read_by_name_the_first_time_and_by_its_slots_after() -> None:
+    slots = _slots("a", "b")
+    row: list[int | None] = [None, 7, 8]
+    key = _names_json(("b", "a"))
+    # `by_name` empty: what comes from it reads as no entry, what comes from the row does not.
+    assert slots.tally_ids(row, {}, ("b", "a"), key) == [None, None]
+    assert slots.tally_ids(row, {}, ("b", "a"), key) == [8, 7]  # the gather, made now
+    slots.of.clear()  # not read again: the list's gather is kept with its bytes
+    assert slots.tally_ids([None, 5, 6], {}, ("b", "a"), key) == [6, 5]
+    assert slots.tally_ids(row, {"a": 7}, ("b", "a"), b"") == [None, 7]  # a list not kept
+
+
+def test_a_gather_made_before_a_slot_changed_hands_is_made_again() -> None:
+    slots = _slots("a", "b", "c")
     row: list[int | None] = [None, 10, 11, 12]
+    by_name = {"a": 10, "b": 11, "c": 12}
     key = _names_json(("c", "a"))
-    assert slots.tally_ids(row, ("c", "a"), key) == [12, 10]
+    for _ in range(3):
+        assert slots.tally_ids(row, by_name, ("c", "a"), key) == [12, 10]
     slots.remove("a")
     slots.add("d")  # a's slot, given to d
     row[slots.of["d"]] = 13
-    assert slots.tally_ids(row, ("c", "a"), key) == [12, None]  # a has no slot now
-    assert slots.tally_ids(row, ("d",), b"") == [13]
+    del by_name["a"]
+    by_name["d"] = 13
+    for _ in range(3):  # by name, then by the slots as they are now
+        assert slots.tally_ids(row, by_name, ("c", "a"), key) == [12, None]
+    assert slots.tally_ids(row, by_name, ("d",), b"") == [13]
 
 
 def test_a_slot_freed_while_a_list_is_gathered_gives_no_answer() -> None:
-    slots = NodeSlots(max_lists=4)
-    for name in ("a", "b"):
-        slots.add(name)
+    slots = _slots("a", "b")
+    key = _names_json(("a", "b"))
+    for _ in range(2):
+        assert slots.tally_ids([None, 1, 2], {"a": 1, "b": 2}, ("a", "b"), key) == [1, 2]
 
     class Row(list[int | None]):
         def __getitem__(self, index: object) -> int | None:  # type: ignore[override]
@@ -84,15 +107,18 @@ def test_a_slot_freed_while_a_list_is_gathered_gives_no_answer() -> None:
                 slots.remove("b")  # another thread's delete, between two reads
             return super().__getitem__(index)  # type: ignore[index]
 
-    assert slots.tally_ids(Row([None, 1, 2]), ("a", "b"), b"") is None
+    assert slots.tally_ids(Row([None, 1, 2]), {"a": 1, "b": 2}, ("a", "b"), key) is None
 
 
 def test_a_row_that_ends_before_a_slot_reads_as_no_entry() -> None:
-    slots = NodeSlots(max_lists=4)
-    for name in ("a", "b"):
-        slots.add(name)
-    assert slots.tally_ids([None, 7], ("a", "b"), b"") is None
-    assert slots.tally_ids([None, 7, 8], ("b", "a", "unknown"), b"") == [8, 7, None]
+    slots = _slots("a", "b")
+    key = _names_json(("a", "b"))
+    assert slots.tally_ids([None, 7], {"a": 7}, ("a", "b"), key) == [7, None]
+    assert slots.tally_ids([None, 7], {"a": 7}, ("a", "b"), key) is None
+    key = _names_json(("b", "a", "unknown"))
+    assert slots.tally_ids([None, 7, 8], {}, ("b", "a", "unknown"), key) == [None] * 3  # by name
+    # By slot: an unknown name has none, and reads slot 0, where no node is.
+    assert slots.tally_ids([None, 7, 8], {}, ("b", "a", "unknown"), key) == [8, 7, None]
 
 
 def test_a_list_sent_again_is_keyed_by_the_bytes_first_seen() -> None:
@@ -136,14 +162,3 @@ def test_the_lists_prepared_for_prioritizes_do_not_push_the_windows_out() -> Non
 
     for window in windows:
         assert store.list_names(bytes(bytearray(window)), refuse)[0] is window
-
-
-def test_a_lists_slots_are_looked_up_once() -> None:
-    slots = NodeSlots(max_lists=4)
-    for name in ("a", "b"):
-        slots.add(name)
-    key = _names_json(("b", "a"))
-    assert slots.tally_ids([None, 7, 8], ("b", "a"), key) == [8, 7]
-    slots.of.clear()  # not read again: the list's gather is kept with its bytes
-    assert slots.tally_ids([None, 5, 6], ("b", "a"), key) == [6, 5]
-    assert slots.tally_ids([None, 5, 6], ("b", "a"), b"") == [None, None]
