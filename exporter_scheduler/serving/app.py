@@ -276,10 +276,8 @@ class ScorerApp:
             if verb == "filter":
                 self._recent_pod.remember(request)
             if request.form == "names" and self.node_store is not None and not request.node_names:
-                key, names = self.node_store.list_names(
-                    request.node_names_json, wire.decode_node_names
-                )
-                request = request.with_names(names, key)
+                known = self.node_store.list_names(request.node_names_json, wire.decode_node_names)
+                request = request.with_names(*known)
         except wire.WireError as exc:
             self.metrics.bad_requests.labels(exc.cause).inc()
             return bad_request(verb, str(exc))

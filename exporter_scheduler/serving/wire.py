@@ -168,10 +168,10 @@ class ExtenderRequest:
         """Each Node's bytes as sent (full-node form, when asked for)."""
         return () if self.echo is None else self.echo.items()
 
-    def with_names(self, names: tuple[str, ...], names_json: bytes) -> ExtenderRequest:
-        """This names-form request with its names read, and its `NodeNames` bytes as the
-        reader keeps them (equal bytes; `dataclasses.replace` by hand: that reads the class's
-        fields on every call, on every names-only request)."""
+    def with_names(self, names_json: bytes, names: tuple[str, ...]) -> ExtenderRequest:
+        """This names-form request with its `NodeNames` bytes as the reader keeps them (equal
+        bytes) and its names read (`dataclasses.replace` by hand: that reads the class's fields
+        on every call, on every names-only request)."""
         return ExtenderRequest(
             self.pod, self.form, names, names_json, keys=self.keys, pod_json=self.pod_json
         )
