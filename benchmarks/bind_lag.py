@@ -54,6 +54,7 @@ from typing import IO, Any, Final
 
 import msgspec
 
+from benchmarks.lifecycle import exit_on_sigterm
 from benchmarks.machine import machine_description
 from kube_standins.nodes import gpu_node
 from loopback_cluster.control_plane import (
@@ -524,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         child.add_argument("--port", type=int, required=True)
         child.add_argument("--kubeconfig", required=True)
         return serve_scorer(child.parse_args(argv[1:]))
+    exit_on_sigterm()  # a stopped run stops its control plane and scorers too
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bind_lag", description=__doc__)
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--pods", type=int, default=40)

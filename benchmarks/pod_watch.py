@@ -58,6 +58,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from benchmarks.lifecycle import exit_on_sigterm
 from benchmarks.machine import machine_description
 from benchmarks.real_scheduler import Config as FleetConfig
 from benchmarks.real_scheduler import Patcher, node_plan, register_fleet
@@ -1184,6 +1185,7 @@ def config_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Co
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_sigterm()  # a stopped run stops its control plane and scorers too
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from(parser, args)

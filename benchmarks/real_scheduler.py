@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks.lifecycle import exit_on_sigterm
 from benchmarks.machine import machine_description
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
@@ -795,6 +796,7 @@ def plot(document: dict[str, Any], path: Path, *, before: dict[str, Any] | None 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_sigterm()  # a stopped run stops its control plane and scorers too
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.real_scheduler", description=__doc__
     )
