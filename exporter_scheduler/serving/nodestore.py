@@ -113,7 +113,7 @@ class NodeStore:
         self._uses = 0
         # By a list's bytes: those bytes as first seen, and its names. Later requests use that
         # bytes object as the list's key (`list_names`), so that each further lookup by it
-        # (views, gathers) matches by identity, where equal bytes compare all 5 KB of a
+        # (views, gathers) matches by identity, where equal bytes compare all 4 KB of a
         # 230-name list, cold, at every lookup. Windows and the lists `judge_ahead` prepares
         # are kept apart: each of those is asked about once, and would push the windows out.
         self._lists: dict[bytes, KnownList] = {}
