@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -566,33 +566,19 @@ def test_a_proposal_confirmed_on_its_node_becomes_the_watchs_record(
     assert names(store.pods_of("gpu-node-2")) == []
 
 
-class RecordingSink:
-    """A sink that keeps every publish: (node, the pods' names)."""
-
-    def __init__(self) -> None:
-        self.published: list[tuple[str, list[str]]] = []
-
-    def set_pods(self, name: str, pods: tuple[BoundPod, ...]) -> bool:
-        self.published.append((name, names(pods)))
-        return True
-
-    def replace_pods(self, pods: Mapping[str, tuple[BoundPod, ...]]) -> None:
-        self.published.extend((node, names(node_pods)) for node, node_pods in pods.items())
-
-
 def test_a_bind_where_the_pod_was_proposed_publishes_each_node_once(
     standin: ApiServerStandIn, cache: PodCache
 ) -> None:
-    """Each publish judges its node again for every pod class, on the thread that also serves
-    requests' GIL: the proposals leave in the publish that brings the pod's record, and no
-    request sees the node with neither."""
-    sink = RecordingSink()
+    """Each publish judges its node again for every pod class, holding the GIL that requests
+    wait for: the proposals leave in the publish that brings the pod's record, and no request
+    sees the node with neither."""
+    sink = Published()
     cache.add_sink(sink)
     cache.propose(_proposal("p"), ["gpu-node-1", "gpu-node-2"], NOW)
-    sink.published.clear()
+    start = len(sink.told)
     standin.put_pod(pod_object("p", node_name="gpu-node-1"))
     wait_pods(cache, {"gpu-node-1": ["p"]})
-    assert sorted(sink.published) == [("gpu-node-1", ["p"]), ("gpu-node-2", [])]
+    assert sorted(sink.since(start)) == [("gpu-node-1", ["p"]), ("gpu-node-2", [])]
 
 
 def test_forget_drops_a_pods_proposals(cache: PodCache, store: NodeStore) -> None:
