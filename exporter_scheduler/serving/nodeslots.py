@@ -32,7 +32,7 @@ Gather = Callable[[list[int | None]], Sequence[int | None]]
 class NodeSlots:
     """Name -> slot for the node store's nodes, and the gathers of the node lists seen."""
 
-    __slots__ = ("_free", "_gathers", "_ints", "_next", "epoch", "max_lists", "of")
+    __slots__ = ("_free", "_gathers", "_next", "epoch", "max_lists", "of")
 
     def __init__(self, *, max_lists: int) -> None:
         self.of: dict[str, int] = {}
@@ -41,9 +41,6 @@ class NodeSlots:
         self._free: list[int] = []
         self._next = _NO_SLOT + 1
         self._gathers: dict[bytes, tuple[int, Gather | None]] = {}
-        # The slots' int objects, made together so that they lie side by side in memory: a
-        # gather reads each one it indexes by (ints above 256 are objects of their own).
-        self._ints: list[int] = list(range(1024))
 
     def add(self, name: str) -> None:
         """Give `name` a slot if it has none (under the owner's write lock, before any table
@@ -53,9 +50,7 @@ class NodeSlots:
         if self._free:
             self.of[name] = self._free.pop()
         else:
-            if self._next >= len(self._ints):
-                self._ints.extend(range(len(self._ints), 2 * len(self._ints)))
-            self.of[name] = self._ints[self._next]
+            self.of[name] = self._next
             self._next += 1
 
     def remove(self, name: str) -> None:

@@ -211,8 +211,8 @@ class NodeStore:
             # idle pause misses the cache on nearly every one). Only while the table's bounds
             # say that every entry holds: else each entry's window is read below.
             ids = self._slots.tally_ids(table.tally_row, table.tallies, names, list_key)
-            id_counts = {None: 0} if ids is None else count_ids(ids)  # type: ignore[arg-type]  # None counted like an index
-            if None not in id_counts and table.holds(now_ts, epoch):
+            id_counts = count_ids(ids) if ids is not None else None  # type: ignore[arg-type]  # None counted like an index
+            if id_counts is not None and None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
         entries: list[Entry | None] = list(map(table.entries.get, names))
         judged = 0
