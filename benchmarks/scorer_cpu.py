@@ -11,7 +11,9 @@ filter logs its rejections, as `gpu-scorer serve` does: JSON lines at INFO throu
 (`benchmarks.kube_requests`): per pod, a fresh Pod object from a mix of classes, a filter of the
 next window of its rotation over the nodes (500 names at 5,000 nodes, each window starting where
 the last ended), then a prioritize of the names that filter passed. The figure is the process's
-user + system CPU (from /proc) over `--pairs` pairs, per pair. The trees alternate for
+CPU over `--pairs` pairs, per pair, every thread's, as the process reads it itself
+(`time.process_time`, to the nanosecond: /proc counts it in ticks of 10 ms, more than a short
+run's whole CPU). The trees alternate for
 `--rounds` rounds; the table gives medians and the ratio between the trees.
 
     python -m benchmarks.scorer_cpu --before HEAD~1
@@ -23,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -67,19 +68,25 @@ def tree_app(tree: Path, nodes: int, log_level: str) -> tuple[Any, Any]:
 
 
 def serve(tree: Path, nodes: int, log_level: str) -> None:
-    """The scorer of `tree` on an ephemeral port (printed), until stdin closes."""
+    """The scorer of `tree` on an ephemeral port (printed), until stdin closes; each line read
+    is answered with the process's CPU seconds so far."""
     app, writer = tree_app(tree, nodes, log_level)
     http_server = importlib.import_module("exporter_scheduler.edges.server").HttpServer
     server = http_server(app, host="127.0.0.1", port=0).start()
     print(server.port, flush=True)
-    sys.stdin.readline()
+    for _ in sys.stdin:
+        print(time.process_time(), flush=True)
     server.stop()
     writer.stop()
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(proc: subprocess.Popen[str]) -> float:
+    """The serving child's CPU seconds so far (`serve` answers each line with them)."""
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write("cpu\n")
+    proc.stdin.flush()
+    return float(proc.stdout.readline())
 
 
 def _call(sock: socket.socket, path: bytes, body: bytes) -> bytes:
@@ -133,11 +140,11 @@ def measure_tree(tree: Path, *, nodes: int, percentage: int, pairs: int, log_lev
 
             for _ in range(WARM_PAIRS):
                 pair()
-            before_s = _cpu_s(proc.pid)
+            before_s = _cpu_s(proc)
             for _ in range(pairs):
                 pair()
             time.sleep(0.3)  # the log writer's last batch is the requests' CPU too
-            used_s = _cpu_s(proc.pid) - before_s
+            used_s = _cpu_s(proc) - before_s
         return used_s / pairs * 1e6
     finally:
         if proc.stdin is not None:
