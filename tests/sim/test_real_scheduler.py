@@ -192,3 +192,46 @@ def test_the_before_scorer_runs_that_trees_package(tmp_path: Path) -> None:
     assert "PYTHONPATH" not in made["names"].process.env
     with pytest.raises(ValueError, match="--before"):
         real_scheduler.extenders(plane, tmp_path, (real_scheduler.BEFORE_MODE,))
+
+
+def test_each_mode_is_compared_with_the_go_null_extender_round_by_round() -> None:
+    """Round by round, the ratios cancel the machine's drift between rounds; the section gives
+    their median and range beside the ratio of the medians."""
+    pods_per_s = {
+        "none": [300.0, 200.0, 100.0],
+        "names": [270.0, 190.0, 80.0],
+        "null-go-names": [280.0, 200.0, 100.0],
+    }
+    rounds = [
+        real_scheduler.Round(mode, index, value, 1.0)
+        for mode, values in pods_per_s.items()
+        for index, value in enumerate(values)
+    ]
+    config = real_scheduler.Config(
+        nodes=300, pods=100, rounds=3, modes=("none", "names", "null-go-names")
+    )
+    patcher = cast(
+        real_scheduler.Patcher,
+        SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0),
+    )
+    summary = real_scheduler.summarize(config, rounds, patcher)
+    names = summary["modes"]["names"]
+    assert names["over_null_go_by_round"] == [0.964, 0.95, 0.8]
+    assert names["over_null_go_by_round_median"] == pytest.approx(0.95)
+    assert names["pods_per_s_median"] / summary["modes"]["null-go-names"]["pods_per_s_median"] == (
+        pytest.approx(0.95)
+    )
+    assert "over_null_go_by_round" not in summary["modes"]["null-go-names"]
+    assert "over_null_go_by_round" not in summary["modes"]["none"]
+    document = {
+        "machine": "2 logical CPUs",
+        "measured_at": "2026-12-06 10:00 UTC",
+        "sizes": [summary | {"config": {"nodes": 300, "pods": 100, "rounds": 3}}],
+    }
+    section = real_scheduler.markdown_section(
+        document, command="python -m benchmarks.real_scheduler", before=None, plotted=False
+    )
+    assert (
+        "names against the Go null extender at 300 nodes 0.95x (met: >= 0.95x; round by round "
+        "0.95x, 0.80x-0.96x)"
+    ) in section
