@@ -37,8 +37,9 @@ that watch events are decoded and judged in the scorer's process while requests 
 GIL, the store, the CPU caches). Samples are paced at `--pods-per-s` (one sample is one pod's
 filter and prioritize). Reported with it: the events each scorer applied per second during the
 samples, the share of requests whose round trip overlapped an event being applied, the server
-time of those requests, the filter with the churn paused (`quiet`), and the node cache's cost
-per event with one and with four pod classes active.
+time of those requests, the filter alone with the churn paused (`quiet`: no prioritize follows
+it, and as many untimed pods go first, so that it does not time each pod class's first request),
+and the node cache's cost per event with one and with four pod classes active.
 
     python -m benchmarks.scorer_latency                       # table, this checkout only
     python -m benchmarks.scorer_latency --before HEAD --json  # before/after, one JSON object

@@ -180,8 +180,8 @@ median of those differences: everything the scorer adds to moving the bytes, HTT
 included; `handler only` is measured inside the scorer (decode, verdicts, reply). {versions}
 Names-only rows run during live churn: the API stand-in rewrites about 100 Nodes a second,
 delivered through each scorer's own list+watch loop while the requests are sent; `filter,
-quiet` is the same filter with the churn paused, after as many untimed pods (a pod class's first
-filter judges every node for it). Times in ms, medians.
+quiet` is the filter alone (no prioritize follows it) with the churn paused, after as many
+untimed pods (a pod class's first filter judges every node for it). Times in ms, medians.
 
 {body}
 
