@@ -591,9 +591,9 @@ def _over_null_by_round(rounds: Sequence[Round], mode: str) -> list[float]:
     """`mode`'s pods/s over the Go null extender's of the same kind, round by round: the two
     ran minutes apart at most, so the machine's drift between rounds (other work, the API
     server's state) cancels, which it does not in the ratio of the two medians."""
-    null = "null-go-full" if mode.startswith("full") else "null-go-names"
     if mode == "none" or mode.startswith("null-"):
         return []
+    null = "null-go-full" if mode.startswith("full") else "null-go-names"
     nulls = {r.round: r.pods_per_s for r in rounds if r.mode == null}
     return [r.pods_per_s / nulls[r.round] for r in rounds if r.mode == mode and nulls.get(r.round)]
 
