@@ -11,8 +11,10 @@ does about it (see the v1.36 wire captures):
   restarted API server is not hit by every scorer at once), telling the cache (`_on_failure`),
   which keeps or drops what it holds as its data requires.
 
-The real client's list calls are used (so credentials, TLS and proxies behave as everywhere
-else), but bodies are read with msgspec into structs that name only what the cache keeps: the
+The real client's calls are used (so credentials, TLS and proxies behave as everywhere else),
+except for the pages of a large LIST (every bound Pod, every Node), which a `PageReader` reads
+over a connection of its own in batches, with the client's credentials and trust (pagereader.py
+says why). Bodies are read with msgspec into structs that name only what the cache keeps: the
 rest of each object is skipped in C, never built as Python objects. This module and the caches
 built on it are the scorer's only Kubernetes edge; the client is imported lazily, so the
 default full-node mode without a pod watch never loads it.
@@ -32,6 +34,12 @@ from typing import Any, Final, Self
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
 
+from exporter_scheduler.edges.pagereader import (
+    Endpoint,
+    ListRefusedError,
+    PageReader,
+    request_headers,
+)
 from exporter_scheduler.serving.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.listwatch")
@@ -99,7 +107,7 @@ def refusal_of(exc: BaseException) -> tuple[int, str] | None:
     from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]  # noqa: PLC0415
     from urllib3.exceptions import HTTPError  # noqa: PLC0415
 
-    if isinstance(exc, ApiException):
+    if isinstance(exc, ApiException | ListRefusedError):
         return int(exc.status or 0), _status_message(exc)
     if isinstance(exc, HTTPError | OSError):
         return 0, f"{type(exc).__name__}: {exc}"
@@ -157,12 +165,18 @@ class ListWatch:
         self._changed = threading.Condition()
         self._resource_version: str | None = None
         self._response: Any = None
+        self._reader: PageReader | None = None
         self._threads: list[threading.Thread] = []
         self._api = api  # built at `start` unless given (tests: a fake of the client's calls)
 
     # ------------------------------------------------------------------ hooks
     def _list(self, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    def _list_path(self) -> tuple[str, dict[str, str]] | None:
+        """The LIST's URL path and query (selectors), for a cache whose LIST is large enough to
+        be read through a `PageReader`; None lists through the client's call (`_list`)."""
+        return None
 
     def _keep(self, items: list[Any]) -> list[Any]:
         """What the cache keeps of one LIST page's decoded objects (all of them, unless a cache
@@ -267,33 +281,69 @@ class ListWatch:
         items: list[Any] = []
         continue_token: str | None = None
         resource_version: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self.tuning.list_page_size}
-            if continue_token:
-                kwargs["_continue"] = continue_token
-            response = self._list(
-                _preload_content=False,
-                _request_timeout=self._timeouts(self.tuning.watch_timeout_s),
-                **kwargs,
-            )
-            try:
-                page = self._page.decode(response.data)
-            finally:
-                response.release_conn()
-            # Page by page: a large cluster's LIST (150,000 pods) decoded whole before any is
-            # dropped would be the process's peak memory, and CPython keeps most of a peak.
-            items.extend(self._keep(page.items or []))
-            meta = page.metadata
-            del page  # before the next page is read and decoded
-            resource_version = None if meta is None else meta.resourceVersion
-            continue_token = None if meta is None else meta.continue_
-            if not continue_token:
-                break
+        self._reader = reader = self._open_reader()
+        try:
+            while True:
+                paging: dict[str, Any] = {"limit": self.tuning.list_page_size}
+                if continue_token:
+                    paging["continue"] = continue_token
+                page = self._page.decode(self._page_body(reader, paging))
+                # Page by page: a large cluster's LIST (150,000 pods) decoded whole before any
+                # is dropped would be the process's peak memory, and CPython keeps most of a peak.
+                items.extend(self._keep(page.items or []))
+                meta = page.metadata
+                del page  # before the next page is read and decoded
+                resource_version = None if meta is None else meta.resourceVersion
+                continue_token = None if meta is None else meta.continue_
+                if not continue_token:
+                    break
+        finally:
+            self._reader = None
+            if reader is not None:
+                reader.close()
         self._replace(items)
         self._resource_version = resource_version
         self._loop_metrics.relists.inc()
         self._loop_metrics.ready.set(1)
         self._notify()
+
+    def _open_reader(self) -> PageReader | None:
+        """A `PageReader` for this LIST, where the cache names its path and the client's
+        configuration is one the reader serves as the client would (no proxy)."""
+        api_client = getattr(self._api, "api_client", None)
+        if self._list_path() is None or api_client is None:
+            return None  # a fake of the client's calls (tests), or a small LIST
+        configuration = api_client.configuration
+        endpoint = Endpoint.of(configuration)
+        if endpoint is None:
+            return None
+        defaults = dict(api_client.default_headers)
+        return PageReader(
+            endpoint,
+            lambda: request_headers(configuration, defaults),
+            connect_timeout_s=self.tuning.connect_timeout_s,
+            read_timeout_s=self.tuning.watch_timeout_s,
+        )
+
+    def _page_body(self, reader: PageReader | None, paging: dict[str, Any]) -> bytes | bytearray:
+        """One LIST page's body: through the reader where there is one, else the client."""
+        if reader is not None:
+            located = self._list_path()
+            assert located is not None  # a reader is opened only for a cache that names it
+            path, query = located
+            return reader.get(path, {**query, **paging})
+        if "continue" in paging:
+            paging["_continue"] = paging.pop("continue")
+        response = self._list(
+            _preload_content=False,
+            _request_timeout=self._timeouts(self.tuning.watch_timeout_s),
+            **paging,
+        )
+        try:
+            data: bytes = response.data
+            return data
+        finally:
+            response.release_conn()
 
     def _watch_once(self) -> None:
         response = self._list(
@@ -343,6 +393,9 @@ class ListWatch:
             self._notify()
 
     def _interrupt(self) -> None:
+        reader = self._reader
+        if reader is not None:
+            reader.close()  # unblocks a LIST page being read
         response = self._response
         if response is None:
             return

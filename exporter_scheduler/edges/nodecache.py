@@ -139,6 +139,9 @@ class NodeCache(ListWatch):
     def _list(self, **kwargs: Any) -> Any:
         return self._api.list_node(**kwargs)
 
+    def _list_path(self) -> tuple[str, dict[str, str]]:
+        return "/api/v1/nodes", {}
+
     def _extra_threads(self) -> list[threading.Thread]:
         return [
             threading.Thread(target=self._expire, name="gpu-scorer-verdict-expiry", daemon=True)

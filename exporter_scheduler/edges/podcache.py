@@ -47,7 +47,7 @@ from typing import Any, Final, Protocol, Self
 import msgspec
 
 from exporter_scheduler.core.inflight import NO_PODS, PROVISIONAL_MAX_S, BoundPod
-from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, refusal_of
 from exporter_scheduler.edges.podobjects import (
     EVENT,
     OBJECT,
@@ -252,6 +252,13 @@ class PodCache(ListWatch):
         return self._api.list_pod_for_all_namespaces(
             field_selector=FIELD_SELECTOR, **self.selector, **kwargs
         )
+
+    def _list_path(self) -> tuple[str, dict[str, str]]:
+        # Every bound pod, GPU or not unless the label selects: the largest LIST there is.
+        query = {"fieldSelector": FIELD_SELECTOR}
+        if "label_selector" in self.selector:
+            query["labelSelector"] = self.selector["label_selector"]
+        return "/api/v1/pods", query
 
     def _keep(self, items: list[Any]) -> list[Any]:
         # Only the bound GPU pods, as records. A raw Pod without the resource name as a key asks
@@ -482,4 +489,8 @@ def _why(exc: Exception) -> str:
         )
     if status == 401:
         return "the API server rejected the scorer's credentials (401)"
+    refusal = refusal_of(exc)
+    if refusal is not None and refusal[0]:
+        status, message = refusal
+        return f"the pod list/watch failed: the API server answered {status}: {message[:200]}"
     return f"the pod list/watch failed: {type(exc).__name__}: {str(exc)[:200]}"

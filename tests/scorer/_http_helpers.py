@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import ssl
+import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from exporter_scheduler.config.serving import TlsFiles
 from exporter_scheduler.core.policy import Policy
@@ -202,3 +207,35 @@ def check_prioritize_reply(reply: Any, *, given: Sequence[str]) -> dict[str, int
     scores = {entry["Host"]: entry["Score"] for entry in reply}
     assert all(isinstance(s, int) and 0 <= s <= 10 for s in scores.values())
     return scores
+
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+
+def make_pki(tmp: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all EC P-256."""
+    files = {n: tmp / f"{n}.pem" for n in ("ca", "ca-key", "srv", "srv-key", "cli", "cli-key")}
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(files["ca-key"]), "-out", str(files["ca"]), "-days", "2",
+        "-subj", "/CN=test-ca",
+    )  # fmt: skip
+    ext = tmp / "srv.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    for who, subject, extfile in (("srv", "/CN=127.0.0.1", ext), ("cli", "/CN=scheduler", None)):
+        csr = tmp / f"{who}.csr"
+        _openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(files[f"{who}-key"]), "-out", str(csr), "-subj", subject,
+        )  # fmt: skip
+        sign = ["x509", "-req", "-in", str(csr), "-CA", str(files["ca"])]
+        sign += ["-CAkey", str(files["ca-key"]), "-CAcreateserial", "-days", "2"]
+        sign += ["-out", str(files[who])]
+        if extfile is not None:
+            sign += ["-extfile", str(extfile)]
+        _openssl(*sign)
+    return files

@@ -31,6 +31,7 @@ from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
 from exporter_scheduler.edges import podcache, podobjects
 from exporter_scheduler.edges.listwatch import CacheTuning
+from exporter_scheduler.edges.pagereader import PageReader
 from exporter_scheduler.edges.podcache import (
     FIELD_SELECTOR,
     NOMINATED_FIELD_SELECTOR,
@@ -383,6 +384,33 @@ def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
     }
     nominated_lists = [r for r in standin.requests if nomination_watch(r) and not r.param("watch")]
     assert [r.param("continue") for r in nominated_lists] == [None]
+
+
+def test_the_bound_pods_list_is_read_by_the_page_reader(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LIST of every bound pod, the largest there is, is read by `PageReader` (a connection
+    of its own, read in batches); the nominated pods' LIST, a few pods, and the watches by the
+    client."""
+    read: list[tuple[str, dict[str, Any]]] = []
+    get = PageReader.get
+
+    def recorded(self: PageReader, path: str, query: Any) -> bytearray:
+        read.append((path, dict(query)))
+        return get(self, path, query)
+
+    monkeypatch.setattr(PageReader, "get", recorded)
+    for i in range(3):
+        standin.put_pod(pod_object(f"bound-{i}"))
+    paged = CacheTuning(watch_timeout_s=30, list_page_size=2, backoff_initial_s=0.01)
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=paged) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(listed, WAIT_S)
+        assert by_node(cache) == {"gpu-node-1": ["bound-0", "bound-1", "bound-2"]}
+    assert [path for path, _ in read] == [PODS_PATH, PODS_PATH]
+    assert [q["fieldSelector"] for _, q in read] == [FIELD_SELECTOR, FIELD_SELECTOR]
+    assert ["continue" in q for _, q in read] == [False, True]
+    assert {q["limit"] for _, q in read} == {2}
 
 
 def test_a_list_reads_the_spec_only_of_pods_that_name_the_resource_as_a_key(
@@ -934,7 +962,7 @@ def test_with_a_label_selector_both_watches_hold_only_the_labelled_pods(
             id="403-names-the-missing-rbac",
         ),
         pytest.param(401, "the API server rejected the scorer's credentials (401)", id="401"),
-        pytest.param(503, "the pod list/watch failed: ServiceException: (503)", id="503"),
+        pytest.param(503, "the pod list/watch failed: the API server answered 503: ", id="503"),
     ],
 )
 def test_a_failure_clears_every_nodes_pods_until_a_list_succeeds_again(

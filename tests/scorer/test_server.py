@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from datetime import timedelta
@@ -32,6 +30,8 @@ from tests.scorer._http_helpers import (
     connect,
     gpu_annotations,
     make_app,
+    make_pki,
+    needs_openssl,
     node,
     pod,
     serving,
@@ -294,41 +294,10 @@ def test_invalid_hint_is_logged_once_per_request(caplog: pytest.LogCaptureFixtur
 
 # ----------------------------------------------------------------------------- TLS
 
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-
-def _make_pki(tmp: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, all EC P-256."""
-    files = {n: tmp / f"{n}.pem" for n in ("ca", "ca-key", "srv", "srv-key", "cli", "cli-key")}
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", str(files["ca-key"]), "-out", str(files["ca"]), "-days", "2",
-        "-subj", "/CN=test-ca",
-    )  # fmt: skip
-    ext = tmp / "srv.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1\n")
-    for who, subject, extfile in (("srv", "/CN=127.0.0.1", ext), ("cli", "/CN=scheduler", None)):
-        csr = tmp / f"{who}.csr"
-        _openssl(
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", str(files[f"{who}-key"]), "-out", str(csr), "-subj", subject,
-        )  # fmt: skip
-        sign = ["x509", "-req", "-in", str(csr), "-CA", str(files["ca"])]
-        sign += ["-CAkey", str(files["ca-key"]), "-CAcreateserial", "-days", "2"]
-        sign += ["-out", str(files[who])]
-        if extfile is not None:
-            sign += ["-extfile", str(extfile)]
-        _openssl(*sign)
-    return files
-
 
 @needs_openssl
 def test_https_with_and_without_client_certificates(tmp_path: Path) -> None:
-    pki = _make_pki(tmp_path)
+    pki = make_pki(tmp_path)
     body = args_body(pod(), _mixed_nodes())
     trusting = ssl.create_default_context(cafile=str(pki["ca"]))
 
