@@ -308,11 +308,15 @@ class ListWatch:
         self._notify()
 
     def _open_reader(self) -> PageReader | None:
-        """A `PageReader` for this LIST, where the cache names its path and the client's
-        configuration is one the reader serves as the client would (no proxy)."""
+        """A `PageReader` for this LIST, where the cache names its path and the client connects
+        to the API server directly (no proxy)."""
+        from urllib3 import ProxyManager  # noqa: PLC0415
+
         api_client = getattr(self._api, "api_client", None)
         if self._list_path() is None or api_client is None:
             return None  # a fake of the client's calls (tests), or a small LIST
+        if isinstance(getattr(api_client.rest_client, "pool_manager", None), ProxyManager):
+            return None  # the client goes through a proxy (its configuration or HTTPS_PROXY)
         configuration = api_client.configuration
         endpoint = Endpoint.of(configuration)
         if endpoint is None:

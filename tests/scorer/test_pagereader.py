@@ -29,6 +29,8 @@ from exporter_scheduler.edges.pagereader import (
     PageReadError,
     request_headers,
 )
+from exporter_scheduler.edges.podcache import PodCache
+from exporter_scheduler.serving.metrics import ScorerMetrics
 from tests.scorer._http_helpers import make_pki, needs_openssl
 
 # Generous: a bound on a wait that ends as soon as its condition holds, never a sleep.
@@ -358,8 +360,26 @@ def test_the_clients_credentials_are_read_at_each_request() -> None:
     assert said == [b"authorization: Bearer first", b"authorization: Bearer second"]
 
 
+@pytest.mark.parametrize(
+    ("proxy", "no_proxy", "read_by"),
+    [
+        pytest.param(None, None, PageReader, id="direct"),
+        pytest.param("http://proxy:3128", None, None, id="through-a-proxy-the-client-reads"),
+        pytest.param("http://proxy:3128", "10.0.0.0/8", PageReader, id="api-server-not-proxied"),
+    ],
+)
+def test_a_client_that_goes_through_a_proxy_reads_its_own_pages(
+    proxy: str | None, no_proxy: str | None, read_by: type | None
+) -> None:
+    conf = configuration("https://10.0.0.1:6443", proxy=proxy, no_proxy=no_proxy)
+    cache = PodCache(
+        kubeconfig=None, metrics=ScorerMetrics(), api=client.CoreV1Api(client.ApiClient(conf))
+    )
+    reader = cache._open_reader()
+    assert (reader is None) if read_by is None else isinstance(reader, read_by)
+
+
 def test_what_the_reader_does_not_serve_stays_with_the_client() -> None:
-    assert Endpoint.of(configuration("http://10.0.0.1", proxy="http://proxy:3128")) is None
     assert Endpoint.of(configuration("unix:///var/run/kube.sock")) is None
     endpoint = Endpoint.of(configuration("https://[::1]:6443/k8s/clusters/c-1/"))
     assert endpoint is not None
