@@ -75,7 +75,9 @@ class Endpoint:
     @classmethod
     def of(cls, configuration: Any) -> Endpoint | None:
         """The endpoint of a Kubernetes client `Configuration`; None for a scheme other than http
-        and https. (Whether the client goes through a proxy is the caller's to ask.)"""
+        and https, and for a name to check the certificate against other than the one sent as
+        the TLS server name (`assert_hostname`), which urllib3 checks apart and this cannot.
+        (Whether the client goes through a proxy is the caller's to ask.)"""
         url = urlsplit(configuration.host)
         if url.scheme not in ("http", "https") or not url.hostname:
             return None
@@ -93,8 +95,8 @@ class Endpoint:
             context.verify_mode = ssl.CERT_NONE
         elif assert_hostname is False:
             context.check_hostname = False
-        elif isinstance(assert_hostname, str):
-            server_name = assert_hostname
+        elif isinstance(assert_hostname, str) and assert_hostname != server_name:
+            return None
         return cls("https", url.hostname, port, prefix, context, server_name)
 
 
@@ -114,13 +116,13 @@ class _Connection:
     def __init__(self, endpoint: Endpoint, connect_timeout_s: float, read_timeout_s: float) -> None:
         self._sock = socket.create_connection((endpoint.host, endpoint.port), connect_timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.settimeout(read_timeout_s)
         self._scratch = bytearray(READ_BYTES)
         self._view = memoryview(self._scratch)
         self._last_read = READ_BYTES
         self.buffer = bytearray()  # received (decrypted) bytes not yet consumed, from `pos`
         self.pos = 0
         self.received_any = False
+        self._ended = False  # the server's close_notify came: nothing more will
         self._tls: ssl.SSLObject | None = None
         if endpoint.tls is not None:
             self._incoming = ssl.MemoryBIO()
@@ -128,7 +130,8 @@ class _Connection:
             self._tls = endpoint.tls.wrap_bio(
                 self._incoming, self._outgoing, server_hostname=endpoint.server_name
             )
-            self._handshake()
+            self._handshake()  # under the connect timeout, as the client's
+        self._sock.settimeout(read_timeout_s)
 
     def _handshake(self) -> None:
         assert self._tls is not None
@@ -174,14 +177,19 @@ class _Connection:
             return
         before = len(self.buffer)
         while len(self.buffer) == before:
+            if self._ended:
+                raise PageReadError("the server closed the TLS session")
             try:
-                while True:  # every whole record already received
-                    self.buffer += self._tls.read(READ_BYTES)
+                while chunk := self._tls.read(READ_BYTES):  # every whole record received
+                    self.buffer += chunk
+                # An empty read is the server's close_notify (Python 3.11 returns b"" where
+                # later versions raise): whatever came before it is still read.
+                self._ended = True
             except ssl.SSLWantReadError:
                 if len(self.buffer) == before:
                     self._receive_raw(wait=True)
             except ssl.SSLZeroReturnError:
-                raise PageReadError("the server closed the TLS session") from None
+                self._ended = True
         self.received_any = True
 
     def compact(self) -> None:
@@ -236,7 +244,7 @@ class PageReader:
         self._connection: _Connection | None = None
         self._closed = False
 
-    def get(self, path: str, query: Mapping[str, str | int]) -> bytearray:
+    def get(self, path: str, query: Mapping[str, str | int]) -> bytes | bytearray:
         """The body of a 200 answer to GET `path?query`; raises `ListRefusedError` for another
         status, an `OSError` (`PageReadError`, `ssl.SSLError`, a timeout) when the exchange
         fails. A kept-alive connection the server had closed before answering is replaced once."""
@@ -302,8 +310,15 @@ class PageReader:
                 self._connection = None
         connection.close()
 
+    @classmethod
+    def _head(cls, connection: _Connection) -> _Head:
+        while True:  # an interim (1xx) answer is read past; none is expected for a GET
+            head = cls._one_head(connection)
+            if not 100 <= head.status < 200 or head.status == 101:
+                return head
+
     @staticmethod
-    def _head(connection: _Connection) -> _Head:
+    def _one_head(connection: _Connection) -> _Head:
         status_line = connection.line()
         parts = status_line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
@@ -322,17 +337,17 @@ class PageReader:
         return _Head(int(parts[1]), reason, headers)
 
     @staticmethod
-    def _body(connection: _Connection, head: _Head) -> bytearray:
+    def _body(connection: _Connection, head: _Head) -> bytes | bytearray:
         if "chunked" in head.headers.get("transfer-encoding", "").lower():
             return _chunked_body(connection)
         length = head.headers.get("content-length")
         if length is None:
             raise PageReadError("a response with neither a length nor chunks")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):
             raise PageReadError(f"a bad Content-Length: {length[:40]!r}")
         count = int(length)
         connection.need(count)
-        body = connection.buffer[connection.pos : connection.pos + count]
+        body = bytes(connection.buffer[connection.pos : connection.pos + count])
         connection.pos += count
         connection.compact()
         return body

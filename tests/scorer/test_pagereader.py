@@ -6,13 +6,14 @@ plain HTTP) and the end-to-end tests (kube-apiserver, TLS)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +48,11 @@ class ScriptedServer:
 
     answers: list[Answer]
     tls: ssl.SSLContext | None = None
+    # A TLS connection is ended with the server's close_notify, as Go's server ends one.
+    close_notify: bool = False
     requests: list[bytes] = field(default_factory=list)
     connections: int = 0
+    closed: int = 0  # connections the server has closed
     port: int = 0
     # Set when the test is done: a connection whose script ran out is held open until then.
     done: threading.Event = field(default_factory=threading.Event)
@@ -68,6 +72,12 @@ class ScriptedServer:
                     continue
             with conn:
                 self._answer(conn)
+                if isinstance(conn, ssl.SSLSocket) and self.close_notify:
+                    # Sent at once; the wait for the peer's own close_notify is cut short.
+                    conn.settimeout(0.05)
+                    with contextlib.suppress(OSError):
+                        conn.unwrap()
+            self.closed += 1
 
     def _answer(self, conn: socket.socket) -> None:
         pending = b""
@@ -94,8 +104,10 @@ class ScriptedServer:
 
 
 @contextmanager
-def scripted(answers: list[Answer], tls: ssl.SSLContext | None = None) -> Iterator[ScriptedServer]:
-    server = ScriptedServer(list(answers), tls)
+def scripted(
+    answers: list[Answer], tls: ssl.SSLContext | None = None, *, close_notify: bool = False
+) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(list(answers), tls, close_notify)
     listener = socket.create_server(("127.0.0.1", 0))
     server.port = listener.getsockname()[1]
     thread = threading.Thread(target=server.serve, args=(listener,), daemon=True)
@@ -104,6 +116,8 @@ def scripted(answers: list[Answer], tls: ssl.SSLContext | None = None) -> Iterat
         yield server
     finally:
         server.done.set()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes an accept() in progress; close() does not
         listener.close()
         thread.join(WAIT_S)
 
@@ -253,6 +267,11 @@ def test_a_refusal_carries_the_status_and_the_servers_message() -> None:
         pytest.param(head("200 OK"), "neither a length nor chunks", id="no-length"),
         pytest.param(head("200 OK", "Content-Length: -3"), "a bad Content-Length", id="bad-length"),
         pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+            "a bad Content-Length",
+            id="length-not-ascii-digits",
+        ),
+        pytest.param(
             head("200 OK", "Transfer-Encoding: chunked") + b"zz\r\n",
             "a bad chunk size",
             id="bad-size",
@@ -293,6 +312,85 @@ def test_a_malformed_or_cut_answer_is_a_connection_error(wire: bytes, said: str)
             reader.close()
     assert isinstance(failed.value, OSError)  # the loop retries it with back-off
     assert refusal_of(failed.value) is not None
+
+
+def finished(call: Callable[[], Any]) -> Any:
+    """What `call` returned or raised, run in a thread: a call that spins or hangs fails the
+    test after WAIT_S instead of hanging it."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # the call's own failure is its outcome
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "the call neither returned nor raised"
+    return outcome[0]
+
+
+def test_an_interim_answer_is_read_past() -> None:
+    body = b'{"items":[]}'
+    wire = b"HTTP/1.1 100 Continue\r\n\r\n" + head("200 OK", f"Content-Length: {len(body)}") + body
+    with scripted([([wire], False)]) as server:
+        reader = reader_for(configuration(f"http://127.0.0.1:{server.port}"))
+        try:
+            assert reader.get("/api/v1/pods", {}) == body
+        finally:
+            reader.close()
+
+
+@needs_openssl
+@pytest.mark.parametrize("says_close", [True, False], ids=["connection-close", "idle-close"])
+def test_a_tls_close_notify_ends_the_stream_and_the_next_page_reconnects(
+    says_close: bool, tmp_path: Path
+) -> None:
+    """Go's server ends a TLS connection with close_notify: after a `Connection: close` answer,
+    and on a kept-alive connection it closes idle. The answer before it is read whole, and the
+    next page goes over a fresh connection."""
+    pki = make_pki(tmp_path)
+    serving_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    serving_tls.load_cert_chain(str(pki["srv"]), str(pki["srv-key"]))
+    body = b'{"items":[]}'
+    closing = ("Connection: close",) if says_close else ()
+    first = head("200 OK", f"Content-Length: {len(body)}", *closing) + body
+    answers: list[Answer] = [
+        ([first], True),
+        ([head("200 OK", "Content-Length: 2") + b"{}"], False),
+    ]
+    with scripted(answers, tls=serving_tls, close_notify=True) as server:
+        conf = configuration(f"https://127.0.0.1:{server.port}", ssl_ca_cert=str(pki["ca"]))
+        reader = reader_for(conf)
+        try:
+            assert finished(lambda: reader.get("/api/v1/pods", {})) == body
+            if not says_close:
+                deadline = time.monotonic() + WAIT_S
+                while server.closed < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # until the server has closed the first connection
+            assert finished(lambda: reader.get("/api/v1/pods", {})) == b"{}"
+        finally:
+            reader.close()
+    assert server.connections == 2
+
+
+@needs_openssl
+def test_a_server_that_never_answers_the_tls_handshake_is_left_at_the_connect_timeout() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody speaks
+    try:
+        port = listener.getsockname()[1]
+        conf = configuration(f"https://127.0.0.1:{port}", verify_ssl=False)
+        endpoint = Endpoint.of(conf)
+        assert endpoint is not None
+        reader = PageReader(endpoint, lambda: {}, connect_timeout_s=0.2, read_timeout_s=WAIT_S * 10)
+        try:
+            assert isinstance(finished(lambda: reader.get("/api/v1/pods", {})), TimeoutError)
+        finally:
+            reader.close()
+    finally:
+        listener.close()
 
 
 def test_a_silent_server_times_out() -> None:
@@ -389,6 +487,10 @@ def test_what_the_reader_does_not_serve_stays_with_the_client() -> None:
         "/k8s/clusters/c-1",
     )
     assert endpoint.server_name == "::1"
+    # urllib3 checks `assert_hostname` apart from the name it sends; this reader cannot.
+    asserted = configuration("https://10.0.0.1", assert_hostname="apiserver.internal")
+    assert Endpoint.of(asserted) is None
+    assert Endpoint.of(configuration("https://10.0.0.1", assert_hostname="10.0.0.1")) is not None
     named = Endpoint.of(configuration("https://10.0.0.1", tls_server_name="kubernetes.default"))
     assert named is not None
     assert (named.port, named.server_name) == (443, "kubernetes.default")

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import logging
+import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -29,7 +30,7 @@ import pytest
 
 from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod
 from exporter_scheduler.core.policy import Policy
-from exporter_scheduler.edges import podcache, podobjects
+from exporter_scheduler.edges import listwatch, podcache, podobjects
 from exporter_scheduler.edges.listwatch import CacheTuning
 from exporter_scheduler.edges.pagereader import PageReader
 from exporter_scheduler.edges.podcache import (
@@ -386,6 +387,29 @@ def test_the_initial_list_pages_and_keeps_only_bound_unfinished_gpu_pods(
     assert [r.param("continue") for r in nominated_lists] == [None]
 
 
+def test_the_heap_is_trimmed_after_each_list(
+    standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """glibc keeps the heap a LIST's pages used unless asked to hand it back: each completed
+    LIST asks (`malloc_trim(0)`), once it has kept what it keeps."""
+    assert (listwatch._malloc_trim() is not None) == (platform.libc_ver()[0] == "glibc")
+    trims: list[int] = []
+
+    def trim(pad: int) -> int:
+        trims.append(pad)
+        return 1
+
+    monkeypatch.setattr(listwatch, "_TRIM", trim)
+    standin.put_pod(pod_object("a"))
+    with PodCache(kubeconfig=kubeconfig, metrics=ScorerMetrics(), tuning=FAST) as cache:
+        cache.add_sink(store)
+        assert cache.wait_until(listed, WAIT_S)
+        relists = gauge(cache.metrics, "gpu_scorer_pod_cache_relists_total")
+        relists += gauge(cache.metrics, "gpu_scorer_nominated_pod_cache_relists_total")
+        assert trims == [0] * int(relists)
+        assert relists == 2  # one LIST each of the two watches
+
+
 def test_the_bound_pods_list_is_read_by_the_page_reader(
     standin: ApiServerStandIn, kubeconfig: str, store: NodeStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -395,7 +419,7 @@ def test_the_bound_pods_list_is_read_by_the_page_reader(
     read: list[tuple[str, dict[str, Any]]] = []
     get = PageReader.get
 
-    def recorded(self: PageReader, path: str, query: Any) -> bytearray:
+    def recorded(self: PageReader, path: str, query: Any) -> bytes | bytearray:
         read.append((path, dict(query)))
         return get(self, path, query)
 
