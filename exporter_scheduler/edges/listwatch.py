@@ -59,7 +59,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 # After a LIST the pages it read are free, but glibc keeps most of such a heap (in the watch
 # thread's arena, above the records kept) unless asked. Measured at 20,000 Pods, one in five a
-# GPU pod: 13-15 MiB of RSS added by the LIST, 4-5 MiB after a trim (docs/performance.md).
+# GPU pod: 13.7-15.4 MiB of RSS added by the LIST, 3.5-4.5 MiB after a trim (performance.md).
 _TRIM: Final = _malloc_trim()
 
 
