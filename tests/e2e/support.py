@@ -107,7 +107,9 @@ _BARRIERS = itertools.count()
 _NAMES_ONLY_SCORERS: list[ScorerProcess] = []
 
 
-def _wait_for_cache_dump(process: ManagedProcess, node: str, *, listed: bool) -> None:
+def _wait_for_cache_dump(
+    process: ManagedProcess, node: str, *, listed: bool, timeout_s: float = SETTLE_S
+) -> None:
     """Until a dump of kube-scheduler's cache (its cache debugger answers SIGUSR2) made after
     this call lists `node` (or no longer does)."""
     start = process.log_path.stat().st_size if process.log_path.exists() else 0
@@ -126,7 +128,7 @@ def _wait_for_cache_dump(process: ManagedProcess, node: str, *, listed: bool) ->
         return end >= 0 and begin >= 0 and (node in text[begin:end]) == listed
 
     state = "hold" if listed else "drop"
-    wait_for(f"{process.name}'s cache to {state} Node {node}", dumped, timeout_s=SETTLE_S)
+    wait_for(f"{process.name}'s cache to {state} Node {node}", dumped, timeout_s=timeout_s)
 
 
 def _cached_by_scorer(url: str, api: KubeApi, pod: Mapping[str, Any], node: str) -> bool:
@@ -174,7 +176,7 @@ class Scope:
         self.pods.append(pod["metadata"]["name"])
         return str(pod["metadata"]["name"])
 
-    def settle(self) -> None:
+    def settle(self, *, timeout_s: float = SETTLE_S) -> None:
         """Wait until the watchers (every kube-scheduler of `plane`, every names-only scorer's
         node cache) hold every Node write made so far.
 
@@ -196,20 +198,20 @@ class Scope:
         publish(self.api, barrier, gpu_state(utilization=0.0, temperature_c=40))
         schedulers = [] if self.plane is None else list(self.plane.schedulers.values())
         for scheduler in schedulers:
-            _wait_for_cache_dump(scheduler.process, barrier, listed=True)
+            _wait_for_cache_dump(scheduler.process, barrier, listed=True, timeout_s=timeout_s)
         probe = {"metadata": {"name": f"{barrier}-probe"}, "spec": {"containers": []}}
         for scorer in list(_NAMES_ONLY_SCORERS):
             wait_for(
                 f"{scorer.name}'s node cache to hold {barrier}",
                 lambda s=scorer: _cached_by_scorer(s.url, self.api, probe, barrier),
-                timeout_s=SETTLE_S,
+                timeout_s=timeout_s,
             )
         # Gone again before the test goes on, or it would count in FailedScheduling messages
         # ("1 node(s) were unschedulable").
         delete_nodes(self.api, [barrier])
         self.nodes.remove(barrier)
         for scheduler in schedulers:
-            _wait_for_cache_dump(scheduler.process, barrier, listed=False)
+            _wait_for_cache_dump(scheduler.process, barrier, listed=False, timeout_s=timeout_s)
 
     def name(self, short_name: str) -> str:
         return f"{self.label}-{short_name}"

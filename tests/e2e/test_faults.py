@@ -34,6 +34,12 @@ from loopback_cluster.workload import (
 from tests.e2e.support import Scope, started_control_plane
 
 OUTAGE_S = 4.0
+# After an outage kube-scheduler's informers retry with client-go's reflector back-off: 0.8 s
+# doubling to a cap of 30 s, each delay stretched by up to as much again (jitter 1.0;
+# tools/cache/reflector.go). An outage of 4 s and a restart that takes some seconds on a busy
+# machine can leave a delay of 12.8-25.6 s before its Node watch is back; settling waits past
+# the cap.
+SCHEDULER_RECONNECT_S = 75.0
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +139,7 @@ def test_apiserver_restart_agent_writes_again_and_node_cache_follows(
             lambda: metric(scorer.metrics(), "gpu_scorer_node_cache_watch_restarts_total") >= 1,
             timeout_s=30,
         )
-        scope.settle()
+        scope.settle(timeout_s=SCHEDULER_RECONNECT_S)
         pod = scope.pod(gpu_pod(scope.name("after-restart"), scheduler_name="gpu-restart"))
         assert wait_for("the pod to bind", lambda: pod_node(scope.api, pod), timeout_s=30) == hot
     finally:
