@@ -130,7 +130,11 @@ class _Connection:
             self._tls = endpoint.tls.wrap_bio(
                 self._incoming, self._outgoing, server_hostname=endpoint.server_name
             )
-            self._handshake()  # under the connect timeout, as the client's
+            try:
+                self._handshake()  # under the connect timeout, as the client's
+            except BaseException:
+                self._sock.close()  # not left to the collector
+                raise
         self._sock.settimeout(read_timeout_s)
 
     def _handshake(self) -> None:

@@ -389,6 +389,15 @@ def test_a_server_that_never_answers_the_tls_handshake_is_left_at_the_connect_ti
             assert isinstance(finished(lambda: reader.get("/api/v1/pods", {})), TimeoutError)
         finally:
             reader.close()
+        # The connection that never finished its handshake was closed, not left open.
+        listener.settimeout(WAIT_S)
+        accepted, _ = listener.accept()
+        with accepted:
+            accepted.settimeout(WAIT_S)
+            hello = accepted.recv(65536)  # the client's TLS hello, then the end of the stream
+            while chunk := accepted.recv(65536):
+                hello += chunk
+        assert hello.startswith(b"\x16\x03")  # a TLS handshake record
     finally:
         listener.close()
 
