@@ -13,8 +13,15 @@ _HEADS: dict[tuple[int, bytes, bytes | None, bool, bool], tuple[bytes, bytes]] =
 _MAX_HEADS: Final = 64
 
 
-class BadRequestError(Exception):
+class MalformedHeadError(Exception):
+    """A head or a chunk-size line that cannot be read as HTTP/1.1."""
+
+
+class BadRequestError(MalformedHeadError):
     """The request cannot be read as HTTP/1.1; answered 400 and the connection closed."""
+
+
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 
 def reply_head(
@@ -71,20 +78,36 @@ def parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
     method, target, version = parts
     if version not in ("HTTP/1.1", "HTTP/1.0"):
         raise BadRequestError(f"unsupported version {version[:16]!r}")
+    try:
+        return method, target, version, header_fields(lines)
+    except MalformedHeadError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
+def header_fields(lines: list[str]) -> dict[str, str]:
+    """Header lines (a request's or a response's) by lower-cased name, strict as `parse_head`."""
     headers: dict[str, str] = {}
     for line in lines:
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip() or line[0] in " \t":
-            raise BadRequestError("malformed header line")
+            raise MalformedHeadError(f"malformed header line {line[:80]!r}")
         key = name.lower()
         value = value.strip()
         if key in headers:
             if key == "content-length" and headers[key] != value:
-                raise BadRequestError("conflicting content-length headers")
+                raise MalformedHeadError("conflicting content-length headers")
             if key in ("transfer-encoding", "connection"):
                 value = f"{headers[key]}, {value}"
         headers[key] = value
-    return method, target, version, headers
+    return headers
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunk-size line gives (extensions ignored): hex digits only, no sign."""
+    digits = line.split(b";", 1)[0].strip()
+    if not digits or digits.strip(_HEX_DIGITS) or len(digits) > 16:
+        raise MalformedHeadError(f"bad chunk size {digits[:40]!r}")
+    return int(digits, 16)
 
 
 def keeps_alive(version: str, headers: dict[str, str]) -> bool:

@@ -298,7 +298,8 @@ class ListWatch:
         items: list[Any] = []
         continue_token: str | None = None
         resource_version: str | None = None
-        self._reader = reader = self._open_reader()
+        located = self._list_path()
+        self._reader = reader = None if located is None else self._open_reader()
         try:
             while True:
                 if self._stop.is_set():
@@ -306,7 +307,12 @@ class ListWatch:
                 paging: dict[str, Any] = {"limit": self.tuning.list_page_size}
                 if continue_token:
                     paging["continue"] = continue_token
-                page = self._page.decode(self._page_body(reader, paging))
+                if reader is not None and located is not None:
+                    body = reader.get(located[0], {**located[1], **paging})
+                else:
+                    body = self._client_page(paging)
+                page = self._page.decode(body)
+                del body
                 # Page by page: a large cluster's LIST (150,000 pods) decoded whole before any
                 # is dropped would be the process's peak memory, and CPython keeps most of a peak.
                 items.extend(self._keep(page.items or []))
@@ -331,13 +337,13 @@ class ListWatch:
         self._notify()
 
     def _open_reader(self) -> PageReader | None:
-        """A `PageReader` for this LIST, where the cache names its path and the client connects
-        to the API server directly (no proxy)."""
+        """A `PageReader` for this cache's LIST, where the client connects to the API server
+        directly (no proxy)."""
         from urllib3 import ProxyManager  # noqa: PLC0415
 
         api_client = getattr(self._api, "api_client", None)
-        if self._list_path() is None or api_client is None:
-            return None  # a fake of the client's calls (tests), or a small LIST
+        if api_client is None:
+            return None  # a fake of the client's calls (tests)
         if isinstance(getattr(api_client.rest_client, "pool_manager", None), ProxyManager):
             return None  # the client goes through a proxy (its configuration or HTTPS_PROXY)
         configuration = api_client.configuration
@@ -352,13 +358,8 @@ class ListWatch:
             read_timeout_s=self.tuning.watch_timeout_s,
         )
 
-    def _page_body(self, reader: PageReader | None, paging: dict[str, Any]) -> bytes | bytearray:
-        """One LIST page's body: through the reader where there is one, else the client."""
-        if reader is not None:
-            located = self._list_path()
-            assert located is not None  # a reader is opened only for a cache that names it
-            path, query = located
-            return reader.get(path, {**query, **paging})
+    def _client_page(self, paging: dict[str, Any]) -> bytes:
+        """One LIST page's body, through the client's list call."""
         if "continue" in paging:
             paging["_continue"] = paging.pop("continue")
         response = self._list(

@@ -31,6 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlencode, urlsplit
 
+from exporter_scheduler.edges.http1 import (
+    MalformedHeadError,
+    chunk_size,
+    header_fields,
+    keeps_alive,
+)
+
 # A read that found less than half the buffer means the reader caught up with the server; it
 # then waits this long before reading again, so that the next read takes a batch of Pods. At
 # the server's pace on the loopback control plane (about 100 MB/s per LIST), 2 ms is about
@@ -43,7 +50,6 @@ MAX_HEAD_BYTES: Final = 64 * 1024
 MAX_REFUSAL_BYTES: Final = 64 * 1024
 # Bytes consumed from the front of the buffer are dropped once there are this many.
 _COMPACT_BYTES: Final = 1 << 20
-_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 
 
 class PageReadError(ConnectionError):
@@ -160,7 +166,7 @@ class _Connection:
         self._tls.write(data)
         self._send_pending()
 
-    def _receive_raw(self, *, wait: bool) -> int:
+    def _receive_raw(self, *, wait: bool) -> None:
         if wait and self._last_read < READ_BYTES // 2:
             time.sleep(CAUGHT_UP_WAIT_S)
         count = self._sock.recv_into(self._scratch)
@@ -171,7 +177,6 @@ class _Connection:
             self.buffer += self._view[:count]
         else:
             self._incoming.write(self._view[:count])
-        return count
 
     def fill(self) -> None:
         """Receive at least one more byte into `buffer` (or raise)."""
@@ -226,6 +231,7 @@ class _Head:
     status: int
     reason: str
     headers: dict[str, str]
+    keep_alive: bool
 
 
 class PageReader:
@@ -274,7 +280,7 @@ class PageReader:
         except BaseException:
             self._drop(connection)
             raise
-        if head.headers.get("connection", "").lower() == "close":
+        if not head.keep_alive:
             self._drop(connection)
         if head.status != 200:
             raise ListRefusedError(head.status, head.reason, bytes(body[:MAX_REFUSAL_BYTES]))
@@ -327,18 +333,20 @@ class PageReader:
         parts = status_line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise PageReadError(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
-        headers: dict[str, str] = {}
+        lines: list[str] = []
         size = len(status_line)
         while line := connection.line():
             size += len(line)
             if size > MAX_HEAD_BYTES:
                 raise PageReadError("the response's headers are too long")
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise PageReadError(f"not a header line: {line[:80]!r}")
-            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+            lines.append(line.decode("latin-1"))
+        try:
+            headers = header_fields(lines)
+        except MalformedHeadError as exc:
+            raise PageReadError(f"not a header line: {exc}") from None
         reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
-        return _Head(int(parts[1]), reason, headers)
+        version = parts[0].decode("latin-1")
+        return _Head(int(parts[1]), reason, headers, keeps_alive(version, headers))
 
     @staticmethod
     def _body(connection: _Connection, head: _Head) -> bytes | bytearray:
@@ -360,10 +368,10 @@ class PageReader:
 def _chunked_body(connection: _Connection) -> bytearray:
     body = bytearray()
     while True:
-        size_line = connection.line().split(b";", 1)[0].strip()
-        if not size_line or size_line.strip(_HEX_DIGITS) or len(size_line) > 16:
-            raise PageReadError(f"a bad chunk size: {size_line[:40]!r}")
-        size = int(size_line, 16)
+        try:
+            size = chunk_size(connection.line())
+        except MalformedHeadError as exc:
+            raise PageReadError(f"a bad chunk size: {exc}") from None
         if size == 0:
             while connection.line():  # trailers, up to the empty line that ends them
                 pass

@@ -40,6 +40,8 @@ from urllib.parse import unquote
 from exporter_scheduler.config.serving import DEFAULT_KEEP_ALIVE_S, TlsFiles
 from exporter_scheduler.edges.http1 import (
     BadRequestError,
+    MalformedHeadError,
+    chunk_size,
     keeps_alive,
     parse_head,
     reply_head,
@@ -474,10 +476,9 @@ class _Connection:
         chunks: list[bytes] = []
         size = 0
         while True:
-            line = self._read_line().split(b";", 1)[0].strip()
             try:
-                chunk = int(line, 16)
-            except ValueError:
+                chunk = chunk_size(self._read_line())
+            except MalformedHeadError:
                 raise BadRequestError("bad chunk size") from None
             if chunk == 0:
                 while self._read_line():  # trailers, up to the blank line

@@ -156,6 +156,10 @@ def head(status: str = "200 OK", *headers: str) -> bytes:
     return ("HTTP/1.1 " + status + "\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
 
 
+# The head of a 200 whose body comes in chunks.
+CHUNKED = head("200 OK", "Transfer-Encoding: chunked")
+
+
 def split_anywhere(data: bytes, rng: random.Random) -> list[bytes]:
     """`data` in pieces cut at random places, with pauses between some of them."""
     pieces: list[bytes] = []
@@ -272,27 +276,27 @@ def test_a_refusal_carries_the_status_and_the_servers_message() -> None:
             id="length-not-ascii-digits",
         ),
         pytest.param(
-            head("200 OK", "Transfer-Encoding: chunked") + b"zz\r\n",
+            CHUNKED + b"zz\r\n",
             "a bad chunk size",
             id="bad-size",
         ),
         pytest.param(
-            head("200 OK", "Transfer-Encoding: chunked") + b"-4\r\nabcd\r\n0\r\n\r\n",
+            CHUNKED + b"-4\r\nabcd\r\n0\r\n\r\n",
             "a bad chunk size",
             id="negative-size",
         ),
         pytest.param(
-            head("200 OK", "Transfer-Encoding: chunked") + b"2\r\nabcd\r\n0\r\n\r\n",
+            CHUNKED + b"2\r\nabcd\r\n0\r\n\r\n",
             "a chunk does not end where its size says",
             id="chunk-overruns",
         ),
         pytest.param(
-            head("200 OK", "Transfer-Encoding: chunked") + b"1" * 70000,
+            CHUNKED + b"1" * 70000,
             "a header or chunk-size line is too long",
             id="endless-size-line",
         ),
         pytest.param(
-            head("200 OK", "Transfer-Encoding: chunked") + b"10\r\nonly six",
+            CHUNKED + b"10\r\nonly six",
             "the server closed the connection",
             id="cut-mid-chunk",
         ),
@@ -403,7 +407,7 @@ def test_a_server_that_never_answers_the_tls_handshake_is_left_at_the_connect_ti
 
 
 def test_a_silent_server_times_out() -> None:
-    answers: list[Answer] = [([head("200 OK", "Transfer-Encoding: chunked") + b"5\r\nab"], False)]
+    answers: list[Answer] = [([CHUNKED + b"5\r\nab"], False)]
     with scripted(answers) as server:
         reader = reader_for(configuration(f"http://127.0.0.1:{server.port}"), read_timeout_s=0.2)
         try:
@@ -414,7 +418,7 @@ def test_a_silent_server_times_out() -> None:
 
 
 def test_close_from_another_thread_unblocks_a_read_in_progress() -> None:
-    answers: list[Answer] = [([head("200 OK", "Transfer-Encoding: chunked") + b"5\r\nab"], False)]
+    answers: list[Answer] = [([CHUNKED + b"5\r\nab"], False)]
     outcome: list[BaseException] = []
     with scripted(answers) as server:
         reader = reader_for(configuration(f"http://127.0.0.1:{server.port}"))
@@ -514,9 +518,7 @@ def test_tls_with_the_clients_trust_and_certificate(tmp_path: Path) -> None:
     serving_tls.load_verify_locations(str(pki["ca"]))
     rng = random.Random(3)
     page = a_page(200, rng)
-    wire = head("200 OK", "Transfer-Encoding: chunked") + chunked(
-        page, [rng.randrange(1, 9000) for _ in range(150)]
-    )
+    wire = CHUNKED + chunked(page, [rng.randrange(1, 9000) for _ in range(150)])
     with scripted([(split_anywhere(wire, rng), False)] * 2, tls=serving_tls) as server:
         conf = configuration(
             f"https://127.0.0.1:{server.port}",

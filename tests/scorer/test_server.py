@@ -174,6 +174,10 @@ def test_head_and_expect_continue() -> None:
         pytest.param(b"POST /filter HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", id="encoding"),
         pytest.param(b"GET /healthz HTTP/1.1\r\n Folded: x\r\n\r\n", id="folded-header"),
         pytest.param(b"GET /healthz HTTP/1.1\r\nName : x\r\n\r\n", id="space-before-colon"),
+        pytest.param(
+            b"POST /filter HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n-4\r\nabcd\r\n0\r\n\r\n",
+            id="negative-chunk-size",
+        ),
     ],
 )
 def test_malformed_http_is_400_and_closed(head: bytes) -> None:
