@@ -15,6 +15,7 @@ v1beta2 API (API server).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -38,6 +39,7 @@ from agent.tainter import DeviceTainter, DraState
 from exporter_scheduler.core.dra import ANY_DEVICE, NO_DEVICES
 from exporter_scheduler.edges.dracache import DraCache
 from loopback_cluster.control_plane import (
+    ApiError,
     BuildSpec,
     ControlPlane,
     ExtenderConfig,
@@ -344,17 +346,27 @@ def outcome(api: KubeApi, pods: list[str]) -> dict[str, str | None] | None:
 
 
 def release(api: KubeApi, pods: list[str]) -> None:
-    """Delete the pods and their claims (no controller removes the claims' finalizers here)."""
+    """Delete the pods, then their claims. No controller removes the claims' finalizers here,
+    so this does, until each claim is gone: a scheduling cycle already under way for a pod
+    being deleted (one retried once an earlier pod's GPU was freed) may still write its claim's
+    allocation, and with it the scheduler's finalizer, after a first removal."""
     for name in pods:
         api.delete(f"/api/v1/namespaces/default/pods/{name}?gracePeriodSeconds=0")
-        path = f"{RESOURCE}/v1/namespaces/default/resourceclaims/{name}-{CLAIM_NAME}"
-        api.merge_patch(path, {"metadata": {"finalizers": None}})
-        api.delete(path)
+    claims = f"{RESOURCE}/v1/namespaces/default/resourceclaims"
+    for name in pods:
+        api.delete(f"{claims}/{name}-{CLAIM_NAME}")
+    wanted = {f"{name}-{CLAIM_NAME}" for name in pods}
 
     def gone() -> bool:
-        listing = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaims")
-        left = {c["metadata"]["name"] for c in listing["items"]}
-        return not left & {f"{name}-{CLAIM_NAME}" for name in pods}
+        left = [c for c in api.get(claims)["items"] if c["metadata"]["name"] in wanted]
+        for claim in left:
+            path = f"{claims}/{claim['metadata']['name']}"
+            if claim["metadata"].get("finalizers"):
+                with contextlib.suppress(ApiError):  # gone meanwhile: the next listing says so
+                    api.merge_patch(path, {"metadata": {"finalizers": None}})
+            if not claim["metadata"].get("deletionTimestamp"):
+                api.delete(path)
+        return not left
 
     wait_for("the burst's claims to be gone", gone, timeout_s=30)
 
