@@ -41,7 +41,6 @@ import heapq
 import http.client
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -59,7 +58,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from benchmarks.lifecycle import exit_on_sigterm
-from benchmarks.machine import machine_description
+from benchmarks.machine import machine_description, process_cpu_s
 from benchmarks.real_scheduler import Config as FleetConfig
 from benchmarks.real_scheduler import Patcher, node_plan, register_fleet
 from exporter_scheduler.core.hints import GPU_POD_LABEL, GPU_POD_LABEL_VALUE
@@ -556,20 +555,12 @@ class ProcSample:
 
     @classmethod
     def read(cls, pid: int) -> ProcSample:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         status = Path(f"/proc/{pid}/status").read_text()
         return cls(
-            cpu_seconds(stat, os.sysconf("SC_CLK_TCK")),
+            process_cpu_s(pid),
             status_kib(status, "VmRSS") / 1024,
             status_kib(status, "VmHWM") / 1024,
         )
-
-
-def cpu_seconds(stat: str, ticks_per_s: int) -> float:
-    """utime + stime of a `/proc/<pid>/stat` line, in seconds (all the process's threads)."""
-    # The command name (field 2) may hold spaces and parentheses: count from its last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / ticks_per_s
 
 
 def status_kib(status: str, key: str) -> int:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
         [--rounds 3] [--modes none,names,full,names-no-inflight,names-no-own-load,...] [--json]
+    python -m benchmarks.real_scheduler --pool RUN.json [RUN.json ...]   # rounds of many runs
 
 The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in the
 scheduler's loop. On the loopback control plane (`loopback_cluster.control_plane`, built by
@@ -18,7 +19,8 @@ rate for the whole run. Each pod is a replica of a Deployment, as its controller
 workload's learned load on every request; with no kubelet no replica ever runs, so nothing is
 learned and the pod's own load is the policy's default. There is no kubelet: each pod a
 names-only burst binds stays "allocation pending" in the Pod watch's scorer (it counts on its node)
-until its round deletes it. Then, per mode, in rounds that rotate the order:
+until its round deletes it. A first burst with no extender warms the control plane up and is not
+counted. Then, per mode, in rounds that rotate the order:
 
 1. create a burst of 1-GPU pods for that mode's schedulerName while no scheduler serves it;
 2. start a kube-scheduler with that mode's configuration: it schedules the backlog;
@@ -31,6 +33,14 @@ every mode's scorer (the names-only one's Pod watch takes the other modes' binds
 process's patcher and watch. The scorers' own request time (their
 `gpu_scorer_request_duration_seconds`) is reported next to the ratio, as the proxy that
 explains it.
+
+Each mode is also divided by the Go null extender's pods/s of the same round, which ran a
+minute away at most. The median of those ratios comes with the interval that holds the true
+median at 95 % (`benchmarks.intervals`; with fewer than six rounds, their range and its lower
+coverage), and the targets line says whether that interval settles the floor target or not.
+No extender at all is paired the same way: it does strictly less than the Go null extender, so
+each of its rounds that comes out slower is the machine's noise, seen directly. `--pool` reads
+the `--json` documents of several runs and pairs their rounds the same way, as one run.
 """
 
 from __future__ import annotations
@@ -54,8 +64,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks.intervals import median_interval, resolution
 from benchmarks.lifecycle import exit_on_sigterm
-from benchmarks.machine import machine_description
+from benchmarks.machine import machine_description, process_cpu_s
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
 from loopback_cluster.control_plane import (
@@ -149,6 +160,9 @@ class Round:
     # The scorer's mean request time in this round, ms, by verb (none: no extender).
     scorer_ms: dict[str, float] = field(default_factory=dict)
     scorer_requests: dict[str, int] = field(default_factory=dict)
+    # The mode's extender process's CPU (every thread) from the scheduler's start to the last
+    # bind, per pod placed: what it takes of the cores the scheduler shares (none: no extender).
+    extender_cpu_ms_per_pod: float | None = None
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -375,7 +389,7 @@ def measure(
     `mode`.
     `while_scheduling` runs once the scheduler is ready, while it places the burst (and makes
     its /debug/pprof reachable)."""
-    label = f"r{round_index}-{mode}"
+    label = "warm-up" if round_index == WARM_UP_ROUND else f"r{round_index}-{mode}"
     names = [f"{label}-{i:04d}" for i in range(pods or config.pods_for(mode))]
     with plane.admin() as api:
         listed = api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
@@ -402,6 +416,9 @@ def measure(
     watcher.start()
     scorers = {m: e.scorer for m, e in made.items() if e.scorer is not None}
     before = {m: scorer_totals(s) for m, s in scorers.items()}
+    extender = made.get(mode)
+    pid = None if extender is None or extender.process.popen is None else extender.process.popen.pid
+    cpu_before_s = None if pid is None else process_cpu_s(pid)
     profiling = while_scheduling is not None
     scheduler = plane.start_scheduler(
         scheduler_config(mode, made, profiling=profiling), name=f"sched-{label}"
@@ -411,6 +428,7 @@ def measure(
             while_scheduling(scheduler)
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
+        cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
     finally:
         scheduler.stop()
         plane.schedulers.pop(f"sched-{label}", None)
@@ -419,6 +437,8 @@ def measure(
     times = sorted(bind_times.values())
     span_s = times[-1] - times[0]
     result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
+    if cpu_s is not None:
+        result.extender_cpu_ms_per_pod = cpu_s / len(times) * 1000
     if mode in scorers:
         for verb, (seconds, count) in after[mode].items():
             requests = count - before[mode][verb][1]
@@ -529,9 +549,21 @@ def bench(
                 extender.process.kill()
 
 
+# The round number of the uncounted first burst (its pods are named after it).
+WARM_UP_ROUND: Final = 0xFFFF
+
+
 def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
     rounds: list[Round] = []
     with bench(config, progress=progress) as ready:
+        # The first burst after the fleet is registered runs slower whatever its mode (in the
+        # runs of 2026-12-06, the two worst rounds of no extender against the Go null one,
+        # 0.42x, were each their run's first): it is placed and not counted.
+        warm = measure(ready.plane, "none", WARM_UP_ROUND, config, ready.made)
+        progress(
+            f"  {config.nodes} nodes, warm-up (no extender, not counted): "
+            f"{warm.pods_per_s:6.1f} pods/s"
+        )
         modes = config.modes
         for index in range(config.rounds):
             order = modes[index % len(modes) :] + modes[: index % len(modes)]
@@ -542,7 +574,7 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                     f"  {config.nodes} nodes, {mode:13s} round {index}: "
                     f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
                 )
-    return summarize(config, rounds, ready.patcher)
+    return summarize(config, rounds, ready.patcher) | {"warm_up_pods_per_s": warm.pods_per_s}
 
 
 def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict[str, Any]:
@@ -559,6 +591,9 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
                 for verb in ("filter", "prioritize")
                 if any(verb in r.scorer_ms for r in mine)
             },
+            "extender_cpu_ms_per_pod_median": _median_or_none(
+                [r.extender_cpu_ms_per_pod for r in mine]
+            ),
             "scorer_requests_per_pod": {
                 verb: statistics.median(
                     r.scorer_requests[verb] / config.pods_for(mode) for r in mine
@@ -570,11 +605,7 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
     baseline = by_mode.get("none", {}).get("pods_per_s_median") or 0.0
     for entry in by_mode.values():
         entry["ratio_to_none"] = entry["pods_per_s_median"] / baseline if baseline else None
-    for mode, entry in by_mode.items():
-        by_round = _over_null_by_round(rounds, mode)
-        if by_round:
-            entry["over_null_go_by_round"] = [round(r, 3) for r in by_round]
-            entry["over_null_go_by_round_median"] = statistics.median(by_round)
+    _add_paired(by_mode, rounds)
     return {
         "config": asdict(config),
         "patches_per_s": round(patcher.rate_per_s, 1),
@@ -587,15 +618,106 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
     }
 
 
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _add_paired(by_mode: dict[str, dict[str, Any]], rounds: Sequence[Round]) -> None:
+    """Each mode's ratios to the Go null extender round by round, their median, and the
+    interval that median is known to (`benchmarks.intervals`). No extender at all is given its
+    ratios too: it does strictly less than the Go null extender, so each of its rounds that
+    comes out slower is the machine's noise, seen directly."""
+    for mode, entry in by_mode.items():
+        by_round = _over_null_by_round(rounds, mode)
+        if not by_round:
+            continue
+        entry["over_null_go_by_round"] = [round(r, 3) for r in by_round]
+        entry["over_null_go_by_round_median"] = statistics.median(by_round)
+        if len(by_round) >= 2:
+            interval = median_interval(by_round)
+            entry["over_null_go_interval"] = {
+                "low": round(interval.low, 3),
+                "high": round(interval.high, 3),
+                "coverage": round(interval.coverage, 3),
+            }
+
+
 def _over_null_by_round(rounds: Sequence[Round], mode: str) -> list[float]:
     """`mode`'s pods/s over the Go null extender's of the same kind, round by round: the two
     ran minutes apart at most, so the machine's drift between rounds (other work, the API
     server's state) cancels, which it does not in the ratio of the two medians."""
-    if mode == "none" or mode.startswith("null-"):
+    if mode.startswith("null-"):
         return []
     null = "null-go-full" if mode.startswith("full") else "null-go-names"
     nulls = {r.round: r.pods_per_s for r in rounds if r.mode == null}
     return [r.pods_per_s / nulls[r.round] for r in rounds if r.mode == mode and nulls.get(r.round)]
+
+
+# Round numbers of pooled runs: run k's rounds are numbered from k * this.
+_POOLED_RUN_STRIDE: Final = 10_000
+
+
+def pooled(documents: Sequence[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    """The rounds of several runs (their `--json` documents), by cluster size and mode, as if
+    one run had made them all: each round still paired with the Go null extender's round of its
+    own run. More rounds narrow the round-by-round median's interval where one run's cannot
+    resolve a target."""
+    by_size: dict[int, list[Round]] = {}
+    for run_index, document in enumerate(documents):
+        for result in document["sizes"]:
+            rounds = by_size.setdefault(result["config"]["nodes"], [])
+            rounds.extend(
+                Round(
+                    r["mode"],
+                    run_index * _POOLED_RUN_STRIDE + r["round"],
+                    r["pods_per_s"],
+                    r["span_s"],
+                )
+                for r in result["rounds"]
+            )
+    pooled_sizes: dict[int, dict[str, dict[str, Any]]] = {}
+    for nodes, rounds in sorted(by_size.items()):
+        modes = dict.fromkeys(r.mode for r in rounds)
+        by_mode: dict[str, dict[str, Any]] = {
+            mode: {
+                "rounds": sum(r.mode == mode for r in rounds),
+                "pods_per_s_median": statistics.median(
+                    r.pods_per_s for r in rounds if r.mode == mode
+                ),
+            }
+            for mode in modes
+        }
+        _add_paired(by_mode, rounds)
+        pooled_sizes[nodes] = by_mode
+    return pooled_sizes
+
+
+def pooled_text(sizes: dict[int, dict[str, dict[str, Any]]], runs: int) -> str:
+    lines = [f"{runs} runs pooled"]
+    for nodes, by_mode in sizes.items():
+        lines.append(f"{nodes:,} nodes:")
+        for mode, entry in by_mode.items():
+            line = (
+                f"  {mode:18s} {entry['rounds']:3d} rounds, {entry['pods_per_s_median']:7.1f} "
+                "pods/s (median)"
+            )
+            if "over_null_go_by_round_median" in entry:
+                line += (
+                    f", over the Go null extender round by round "
+                    f"{entry['over_null_go_by_round_median']:.2f}x"
+                )
+            interval = entry.get("over_null_go_interval")
+            if interval is not None and mode == "names":
+                line += "; " + _resolution_text(interval)
+            elif interval is not None:
+                line += f"; its {interval['coverage']:.0%} interval {interval['low']:.2f}x-"
+                line += f"{interval['high']:.2f}x"
+            lines.append(line)
+        noise = _noise_text(nodes, by_mode)
+        if noise:
+            lines.append(f"  {noise}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the document
@@ -629,6 +751,12 @@ def markdown_section(
 ) -> str:
     """The performance document's section: one table per cluster size, before against now."""
     rows: list[list[str]] = []
+    # Runs from before the extenders' CPU was read have no such column.
+    with_cpu = any(
+        entry.get("extender_cpu_ms_per_pod_median") is not None
+        for result in document["sizes"]
+        for entry in result["modes"].values()
+    )
     for result in document["sizes"]:
         nodes = result["config"]["nodes"]
         earlier = _size(before, nodes) if before else None
@@ -637,6 +765,7 @@ def markdown_section(
             old = (earlier or {}).get("modes", {}).get(mode)
             old_ratio = None if old is None else old.get("ratio_to_none")
             server = entry.get("scorer_ms_median", {})
+            cpu = entry.get("extender_cpu_ms_per_pod_median")
             rows.append(
                 [
                     f"{nodes:,}",
@@ -646,6 +775,7 @@ def markdown_section(
                     "1" if mode == "none" else f"{ratio:.2f}x",
                     "" if mode == "none" or old_ratio is None else f"{old_ratio:.2f}x",
                     " / ".join(f"{server[v]:.2f}" for v in ("filter", "prioritize") if v in server),
+                    *([("" if cpu is None else f"{cpu:.2f}")] if with_cpu else []),
                 ]
             )
     header = [
@@ -656,6 +786,7 @@ def markdown_section(
         "vs no extender",
         "before",
         "scorer ms (filter / prioritize)",
+        *(["extender CPU ms/pod"] if with_cpu else []),
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
@@ -667,6 +798,17 @@ def markdown_section(
         for r in document["sizes"]
     )
     first = document["sizes"][0]["config"]
+    warm_up = (
+        " Each size starts with a burst with no extender that is not counted: the first burst"
+        " after the fleet is registered runs slower whatever its mode ("
+        + ", ".join(
+            f"{r['warm_up_pods_per_s']:.0f} pods/s at {r['config']['nodes']:,} nodes"
+            for r in document["sizes"]
+        )
+        + ")."
+        if all("warm_up_pods_per_s" in r for r in document["sizes"])
+        else ""
+    )
     before_line = (
         f"`before` is the same benchmark on {before['label']} ({before['measured_at']})."
         if before
@@ -709,6 +851,16 @@ def markdown_section(
         if variants
         else ""
     )
+    cpu_text = (
+        "; `extender CPU ms/pod` is the extender process's CPU (every thread, the scorer's "
+        "watches included) from the scheduler's start to the last bind, per pod placed"
+        if with_cpu
+        else ""
+    )
+    per_request = (
+        f"per request in those rounds{cpu_text}. Everything (etcd, kube-apiserver, the "
+        "scheduler, the scorers, the"
+    )
     # Runs from before the version was recorded were all made on v1.36.3.
     kubernetes = document.get("kubernetes", "v1.36.3")
     return f"""{HEADING}
@@ -719,8 +871,8 @@ places a burst of {first["pods"]} one-GPU pods ({first.get("full_pods", first["p
 full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in rotating order,
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
-per request in those rounds. Everything (etcd, kube-apiserver, the scheduler, the scorers, the
-patcher) shares the machine's cores. {before_line}{null_text}{inflight_text}
+{per_request}
+patcher) shares the machine's cores.{warm_up} {before_line}{null_text}{inflight_text}
 
 {chr(10).join(lines)}
 {targets}{figure}"""
@@ -766,10 +918,16 @@ def _targets_text(document: dict[str, Any]) -> str:
                 if by_round
                 else ""
             )
+            interval = scorer.get("over_null_go_interval")
+            if interval is not None and mode == "names":
+                paired += "; " + _resolution_text(interval)
             parts.append(
                 f"{mode} against the Go null extender at {result['config']['nodes']:,} nodes "
                 f"{ratio:.2f}x ({verdict if mode == 'names' else 'no target'}{paired})"
             )
+        noise = _noise_text(result["config"]["nodes"], result["modes"])
+        if noise:
+            parts.append(noise)
     for variant, what in VARIANT_TARGETS:
         for result in document["sizes"]:
             on, off = (result["modes"].get(m) for m in ("names", variant))
@@ -785,6 +943,35 @@ def _targets_text(document: dict[str, Any]) -> str:
     if not parts:
         return ""
     return "\n**Targets.** " + "; ".join(parts) + ".\n"
+
+
+def _resolution_text(interval: dict[str, float]) -> str:
+    """What the round-by-round median's interval says of the floor target."""
+    low, high = interval["low"], interval["high"]
+    says = {
+        "met": f"all at or above {FLOOR_TARGET}x",
+        "missed": f"all below {FLOOR_TARGET}x",
+        "unresolved": f"across {FLOOR_TARGET}x: this run does not resolve the target",
+    }[resolution(low, high, FLOOR_TARGET)]
+    return f"its {interval['coverage']:.0%} interval {low:.2f}x-{high:.2f}x, {says}"
+
+
+def _noise_text(nodes: int, by_mode: dict[str, dict[str, Any]]) -> str:
+    """The rounds in which no extender placed pods slower than the Go null extender: it does
+    strictly less, so each such round shows the machine's noise alone."""
+    by_round = by_mode.get("none", {}).get("over_null_go_by_round")
+    if not by_round:
+        return ""
+    slower = [r for r in by_round if r < 1.0]
+    if not slower:
+        return (
+            f"no extender ran at least as fast as the Go null extender in every round at "
+            f"{nodes:,} nodes"
+        )
+    return (
+        f"the machine's noise at {nodes:,} nodes: no extender ran slower than the Go null "
+        f"extender in {len(slower)} of {len(by_round)} rounds (down to {min(slower):.2f}x)"
+    )
 
 
 def plot(document: dict[str, Any], path: Path, *, before: dict[str, Any] | None = None) -> bool:
@@ -818,8 +1005,9 @@ def plot(document: dict[str, Any], path: Path, *, before: dict[str, Any] | None 
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    exit_on_sigterm()  # a stopped run stops its control plane and scorers too
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: `modes` (a tuple) and `sizes` (node counts) parsed from it.
+    A bad combination exits with argparse's usage error."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.real_scheduler", description=__doc__
     )
@@ -844,14 +1032,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--before", metavar="REF", help=f"the commit {BEFORE_MODE} runs")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: pool the rounds of these runs' --json documents, round by round",
+    )
     args = parser.parse_args(argv)
-    sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    unknown = sorted(set(modes) - set(ALL_MODES))
-    if unknown or "none" not in modes:
+    args.sizes = [int(n) for n in args.nodes.split(",") if n.strip()]
+    args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if args.pool:
+        return args
+    unknown = sorted(set(args.modes) - set(ALL_MODES))
+    if unknown or "none" not in args.modes:
         parser.error(f"--modes: choose from {', '.join(ALL_MODES)}, with none (the baseline)")
-    if (BEFORE_MODE in modes) != (args.before is not None):
+    if (BEFORE_MODE in args.modes) != (args.before is not None):
         parser.error(f"--before and the mode {BEFORE_MODE} go together")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    exit_on_sigterm()  # a stopped run stops its control plane and scorers too
+    args = parse_args(argv)
+    if args.pool:
+        try:
+            sizes_pooled = pooled([json.loads(path.read_text()) for path in args.pool])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"--pool: not a readable `--json` document of this benchmark: {exc!r}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if args.json:
+            print(json.dumps({str(n): m for n, m in sizes_pooled.items()}, indent=2))
+        else:
+            print(pooled_text(sizes_pooled, len(args.pool)))
+        return 0
+    sizes, modes = args.sizes, args.modes
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

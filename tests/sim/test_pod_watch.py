@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from benchmarks import pod_watch
+from benchmarks.machine import cpu_seconds
 from benchmarks.pod_watch import (
     GPU_POD_PERIOD,
     POD_EVENTS,
@@ -23,7 +24,6 @@ from benchmarks.pod_watch import (
     ProcSample,
     build_parser,
     config_from,
-    cpu_seconds,
     markdown_section,
     parse_metrics,
     pod_list_held_at,
