@@ -15,7 +15,8 @@ GIL, the store's locks, the CPU caches) exactly as they do in production. As `se
 app and the node cache share one metrics registry, and the log is on at INFO: records are queued
 on the request path and written as JSON lines by the log's writer thread (`logs.configure_logging`),
 here to the file `--log` (a pod's filter with rejections logs a line, and so does a node whose
-verdict for a class turns to a rejection). Not started, unlike `serve`'s defaults: the Pod,
+verdict for a class turns to a rejection). The garbage collector is paced as `serve` paces it
+(`exporter_scheduler.heap`, where the tree has it). Not started, unlike `serve`'s defaults: the Pod,
 Namespace and DRA watches (the stand-in serves Nodes only), so this is `serve --no-pod-watch`.
 
 `nothing` is the do-nothing server the scorer's round trip is compared with: it reads each
@@ -103,6 +104,15 @@ def _start_logging(path: str | None) -> Any:
     return None
 
 
+def _start_pacing() -> Any:
+    """The garbage collector's pacing as `serve` starts it; None for a tree without it."""
+    try:
+        heap = _module("exporter_scheduler.heap")
+    except ImportError:
+        return None
+    return heap.CollectorPacing().start()
+
+
 def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
     """(app, node cache or None, name of the app's handler method), serving on `args.port`."""
     names_only = args.mode == "names"
@@ -146,6 +156,7 @@ def serve_scorer(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(args.tree).resolve()))
     keys = _module("gpu_contract.schema").DEFAULT_KEYS
     writer = _start_logging(args.log)
+    pacing = _start_pacing()
     app, cache, handler_name = _start_scorer(args, keys)
     handler_spans: list[Interval] = []
     event_spans: list[Interval] = []
@@ -171,6 +182,8 @@ def serve_scorer(args: argparse.Namespace) -> None:
             break
     if cache is not None:
         cache.stop(timeout_s=2.0)
+    if pacing is not None:
+        pacing.stop()
     if writer is not None:
         writer.stop()
 

@@ -35,6 +35,7 @@ from exporter_scheduler.config.settings import (
 )
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.edges.server import HttpServer
+from exporter_scheduler.heap import CollectorPacing
 from exporter_scheduler.logs import configure_logging
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
@@ -163,6 +164,9 @@ def _serve(args: argparse.Namespace) -> int:
         min_pods=settings.own_load_min_pods,
         max_workloads=settings.own_load_max_workloads,
     )
+    # The caches' objects out of the collector's full passes, which stop every request
+    # (exporter_scheduler/heap.py).
+    pacing = CollectorPacing().start()
     try:
         if settings.node_cache:
             # Imported here so that full-node mode never loads the kubernetes client.
@@ -270,6 +274,7 @@ def _serve(args: argparse.Namespace) -> int:
         for watch in (cache, learning):
             if watch is not None:
                 watch.stop()
+        pacing.stop()
         listener.stop()
 
 
