@@ -104,13 +104,13 @@ def _start_logging(path: str | None) -> Any:
     return None
 
 
-def _start_pacing() -> Any:
+def _start_pacing(tree: Path) -> Any:
     """The garbage collector's pacing as `serve` starts it; None for a tree without it."""
-    try:
-        heap = _module("exporter_scheduler.heap")
-    except ImportError:
+    if not (tree / "exporter_scheduler" / "heap.py").is_file():
+        # Not imported by name: an editable install of this checkout would supply the module
+        # to a tree that has none.
         return None
-    return heap.CollectorPacing().start()
+    return _module("exporter_scheduler.heap").CollectorPacing().start()
 
 
 def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
@@ -156,7 +156,7 @@ def serve_scorer(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(args.tree).resolve()))
     keys = _module("gpu_contract.schema").DEFAULT_KEYS
     writer = _start_logging(args.log)
-    pacing = _start_pacing()
+    pacing = _start_pacing(Path(args.tree).resolve())
     app, cache, handler_name = _start_scorer(args, keys)
     handler_spans: list[Interval] = []
     event_spans: list[Interval] = []
