@@ -221,15 +221,17 @@ def test_a_circle_is_found() -> None:
 SCORER: Final = "exporter_scheduler"
 # The scorer's layers, lowest first, and which of the others each may import (besides itself):
 # the pure core stands alone; the settings read the core's policy; the log below the request
-# path that relies on it; the request path reads the core and the settings; the edges (HTTP,
-# list + watch) drive the request path; the command line wires everything.
+# path that relies on it; the collector's pacing beside it, on its own; the request path reads
+# the core and the settings; the edges (HTTP, list + watch) drive the request path; the
+# command line wires everything.
 SCORER_LAYERS: Final[Mapping[str, frozenset[str]]] = {
     "core": frozenset(),
     "config": frozenset({"core"}),
     "logs": frozenset(),
+    "heap": frozenset(),
     "serving": frozenset({"core", "config", "logs"}),
     "edges": frozenset({"core", "config", "logs", "serving"}),
-    "cli": frozenset({"core", "config", "logs", "serving", "edges"}),
+    "cli": frozenset({"core", "config", "logs", "heap", "serving", "edges"}),
     "__main__": frozenset({"cli"}),
 }
 # Modules that only the named ones may import (besides themselves): rendering explanations is
@@ -238,8 +240,9 @@ IMPORTED_ONLY_BY: Final[Mapping[str, frozenset[str]]] = {
     f"{SCORER}.serving.explain": frozenset({f"{SCORER}.serving.app", f"{SCORER}.cli"}),
 }
 # Standard-library modules that only one scorer module may use: the log queue and its writer
-# thread live in the log module, whatever else starts them.
+# thread live in the log module, whatever else starts them; the collector is paced in one place.
 SCORER_ONLY_IN: Final[Mapping[str, frozenset[str]]] = {
+    "gc": frozenset({f"{SCORER}.heap"}),
     "logging.handlers": frozenset({f"{SCORER}.logs"}),
     "queue": frozenset({f"{SCORER}.logs"}),
 }
@@ -333,7 +336,7 @@ def test_explanations_are_imported_only_where_they_are_rendered() -> None:
 
 
 @pytest.mark.parametrize("stdlib", sorted(SCORER_ONLY_IN))
-def test_the_log_queue_lives_in_the_log_module(stdlib: str) -> None:
+def test_a_reserved_standard_module_is_used_in_its_module_alone(stdlib: str) -> None:
     importers = {
         name
         for name, path in MODULES.items()
