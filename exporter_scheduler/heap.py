@@ -87,7 +87,7 @@ class CollectorPacing:
 
     def _run(self) -> None:
         next_reclaim = time.monotonic() + self.reclaim_every_s
-        self.freeze()  # what was made at start (the modules, the first LISTs) at once
+        self.freeze()  # what start-up made (the modules, the settings) at once
         while not self._stopping.wait(self.freeze_every_s):
             if time.monotonic() >= next_reclaim:
                 self.reclaim()
