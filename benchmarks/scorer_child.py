@@ -153,10 +153,11 @@ def _start_scorer(args: argparse.Namespace, keys: Any) -> tuple[Any, Any, str]:
 
 
 def serve_scorer(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(Path(args.tree).resolve()))
+    tree = Path(args.tree).resolve()
+    sys.path.insert(0, str(tree))
     keys = _module("gpu_contract.schema").DEFAULT_KEYS
     writer = _start_logging(args.log)
-    pacing = _start_pacing(Path(args.tree).resolve())
+    pacing = _start_pacing(tree)
     app, cache, handler_name = _start_scorer(args, keys)
     handler_spans: list[Interval] = []
     event_spans: list[Interval] = []

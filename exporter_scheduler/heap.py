@@ -2,7 +2,7 @@
 
 A full pass of the collector walks every object it tracks in its oldest generation, with every
 thread stopped. At 5,000 nodes the scorer's caches are about 140,000 such objects, and a full
-pass took 92-113 ms (docs/performance.md). One comes whenever the objects promoted since the
+pass took 92-178 ms (docs/performance.md). One comes whenever the objects promoted since the
 last have reached a quarter of those it kept, which node churn and new pod classes bring about
 every few tens of seconds; every request that arrives meanwhile waits for it.
 
