@@ -175,9 +175,10 @@ class PodCache(ListWatch):
         """Count `pod` as in flight on each of `nodes`, where the scorer expects the scheduler
         to bind it, until the watch shows the pod bound (anywhere) or `PROVISIONAL_MAX_S`.
 
-        Called on the request path after a reply is made: only dictionary work and the changed
-        nodes judged again, no I/O. Ignored while in-flight accounting is off (no watch would
-        ever confirm or drop the proposal)."""
+        Called on the request thread right after the reply is written, before the connection's
+        next request is read: only dictionary work and the changed nodes judged again, no I/O.
+        Ignored while in-flight accounting is off (no watch would ever confirm or drop the
+        proposal)."""
         if not self._active or not pod.uid:
             return
         with self._lock:

@@ -154,6 +154,9 @@ class ScorerApp:
         # Replies whose counters and log lines the HTTP edge may hold; a scrape settles them.
         self._held: weakref.WeakSet[Response] = weakref.WeakSet()
         self._held_lock = threading.Lock()
+        # Replies whose `first` steps (`Response.prepare`) may not have run yet, until the
+        # next call runs them (`_prepare_earlier`).
+        self._unprepared: list[Response] = []
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -214,6 +217,8 @@ class ScorerApp:
         """`handle`, leaving the call's counters and log lines to `response.finish()`, which the
         HTTP edge calls once the reply is written: kube-scheduler waits for the reply alone."""
         started = time.perf_counter()
+        if self._unprepared:
+            self._prepare_earlier()
         steps = Steps()
         request = self._decode(verb, body)
         if isinstance(request, Response):
@@ -242,8 +247,12 @@ class ScorerApp:
                 else:
                     response, judgement = self._nodes_reply(verb, request, pod_class, now, steps)
                 # A DRA pod's devices show in its claim's allocation, written before binding.
+                # Recorded right after the reply is written, before the connection's next
+                # request is read: kube-scheduler waits for the reply alone.
                 if placements is not None and judgement is not None and request.pod.dra is None:
-                    self._propose(verb, request, pod_class, judgement, now, placements)
+                    steps.first.append(
+                        partial(self._propose, verb, request, pod_class, judgement, now, placements)
+                    )
                 steps.later.append(
                     partial(self.metrics.count_request, verb, pod_class.policy.profile)
                 )
@@ -255,7 +264,17 @@ class ScorerApp:
         if steps.first:
             with self._held_lock:
                 self._held.add(response)
+            self._unprepared.append(response)
         return response
+
+    def _prepare_earlier(self) -> None:
+        """Run what earlier replies left for right after them (`Response.prepare`) where their
+        connection has not run it yet: a request on another connection must see the proposals
+        they record. On the connection that sent them it has run already, and this is a no-op
+        per reply."""
+        pending, self._unprepared = self._unprepared, []
+        for response in pending:
+            response.prepare()
 
     def _decode(self, verb: Verb, body: Buffer) -> wire.ExtenderRequest | Response:
         """Stage 1: the body, decoded to what a verdict reads, or the 400 that says why not."""
@@ -489,6 +508,7 @@ class ScorerApp:
         # kube-scheduler scores (and so prioritizes) only when more than one node is left.
         if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
             steps.first.append(partial(self.node_store.judge_ahead, pod_class, judgement, now))
+            steps.awaits_next = True
         # The node store logged the rejected nodes' values when it judged them.
         pod_ref = _pod_ref(request)
         steps.later.append(

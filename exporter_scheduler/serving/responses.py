@@ -34,6 +34,8 @@ class Steps:
 
     later: list[Callable[[], object]] = field(default_factory=list)
     first: list[Callable[[], object]] = field(default_factory=list)
+    # The client's next request follows at once (`Response.awaits_next`).
+    awaits_next: bool = False
 
 
 class Response:
@@ -75,13 +77,14 @@ class Response:
 
     def then(self, steps: Steps) -> None:
         """Leave `steps.later` for after the reply (its counters and log lines) and
-        `steps.first` for right after it (the prioritize a filter prepares, which kube-scheduler
-        sends next). Each step runs even when one before it raised; the bug is logged (the
-        reply, the only thing kube-scheduler reads, is gone already)."""
+        `steps.first` for right after it, before the connection's next request is read (the
+        prioritize a filter prepares, which kube-scheduler sends next; where the scorer expects
+        the pod to be bound). Each step runs even when one before it raised; the bug is logged
+        (the reply, the only thing kube-scheduler reads, is gone already)."""
         self.after = partial(_run_each, steps.later)
         if steps.first:
             self.first = partial(_run_each, steps.first)
-            self.awaits_next = True
+        self.awaits_next = steps.awaits_next
 
     def prepare(self) -> None:
         """Run `first` (once, however often and from whichever thread it is called)."""

@@ -1130,6 +1130,26 @@ def test_a_prioritize_proposes_the_pod_on_its_top_node_and_the_next_pod_sees_it(
     assert _proposed(cache) == {"cool": ["q (proposed)"]}
 
 
+def test_the_proposal_is_recorded_after_the_reply_and_before_any_next_request(
+    app_and_cache: tuple[ScorerApp, PodCache],
+) -> None:
+    """kube-scheduler waits for the reply alone: the proposal is a step right after it, which
+    the connection that sent the reply runs before reading its next request. A request that
+    comes on another connection first runs it itself, so it sees the proposal all the same."""
+    app, cache = app_and_cache
+    body = _body("p", nodes=NODES)
+    app.handle("filter", body)
+    reply = app.answer("prioritize", body)  # answered, not yet written
+    assert _proposed(cache) == {}
+    # Another connection's filter, before the first connection has run the step.
+    q = _body("q", nodes=NODES)
+    app.answer("filter", q).finish()
+    assert _proposed(cache) == {"cool": ["p (proposed)"]}
+    assert _inflight_on(app, q) == {"cool": [("default/p", True)]}
+    reply.finish()  # the first connection's turn: the step ran once, and is not run again
+    assert cache.proposals() == 1
+
+
 def test_a_filter_that_passes_one_node_proposes_the_pod_there(
     app_and_cache: tuple[ScorerApp, PodCache],
 ) -> None:

@@ -423,8 +423,11 @@ class _Steps:
         verb = path.strip("/")
         self.events.append(f"answer {verb}")
         response = Response(200, b"{}")
-        first = [lambda: self.events.append(f"prepare {verb}")] if verb == "filter" else []
-        response.then(Steps(later=[lambda: self._later(verb)], first=first))
+        first = [lambda: self.events.append(f"prepare {verb}")]
+        # Both replies have a step for right after them (a prioritize's proposal); only the
+        # filter's next request follows at once.
+        steps = Steps(later=[lambda: self._later(verb)], first=first, awaits_next=verb == "filter")
+        response.then(steps)
         return response
 
     def _later(self, verb: str) -> None:
@@ -450,9 +453,23 @@ def test_a_reply_whose_next_request_follows_is_counted_after_that_one() -> None:
         "answer filter",
         "prepare filter",
         "answer prioritize",
+        "prepare prioritize",
         "count filter",
         "count prioritize",
     ]
+
+
+def test_a_reply_whose_next_request_does_not_follow_is_counted_at_once() -> None:
+    """A prioritize's step for right after its reply (its proposal) runs before its counters,
+    and nothing of it waits for a next request that may not come for a while."""
+    app = _Steps()
+    with HttpServer(app, host="127.0.0.1", port=0, hold_s=60.0) as server:
+        conn = connect(server)
+        assert call(conn, "POST", "/prioritize", b"{}")[0] == 200
+        # Counted with the connection still open and idle: not held for `hold_s`.
+        assert app.finished["prioritize"].wait(10.0)
+        assert app.events == ["answer prioritize", "prepare prioritize", "count prioritize"]
+        conn.close()
 
 
 @pytest.mark.parametrize("ending", ["idle", "closed"])
