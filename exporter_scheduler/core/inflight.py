@@ -231,3 +231,38 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
         return None
     counted.sort(key=lambda p: p.ref)  # the pods' order in the input is the watch's, not ours
     return InFlight(tuple(counted), alloc_gpus, load_gpus, load_bp, memory_mib, left_s, since_s)
+
+
+class SharedCounts:
+    """`count_inflight` of one node's pods at one instant, counted once for all the pod classes
+    that count them with the same numbers. A bind, a proposal or a node's new data judges the
+    node again for every active class, and most classes share their policy's numbers, so the
+    count (a pass over the node's pods, a record per pod counted) is made once per change
+    instead of once per class. Its results are immutable and shared by the verdicts."""
+
+    __slots__ = ("_kept", "_now", "_pods")
+
+    def __init__(self, pods: Sequence[BoundPod], now: datetime) -> None:
+        self._pods = pods
+        self._now = now
+        # ((updated_at, max_s, load_delay_s, default_load_bp, own), result): a class or two.
+        self._kept: list[tuple[tuple[object, ...], InFlight | None]] = []
+
+    def count(
+        self,
+        updated_at: datetime,
+        max_s: float,
+        load_delay_s: float,
+        default_load_bp: int,
+        own: OwnDefault | None,
+    ) -> InFlight | None:
+        """`count_inflight(pods, updated_at, now, max_s, load_delay_s, default_load_bp, own)`."""
+        numbers = (updated_at, max_s, load_delay_s, default_load_bp, own)
+        for known, counted in self._kept:
+            if known == numbers:
+                return counted
+        counted = count_inflight(
+            self._pods, updated_at, self._now, max_s, load_delay_s, default_load_bp, own
+        )
+        self._kept.append((numbers, counted))
+        return counted

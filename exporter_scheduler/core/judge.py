@@ -21,7 +21,7 @@ import msgspec
 
 from exporter_scheduler.core.decoding import unreadable_status
 from exporter_scheduler.core.hints import ANY_MODEL
-from exporter_scheduler.core.inflight import count_inflight
+from exporter_scheduler.core.inflight import SharedCounts, count_inflight
 from exporter_scheduler.core.overrides import NO_BLOCKS, Overrides
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
@@ -82,12 +82,15 @@ def evaluate(
     )
 
 
-def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
+def judge_node(
+    node: NodeInput, now: datetime, c: PodClass, shared: SharedCounts | None = None
+) -> NodeVerdict:
     """One node's verdict for pod class `c` at `now` (aware), before the overrides (a bad
     hint, the model chain, a spread cap: `core.overrides`).
 
     Steps: read the annotations, date them by both clocks, then either the missing-data
-    policy (data that cannot be judged) or the rules and the score.
+    policy (data that cannot be judged) or the rules and the score. `shared`: the in-flight
+    counts of `node.pods` at `now`, kept for the other classes the node is judged for.
     """
     policy = c.policy
     pre = node.predecoded
@@ -116,8 +119,17 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
         lead_s = None if written is None else (state.updated_at - written).total_seconds()
         status = _freshness(age_s, server_age_s, lead_s, c)
         if status == "fresh":
-            inflight = (
-                count_inflight(
+            inflight = None
+            if shared is not None and node.pods:
+                inflight = shared.count(
+                    state.updated_at,
+                    policy.inflight_max_s,
+                    policy.inflight_load_delay_s,
+                    c.inflight_load_bp,
+                    c.inflight_own,
+                )
+            elif node.pods:
+                inflight = count_inflight(
                     node.pods,
                     state.updated_at,
                     now,
@@ -126,9 +138,6 @@ def judge_node(node: NodeInput, now: datetime, c: PodClass) -> NodeVerdict:
                     c.inflight_load_bp,
                     c.inflight_own,
                 )
-                if node.pods
-                else None
-            )
             verdict = judge_fresh(
                 node.name,
                 decoded,

@@ -85,6 +85,21 @@ class NodeInput:
     dra_excluded: Mapping[str, Exclusion] | None = None
 
 
+def with_pods(node: NodeInput, pods: tuple[BoundPod, ...]) -> NodeInput:
+    """`dataclasses.replace(node, pods=pods)` at a fraction of its cost, which looks the fields
+    up on every call: the Pod watch runs this for every bind, and every proposal."""
+    return NodeInput(
+        node.name,
+        node.annotations,
+        node.agent_write_time,
+        node.predecoded,
+        node.foreign_writer,
+        pods,
+        node.labels,
+        node.dra_excluded,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PodInput:
     namespace: str

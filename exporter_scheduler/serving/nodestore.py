@@ -38,9 +38,9 @@ from typing import Final
 import msgspec
 
 from exporter_scheduler.core.dra import ExcludedKey
-from exporter_scheduler.core.inflight import NO_PODS, BoundPod
+from exporter_scheduler.core.inflight import NO_PODS, BoundPod, SharedCounts
 from exporter_scheduler.core.podclass import PodClass, PodClassKey
-from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc
+from exporter_scheduler.core.records import NodeInput, NodeVerdict, as_utc, with_pods
 from exporter_scheduler.serving.inputs import LearnedLoads
 from exporter_scheduler.serving.listviews import ListView
 from exporter_scheduler.serving.logfields import describe_pod_class, rejection_fields
@@ -494,14 +494,14 @@ class NodeStore:
             self._pods.pop(name, None)
         node = self._nodes.get(name)
         if node is not None:
-            node = dataclasses.replace(node, pods=pods)
+            node = with_pods(node, pods)
             self._nodes[name] = node
             self._judge_everywhere(node)
         return True
 
     def _with_pods(self, node: NodeInput) -> NodeInput:
         pods = self._pods.get(node.name, NO_PODS)
-        return node if node.pods == pods else dataclasses.replace(node, pods=pods)
+        return node if node.pods == pods else with_pods(node, pods)
 
     def next_expiry_ts(self) -> float | None:
         """When the earliest window of an active class may end (POSIX seconds), for the timer."""
@@ -528,11 +528,12 @@ class NodeStore:
             return refreshed
 
     def _judge_everywhere(self, node: NodeInput) -> None:
-        """Under the lock: `node` judged for every active class."""
+        """Under the lock: `node` judged for every active class, its pods counted once."""
         now = as_utc(self.clock())
         now_ts = now.timestamp()
+        shared = SharedCounts(node.pods, now) if node.pods and len(self._tables) > 1 else None
         for table in self._tables.values():
-            entry, verdict = table.judge(node, now, now_ts)
+            entry, verdict = table.judge(node, now, now_ts, shared)
             self._store(table, node.name, entry, verdict)
 
     def _store(

@@ -23,7 +23,7 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 
 from exporter_scheduler.core.dra import ExcludedKey
-from exporter_scheduler.core.inflight import BoundPod
+from exporter_scheduler.core.inflight import BoundPod, SharedCounts
 from exporter_scheduler.core.judge import judge_node, resolve_chain
 from exporter_scheduler.core.overrides import Overrides
 from exporter_scheduler.core.podclass import PodClass
@@ -169,10 +169,13 @@ class VerdictTable(Generic[ViewT]):
         self.last_used = 0
         self._tally_lock = threading.Lock()
 
-    def judge(self, node: NodeInput, now: datetime, now_ts: float) -> tuple[Entry, NodeVerdict]:
-        """`node`'s entry at `now` (`now_ts` its POSIX time), and the full verdict behind it."""
+    def judge(
+        self, node: NodeInput, now: datetime, now_ts: float, shared: SharedCounts | None = None
+    ) -> tuple[Entry, NodeVerdict]:
+        """`node`'s entry at `now` (`now_ts` its POSIX time), and the full verdict behind it;
+        `shared` keeps the node's in-flight counts for the other classes it is judged for."""
         c = self.pod_class
-        verdict = judge_node(node, now, c)
+        verdict = judge_node(node, now, c, shared)
         from_ts, until_ts = validity_window(verdict, now_ts, c)
         rank = NO_RANK if verdict.model_rank is None else verdict.model_rank
         entry = Entry(

@@ -25,7 +25,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter_scheduler.core.inflight import PROVISIONAL_MAX_S, BoundPod, InFlight, count_inflight
+from exporter_scheduler.core import inflight, records
+from exporter_scheduler.core.inflight import (
+    PROVISIONAL_MAX_S,
+    BoundPod,
+    InFlight,
+    SharedCounts,
+    count_inflight,
+)
 from exporter_scheduler.core.judge import evaluate, judge_node
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
@@ -210,6 +217,38 @@ def test_count_inflight_reads_the_policy_numbers() -> None:
     # b: bound 25 s ago, running before the sample, no load delay: released; a: 10 s left.
     expected = ([("default/a", True, True, 5000)], 1, 1, 5000, 0, 10.0, INF)
     assert _summary(_counted(pods, policy=policy)) == expected
+
+
+def test_shared_counts_count_a_nodes_pods_once_per_distinct_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node judged again for every active class counts its pods once for all the classes
+    whose policies count them alike, and each class's verdict is the one it gets alone."""
+    calls: list[tuple[Any, ...]] = []
+
+    def counting(*args: Any) -> InFlight | None:
+        calls.append(args)
+        return count_inflight(*args)
+
+    monkeypatch.setattr(inflight, "count_inflight", counting)
+    pods = (bound_pod("a"), bound_pod("b", **LOAD_PENDING))
+    the_node = dataclasses.replace(node("n"), pods=pods)
+    shared = SharedCounts(pods, NOW)
+    policies = [DEFAULTS, Policy(own_load=True), Policy(own_load=False, inflight_gpu_load=0.5)]
+    asked = [pod(gpus=1), pod(gpus=2), pod(gpus=1, max_utilization="0.50")]
+    for policy in policies:
+        for the_pod in asked:
+            c = PodClass.of(the_pod, policy)
+            assert judge_node(the_node, NOW, c, shared) == judge_node(the_node, NOW, c)
+    assert len(calls) == len(policies)
+
+
+def test_with_pods_carries_every_other_field() -> None:
+    """`records.with_pods` names the fields itself (for speed): a field added to `NodeInput`
+    and not carried fails here."""
+    original = records.NodeInput(**{f.name: object() for f in dataclasses.fields(NodeInput)})
+    pods = (bound_pod("a"),)
+    assert records.with_pods(original, pods) == dataclasses.replace(original, pods=pods)
 
 
 # ----------------------------------------------------------------------------- node-level data
