@@ -269,8 +269,9 @@ def _serve_until_healthy_then_stop(
     """Run `gpu-scorer serve` with `flags` on a free port until /healthz answers 200, then
     SIGTERM it; its exit status, its JSON log lines and its whole stderr."""
     port = _free_port()
+    # faulthandler: a process that does not stop prints every thread's stack on SIGABRT.
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter_scheduler", "serve", *flags,
+        [sys.executable, "-X", "faulthandler", "-m", "exporter_scheduler", "serve", *flags,
          "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -290,7 +291,13 @@ def _serve_until_healthy_then_stop(
         assert status == 200
     finally:
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=20)
+        try:
+            _, err = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, err = process.communicate(timeout=20)
+            message = f"gpu-scorer serve did not stop on SIGTERM:\n{err[-8000:]}"
+            raise AssertionError(message) from None
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     return process.returncode, lines, err
 
