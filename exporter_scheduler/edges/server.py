@@ -119,7 +119,9 @@ class HttpServer:
         self._listener.listen(128)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._connections: dict[_Connection, threading.Thread] = {}
-        self._lock = threading.Lock()
+        # Reentrant: `request_stop` takes it from a signal handler, which runs on the main
+        # thread, possibly while the main thread holds it (`_admit` in `serve_forever`).
+        self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 

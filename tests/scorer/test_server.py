@@ -368,6 +368,24 @@ def test_renewed_certificate_files_are_picked_up_without_a_restart(tmp_path: Pat
             call(stale, "POST", "/filter", body)
 
 
+def test_stop_can_be_asked_by_a_thread_that_holds_the_connection_table() -> None:
+    """SIGTERM's handler calls `request_stop` on the main thread, which may be holding the
+    server's connection table as it admits a connection (`serve_forever`): the stop must not
+    wait for the thread it runs on. A daemon thread plays the main thread here, so that a
+    stop that did wait fails the test instead of hanging it."""
+    server = HttpServer(make_app(), host="127.0.0.1", port=0)
+    stopped = threading.Event()
+
+    def admitting_then_signalled() -> None:
+        with server._lock:  # as `_admit` holds it
+            server.request_stop()
+        stopped.set()
+
+    threading.Thread(target=admitting_then_signalled, daemon=True).start()
+    assert stopped.wait(10.0)
+    server.serve_forever()  # returns at once: stopping
+
+
 def test_a_served_call_is_counted_once_its_reply_is_written() -> None:
     app = make_app()
     replied = threading.Event()
