@@ -1,0 +1,289 @@
+"""What in-flight accounting costs a names-only scorer per pod, in process, step by step.
+
+With the Pod watch on, each pod costs the scorer more than its filter and prioritize: the
+prioritize records where it expects the pod to bind (a proposal, which judges that node again),
+and the pod's bind then arrives as a watch event (decoded, recorded, and its node judged again,
+for every pod class the store keeps verdicts for). This runs that cycle in one process, without
+HTTP or a network, so that each step's time is its own:
+
+- a names-only node store of `--nodes` nodes (8 GPUs each, utilizations from a Beta(2, 2.2) draw,
+  as `benchmarks.real_scheduler`'s fleet), the Pod watch's cache wired to it as `gpu-scorer serve`
+  wires it (the store and the workloads' loads as its sinks, its proposals the app's);
+- per pod, as kube-scheduler sends it (`benchmarks.kube_requests`): a fresh Pod of the mix (or of
+  its first class alone, `--classes one`), the filter of the next window of the scheduler's
+  rotation, the prioritize of the names it passed, then the bind as the API server's watch event
+  (the Pod bound to the top-scored node, with its `PodScheduled` condition and the scheduler's
+  managedFields entry) applied by the watch's own event handler; the pod bound `--keep` pods
+  earlier is deleted (a `DELETED` event), so that the nodes hold a steady number of pods;
+- the store's clock advances 6 ms per pod (a burst at about 170 pods/s).
+
+Reported per step (medians over `--pods` pods after as many untimed ones): `filter` and
+`prioritize` (until the reply is made: what kube-scheduler waits for), `after` (what runs on the
+request thread once a reply is written: the prioritize a filter prepares, the proposal, the
+counters and the log line), `bind` and `delete` (one watch event each, applied), and the
+process's CPU per pod over the loop, every step included. `--before REF` measures the scorer of
+an earlier commit the same way, in turns with this checkout's; each tree runs in a process of its
+own, which imports that tree's modules.
+
+    python -m benchmarks.inflight_cost
+    python -m benchmarks.inflight_cost --classes one --before HEAD~3 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from benchmarks.kube_requests import (
+    POD_MIX,
+    PodStream,
+    Rotation,
+    filter_body,
+    informer_order,
+    passing_names,
+)
+from benchmarks.machine import machine_description
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("filter", "prioritize", "after", "bind", "delete")
+PER_POD_S = 0.006  # the store's clock per pod: a burst at about 170 pods/s
+
+
+class _Clock:
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _watch_line(kind: str, pod: dict[str, Any], node: str, bound_at: datetime, rv: int) -> bytes:
+    """The API server's watch event for `pod` bound to `node` (what a bind makes it send)."""
+    bound = json.loads(json.dumps(pod))
+    bound["spec"]["nodeName"] = node
+    stamp = bound_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    bound["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+         "lastTransitionTime": stamp},
+    ]  # fmt: skip
+    bound["metadata"]["resourceVersion"] = str(rv)
+    bound["metadata"]["managedFields"] = [
+        {"manager": "kube-scheduler", "operation": "Update", "apiVersion": "v1", "time": stamp,
+         "fieldsType": "FieldsV1", "subresource": "status",
+         "fieldsV1": {"f:status": {"f:conditions": {".": {}, 'k:{"type":"PodScheduled"}': {
+             ".": {}, "f:lastProbeTime": {}, "f:lastTransitionTime": {}, "f:status": {},
+             "f:type": {}}}}}},
+    ]  # fmt: skip
+    return json.dumps({"type": kind, "object": bound}, separators=(",", ":")).encode()
+
+
+def measure(tree: Path, *, nodes: int, pods: int, keep: int, classes: str) -> dict[str, Any]:
+    """One tree's medians per step (us) and CPU per pod (us). Call in a process of its own:
+    `tree`'s modules are imported in place of this checkout's."""
+    sys.path.insert(0, str(tree))
+    # By name: the modules of the tree under test, whose API may differ from this checkout's.
+    decoding = importlib.import_module("exporter_scheduler.core.decoding")
+    policies = importlib.import_module("exporter_scheduler.core.policy")
+    records = importlib.import_module("exporter_scheduler.core.records")
+    app_module = importlib.import_module("exporter_scheduler.serving.app")
+    nodestore = importlib.import_module("exporter_scheduler.serving.nodestore")
+    workloads_module = importlib.import_module("exporter_scheduler.serving.workloads")
+    metrics_module = importlib.import_module("exporter_scheduler.serving.metrics")
+    podcache = importlib.import_module("exporter_scheduler.edges.podcache")
+    schema = importlib.import_module("gpu_contract.schema")
+    builders = importlib.import_module("tests.scorer.scoring_builders")
+
+    rng = random.Random(nodes)
+    clock = _Clock(builders.NOW)
+    policy = policies.Policy()
+
+    def node_input(name: str) -> Any:
+        utilization = round(min(1.0, rng.betavariate(2.0, 2.2)), 2)
+        plain = builders.node(name, utilization=utilization, age_s=1.0)
+        predecoded = (builders.PREFIX, decoding.predecode(plain.annotations, schema.DEFAULT_KEYS))
+        return records.NodeInput(name, plain.annotations, plain.agent_write_time, predecoded)
+
+    workloads = workloads_module.WorkloadLoads(
+        keys_prefix=policy.keys.prefix,
+        load_delay_s=policy.inflight_load_delay_s,
+        settle_s=300.0,
+        settle_floor=policy.own_load_gpu_load,
+        max_age_s=3600.0,
+        min_pods=2,
+        max_workloads=10_000,
+    )
+    store = nodestore.NodeStore(clock=clock, learned=workloads)
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    store.replace([node_input(n) for n in names])
+    metrics = metrics_module.ScorerMetrics()
+    cache = podcache.PodCache(metrics=metrics, api=object())  # no API: events are fed below
+    cache.add_sink(store)
+    cache.add_sink(workloads)
+    cache._replace([])  # the first LIST, empty: in-flight accounting on
+    app = app_module.ScorerApp(
+        policy=policy,
+        clock=clock,
+        node_store=store,
+        metrics=metrics,
+        placements=cache,
+        groups=cache,
+        workloads=workloads,
+    )
+    rotation = Rotation(informer_order(names, seed=nodes), 0)
+    stream = PodStream(seed=nodes, mix=POD_MIX[:1] if classes == "one" else POD_MIX)
+    bound: list[tuple[dict[str, Any], str]] = []
+    times: dict[str, list[float]] = {step: [] for step in STEPS}
+    version = [1000]
+
+    def event(kind: str, pod: dict[str, Any], node: str) -> None:
+        version[0] += 1
+        started = time.perf_counter()
+        cache._apply(_watch_line(kind, pod, node, clock.now, version[0]))  # the watch's handler
+        if timed:
+            times["delete" if kind == "DELETED" else "bind"].append(time.perf_counter() - started)
+
+    def one_pod() -> None:
+        pod = stream.next()
+        clock.now += timedelta(seconds=PER_POD_S)
+        t0 = time.perf_counter()
+        filtered = app.answer("filter", filter_body(pod, rotation.window()))
+        t1 = time.perf_counter()
+        filtered.prepare()  # the edge runs it once the reply is written
+        t2 = time.perf_counter()
+        passed = passing_names(filtered.body)
+        t3 = time.perf_counter()
+        prioritized = app.answer("prioritize", filter_body(pod, passed))
+        t4 = time.perf_counter()
+        prioritized.finish()
+        filtered.finish()
+        t5 = time.perf_counter()
+        if timed:
+            times["filter"].append(t1 - t0)
+            times["prioritize"].append(t4 - t3)
+            times["after"].append((t2 - t1) + (t5 - t4))
+        scores = json.loads(prioritized.body)
+        if scores:
+            node = max(scores, key=lambda s: s["Score"])["Host"]
+        else:
+            node = passed[0] if passed else names[len(bound) % len(names)]
+        event("ADDED", pod, node)
+        bound.append((pod, node))
+        if len(bound) > keep:
+            event("DELETED", *bound.pop(0))
+
+    timed = False
+    for _ in range(pods):
+        one_pod()
+    timed = True
+    cpu_started_s = time.process_time()
+    for _ in range(pods):
+        one_pod()
+    cpu_us = (time.process_time() - cpu_started_s) / pods * 1e6
+    return {
+        "median_us": {step: round(statistics.median(v) * 1e6, 1) for step, v in times.items()},
+        "cpu_us_per_pod": round(cpu_us, 1),
+        "pod_classes": len(store._tables),
+        # The watch's record of bound pods: the events were applied, not dropped.
+        "bound_at_end": sum(len(store.pods_of(n)) for n in names),
+    }
+
+
+def _child(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.inflight_cost", "--child", str(tree)),
+            *("--nodes", str(args.nodes), "--pods", str(args.pods), "--keep", str(args.keep)),
+            *("--classes", args.classes),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # Not at the top: it imports this checkout's scorer modules, which a child must not.
+    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+
+    with source_tree(args.before) as before:
+        trees = {"this checkout": ROOT}
+        if before is not None:
+            trees = {f"before ({args.before})": before, **trees}
+        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+        for _ in range(args.rounds):
+            for label, tree in trees.items():
+                rounds[label].append(_child(tree, args))
+    summary: dict[str, Any] = {}
+    for label, results in rounds.items():
+        summary[label] = {
+            "median_us": {
+                step: statistics.median(r["median_us"][step] for r in results) for step in STEPS
+            },
+            "cpu_us_per_pod": statistics.median(r["cpu_us_per_pod"] for r in results),
+            "cpu_us_per_pod_rounds": [r["cpu_us_per_pod"] for r in results],
+            "pod_classes": results[0]["pod_classes"],
+            "bound_at_end": results[0]["bound_at_end"],
+        }
+    return {
+        "machine": machine_description(),
+        "config": {
+            "nodes": args.nodes,
+            "pods": args.pods,
+            "keep": args.keep,
+            "classes": args.classes,
+            "rounds": args.rounds,
+        },
+        "trees": summary,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.inflight_cost", description=__doc__)
+    parser.add_argument("--nodes", type=int, default=300)
+    parser.add_argument("--pods", type=int, default=2000, help="timed pods (as many untimed first)")
+    parser.add_argument("--keep", type=int, default=600, help="pods bound at once")
+    parser.add_argument(
+        "--classes", choices=("mix", "one"), default="mix", help="the pod mix, or its first class"
+    )
+    parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        result = measure(
+            args.child, nodes=args.nodes, pods=args.pods, keep=args.keep, classes=args.classes
+        )
+        print(json.dumps(result))
+        return 0
+    document = run(args)
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"machine: {document['machine']}")
+    config = document["config"]
+    print(
+        f"{config['nodes']} nodes, {config['pods']} pods timed, {config['keep']} bound at once, "
+        f"classes: {config['classes']}; medians of {config['rounds']} rounds, us"
+    )
+    print(f"{'':>24} {'  '.join(f'{s:>10}' for s in STEPS)}  {'CPU/pod':>8}  classes")
+    for label, tree in document["trees"].items():
+        steps = "  ".join(f"{tree['median_us'][s]:>10.1f}" for s in STEPS)
+        print(f"{label:>24} {steps}  {tree['cpu_us_per_pod']:>8.1f}  {tree['pod_classes']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
