@@ -233,6 +233,11 @@ def count_inflight(  # noqa: PLR0917 (one call per node judged, on the hot path)
     return InFlight(tuple(counted), alloc_gpus, load_gpus, load_bp, memory_mib, left_s, since_s)
 
 
+# What `count_inflight` reads besides the pods and the time: (updated_at, max_s, load_delay_s,
+# default_load_bp, own).
+_CountNumbers = tuple[datetime, float, float, int, OwnDefault | None]
+
+
 class SharedCounts:
     """`count_inflight` of one node's pods at one instant, counted once for all the pod classes
     that count them with the same numbers. A bind, a proposal or a node's new data judges the
@@ -245,8 +250,8 @@ class SharedCounts:
     def __init__(self, pods: Sequence[BoundPod], now: datetime) -> None:
         self._pods = pods
         self._now = now
-        # ((updated_at, max_s, load_delay_s, default_load_bp, own), result): a class or two.
-        self._kept: list[tuple[tuple[object, ...], InFlight | None]] = []
+        # The count for each set of numbers asked for so far: a class or two.
+        self._kept: list[tuple[_CountNumbers, InFlight | None]] = []
 
     def count(
         self,

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs
 from exporter_scheduler.config.profiles import PolicySet, Profile
 from exporter_scheduler.config.serving import DEFAULT_MAX_BODY_BYTES
 from exporter_scheduler.core.hints import SPREAD_MAX_PER_DOMAIN
-from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
+from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.podclass import PodClass, PodClassKey, pod_class_key
 from exporter_scheduler.core.policy import Policy
@@ -57,6 +57,7 @@ from exporter_scheduler.serving.logfields import count_and_log
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
 from exporter_scheduler.serving.nodestore import NodeStore
+from exporter_scheduler.serving.proposals import proposal, spread_capped
 from exporter_scheduler.serving.responses import (
     TEXT,
     Response,
@@ -78,19 +79,10 @@ NOT_READY_ERROR: Final = "gpu scorer node cache not synced yet (first Node LIST 
 
 Clock = Callable[[], datetime]
 PodsOf = Callable[[str], tuple[BoundPod, ...]]
-# A prioritize whose top score is shared by more nodes than this proposes none of them: the
-# scheduler's own scores pick among them, and counting the pod on each would hold them all.
-MAX_PROPOSED_NODES: Final = 3
-# A spread-capped pod is proposed on every tied node up to this many (a bound on the work).
-MAX_CAPPED_PROPOSED_NODES: Final = 256
 
 # Without the pod watch a group's pods cannot be counted, and a cap that cannot be counted
 # cannot be kept: its pods wait rather than exceed it.
 SPREAD_UNCOUNTED: Final = "spread group not counted (pod watch off)"
-
-
-def _capped(request: wire.ExtenderRequest, pod_class: PodClass) -> bool:
-    return pod_class.hints.spread_max_per_domain is not None and pod_class.hint_problem is None
 
 
 log = logging.getLogger("exporter_scheduler.server")
@@ -357,43 +349,10 @@ class ScorerApp:
         now: datetime,
         placements: Placements,
     ) -> None:
-        """Record where the scheduler is expected to bind the pod: the one node that passed a
-        filter (it binds there without scoring), else the top of a prioritize."""
-        pod = request.pod
-        if pod.gpu_request <= 0 or pod_class.hint_problem is not None or not pod.uid:
-            return
-        if verb == "filter":
-            only = judgement.only_passed()
-            nodes = [] if only is None else [only]
-        else:
-            # A capped pod holds a slot on every node tied at the top: the next pod of its
-            # group may come before its bind is seen, and must not take the same last slot.
-            most = MAX_CAPPED_PROPOSED_NODES if _capped(request, pod_class) else MAX_PROPOSED_NODES
-            nodes = judgement.top_scored(most)
-        if not nodes:
-            return
-        hints = pod_class.hints
-        load = hints.expected_gpu_load
-        placements.propose(
-            BoundPod(
-                namespace=pod.namespace,
-                name=pod.name,
-                uid=pod.uid,
-                node=nodes[0],
-                gpus=pod.gpu_request,
-                bound_at=now,
-                gpu_load_bp=None if load is None else round(load * BASIS_POINTS),
-                memory_mib=hints.min_gpu_memory_mib,
-                provisional=True,
-                group=pod.spread_group,
-                # What the pod was judged to add: it adds the same while in flight.
-                workload=pod.workload,
-                expected_memory_mib=hints.expected_gpu_memory_mib,
-                learned=None if pod_class.own is None else pod_class.own.learned,
-            ),
-            nodes,
-            now,
-        )
+        """Record where the scheduler is expected to bind the pod (`serving.proposals`)."""
+        made = proposal(verb, request, pod_class, judgement, now)
+        if made is not None:
+            placements.propose(*made, now)
 
     def _nodes_reply(
         self,
@@ -439,7 +398,7 @@ class ScorerApp:
         depends on the request, the caches and the policy, never on an earlier request: a group
         pod on a node outside the request counts by hostname (that label is the node's name),
         and is otherwise uncounted (the explanation says how many)."""
-        if not _capped(request, pod_class):
+        if not spread_capped(request, pod_class):
             return None, _NO_LABELS
         store = self.node_store
         nodes: list[tuple[str, Mapping[str, str] | None]]
