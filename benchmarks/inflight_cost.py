@@ -218,16 +218,9 @@ def _child(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # Not at the top: it imports this checkout's scorer modules, which a child must not.
-    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+    from benchmarks.scorer_latency import in_turns  # noqa: PLC0415
 
-    with source_tree(args.before) as before:
-        trees = {"this checkout": ROOT}
-        if before is not None:
-            trees = {f"before ({args.before})": before, **trees}
-        rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
-        for _ in range(args.rounds):
-            for label, tree in trees.items():
-                rounds[label].append(_child(tree, args))
+    rounds = in_turns(args.before, args.rounds, lambda tree: _child(tree, args))
     summary: dict[str, Any] = {}
     for label, results in rounds.items():
         summary[label] = {

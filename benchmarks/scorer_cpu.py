@@ -155,24 +155,19 @@ def measure_tree(tree: Path, *, nodes: int, percentage: int, pairs: int, log_lev
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # Not at the top: the serving child must import the tree under test, this checkout's
     # modules that scorer_latency imports among them, only after putting that tree first.
-    from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
+    from benchmarks.scorer_latency import in_turns  # noqa: PLC0415
 
-    with source_tree(args.before) as before:
-        trees = {"this checkout": ROOT}
-        if before is not None:
-            trees = {f"before ({args.before})": before, **trees}
-        rounds: dict[str, list[float]] = {label: [] for label in trees}
-        for _ in range(args.rounds):
-            for label, tree in trees.items():
-                rounds[label].append(
-                    measure_tree(
-                        tree,
-                        nodes=args.nodes,
-                        percentage=args.percentage,
-                        pairs=args.pairs,
-                        log_level=args.log_level,
-                    )
-                )
+    rounds = in_turns(
+        args.before,
+        args.rounds,
+        lambda tree: measure_tree(
+            tree,
+            nodes=args.nodes,
+            percentage=args.percentage,
+            pairs=args.pairs,
+            log_level=args.log_level,
+        ),
+    )
     medians = {label: statistics.median(values) for label, values in rounds.items()}
     result: dict[str, Any] = {
         "machine": machine_description(),

@@ -67,12 +67,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Final, Literal
+from typing import IO, Any, Final, Literal, TypeVar
 
 from benchmarks.kube_requests import (
     POD_MIX,
@@ -275,6 +275,9 @@ def children() -> Iterator[list[Child]]:
             child.process.wait(10)
 
 
+T = TypeVar("T")
+
+
 @contextmanager
 def source_tree(ref: str | None) -> Iterator[Path | None]:
     """An export of `ref` of this repository in a temporary folder; None without `--before`,
@@ -313,6 +316,21 @@ def source_tree(ref: str | None) -> Iterator[Path | None]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def in_turns(ref: str | None, rounds: int, measure: Callable[[Path], T]) -> dict[str, list[T]]:
+    """`measure` of this checkout's tree and, with `ref`, of an export of that commit
+    (`source_tree`), `rounds` times each, in turns, so that a machine's drift hits both alike;
+    by label: "before (REF)" first when there is one, then "this checkout"."""
+    with source_tree(ref) as before:
+        trees = {"this checkout": ROOT}
+        if before is not None:
+            trees = {f"before ({ref})": before, **trees}
+        results: dict[str, list[T]] = {label: [] for label in trees}
+        for _ in range(rounds):
+            for label, tree in trees.items():
+                results[label].append(measure(tree))
+    return results
 
 
 # ----------------------------------------------------------------------------- measuring
