@@ -146,9 +146,6 @@ class ScorerApp:
         # Replies whose counters and log lines the HTTP edge may hold; a scrape settles them.
         self._held: weakref.WeakSet[Response] = weakref.WeakSet()
         self._held_lock = threading.Lock()
-        # Replies whose `first` steps (`Response.prepare`) may not have run yet, until the
-        # next call runs them (`_prepare_earlier`).
-        self._unprepared: list[Response] = []
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
             f"{prefix}/filter": "filter",
@@ -192,10 +189,13 @@ class ScorerApp:
 
     def settle(self) -> None:
         """Finish every reply whose counters and log lines are still held."""
-        with self._held_lock:
-            held = list(self._held)
-        for response in held:
+        for response in self._held_now():
             response.finish()
+
+    def _held_now(self) -> list[Response]:
+        """The replies still held, at this moment (the set is weak, and other threads add)."""
+        with self._held_lock:
+            return list(self._held)
 
     # ------------------------------------------------------------------ the pipeline
     def handle(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
@@ -209,7 +209,7 @@ class ScorerApp:
         """`handle`, leaving the call's counters and log lines to `response.finish()`, which the
         HTTP edge calls once the reply is written: kube-scheduler waits for the reply alone."""
         started = time.perf_counter()
-        if self._unprepared:
+        if self._held:
             self._prepare_earlier()
         steps = Steps()
         request = self._decode(verb, body)
@@ -256,16 +256,14 @@ class ScorerApp:
         if steps.first:
             with self._held_lock:
                 self._held.add(response)
-            self._unprepared.append(response)
         return response
 
     def _prepare_earlier(self) -> None:
-        """Run what earlier replies left for right after them (`Response.prepare`) where their
-        connection has not run it yet: a request on another connection must see the proposals
-        they record. On the connection that sent them it has run already, and this is a no-op
-        per reply."""
-        pending, self._unprepared = self._unprepared, []
-        for response in pending:
+        """Run what the replies still held left for right after them (`Response.prepare`)
+        where their connection has not run it yet: a request on another connection must see
+        the proposals they record. On the connection that sent them it has run already, and
+        this is a no-op per reply. The held set is weak: a reply here keeps no request body."""
+        for response in self._held_now():
             response.prepare()
 
     def _decode(self, verb: Verb, body: Buffer) -> wire.ExtenderRequest | Response:

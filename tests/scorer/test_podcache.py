@@ -20,6 +20,7 @@ import json
 import logging
 import platform
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -1148,6 +1149,21 @@ def test_the_proposal_is_recorded_after_the_reply_and_before_any_next_request(
     assert _inflight_on(app, q) == {"cool": [("default/p", True)]}
     reply.finish()  # the first connection's turn: the step ran once, and is not run again
     assert cache.proposals() == 1
+
+
+def test_a_written_reply_is_not_kept_by_the_app(
+    app_and_cache: tuple[ScorerApp, PodCache],
+) -> None:
+    """A reply with a step after it is found by later requests through a weak set: once its
+    connection is done with it, nothing keeps it, nor the request body its parts may slice
+    (the HTTP edge reuses that buffer for the next request)."""
+    app, _ = app_and_cache
+    reply = app.answer("prioritize", _body("p", nodes=NODES))
+    assert reply.first is not None  # its proposal, for right after the reply
+    reply.finish()
+    gone = weakref.ref(reply)
+    del reply
+    assert gone() is None
 
 
 def test_a_filter_that_passes_one_node_proposes_the_pod_there(
