@@ -28,8 +28,17 @@ process's CPU per pod over the loop, every step included. `--before REF` measure
 an earlier commit the same way, in turns with this checkout's; each tree runs in a process of its
 own, which imports that tree's modules.
 
+`--pause-ms 0,10` idles before each timed pod, the pauses taking turns pod by pod: a scheduler
+at 100 pods/s leaves the scorer idle about 10 ms between pods, and a machine may run other work
+on that core meanwhile, so that the pod's steps start with the CPU's caches emptied of what they
+read. The steps are reported per pause, with a reference that is not the scorer's: the median
+time of 2,000 lookups of random node names in a dictionary of 5,000 after the same pause (the
+kind of read a verdict table's is, with nothing of the scorer), which moves only as much as the
+machine's caches make it move.
+
     python -m benchmarks.inflight_cost
     python -m benchmarks.inflight_cost --classes one --before HEAD~3 --json
+    python -m benchmarks.inflight_cost --pause-ms 0,1,10 --pods 1200
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -59,6 +69,9 @@ from benchmarks.machine import machine_description
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("filter", "prioritize", "after", "bind", "delete")
 PER_POD_S = 0.006  # the store's clock per pod: a burst at about 170 pods/s
+# The reference walk: 2,000 random names looked up in a dictionary of 5,000 (under 1 MiB).
+_WALK_TABLE = 5_000
+_WALK_KEYS = 2_000
 
 
 class _Clock:
@@ -89,9 +102,26 @@ def _watch_line(kind: str, pod: dict[str, Any], node: str, bound_at: datetime, r
     return json.dumps({"type": kind, "object": bound}, separators=(",", ":")).encode()
 
 
-def measure(tree: Path, *, nodes: int, pods: int, keep: int, classes: str) -> dict[str, Any]:
-    """One tree's medians per step (us) and CPU per pod (us). Call in a process of its own:
-    `tree`'s modules are imported in place of this checkout's."""
+def _walk(table: dict[str, int], keys: list[str]) -> int:
+    """The machine's reference: node names looked up in a dictionary by name, as the scorer's
+    tables are read; no allocation, nothing of the scorer."""
+    total = 0
+    for key in keys:
+        total += table[key]
+    return total
+
+
+def measure(
+    tree: Path,
+    *,
+    nodes: int,
+    pods: int,
+    keep: int,
+    classes: str,
+    pauses_s: Sequence[float] = (0.0,),
+) -> dict[str, Any]:
+    """One tree's medians per step (us) and CPU per pod (us), per pause before a pod. Call in a
+    process of its own: `tree`'s modules are imported in place of this checkout's."""
     sys.path.insert(0, str(tree))
     # By name: the modules of the tree under test, whose API may differ from this checkout's.
     decoding = importlib.import_module("exporter_scheduler.core.decoding")
@@ -144,7 +174,10 @@ def measure(tree: Path, *, nodes: int, pods: int, keep: int, classes: str) -> di
     rotation = Rotation(informer_order(names, seed=nodes), 0)
     stream = PodStream(seed=nodes, mix=POD_MIX[:1] if classes == "one" else POD_MIX)
     bound: list[tuple[dict[str, Any], str]] = []
-    times: dict[str, list[float]] = {step: [] for step in STEPS}
+    by_pause: dict[float, dict[str, list[float]]] = {
+        pause: {step: [] for step in STEPS} for pause in pauses_s
+    }
+    times = by_pause[pauses_s[0]]
     version = [1000]
 
     def event(kind: str, pod: dict[str, Any], node: str) -> None:
@@ -188,11 +221,38 @@ def measure(tree: Path, *, nodes: int, pods: int, keep: int, classes: str) -> di
         one_pod()
     timed = True
     cpu_started_s = time.process_time()
-    for _ in range(pods):
+    for index in range(pods):
+        # The pauses take turns pod by pod, so that each meets the same state of the store.
+        pause_s = pauses_s[index % len(pauses_s)]
+        times = by_pause[pause_s]
+        if pause_s:
+            time.sleep(pause_s)
         one_pod()
     cpu_us = (time.process_time() - cpu_started_s) / pods * 1e6
+    walks: dict[float, list[float]] = {pause: [] for pause in pauses_s}
+    table = {f"node-{i:05d}": i for i in range(_WALK_TABLE)}
+    draw = random.Random(0)
+    keys = [f"node-{draw.randrange(_WALK_TABLE):05d}" for _ in range(_WALK_KEYS)]
+    for index in range(max(len(pauses_s), pods // 4)):
+        pause_s = pauses_s[index % len(pauses_s)]
+        if pause_s:
+            time.sleep(pause_s)
+        started = time.perf_counter()
+        _walk(table, keys)
+        walks[pause_s].append(time.perf_counter() - started)
+
+    def medians(steps: dict[str, list[float]]) -> dict[str, float]:
+        return {step: round(statistics.median(v) * 1e6, 1) for step, v in steps.items()}
+
     return {
-        "median_us": {step: round(statistics.median(v) * 1e6, 1) for step, v in times.items()},
+        "median_us": medians(by_pause[pauses_s[0]]),
+        "by_pause_ms": {
+            f"{pause * 1e3:g}": {
+                **medians(by_pause[pause]),
+                "reference": round(statistics.median(walks[pause]) * 1e6, 1),
+            }
+            for pause in pauses_s
+        },
         "cpu_us_per_pod": round(cpu_us, 1),
         "pod_classes": len(store._tables),
         # The watch's record of bound pods: the events were applied, not dropped.
@@ -205,7 +265,7 @@ def _child(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
         [
             *(sys.executable, "-m", "benchmarks.inflight_cost", "--child", str(tree)),
             *("--nodes", str(args.nodes), "--pods", str(args.pods), "--keep", str(args.keep)),
-            *("--classes", args.classes),
+            *("--classes", args.classes, "--pause-ms", args.pause_ms),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -229,6 +289,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "cpu_us_per_pod": statistics.median(r["cpu_us_per_pod"] for r in results),
             "cpu_us_per_pod_rounds": [r["cpu_us_per_pod"] for r in results],
+            "by_pause_ms": {
+                pause: {
+                    step: statistics.median(r["by_pause_ms"][pause][step] for r in results)
+                    for step in (*STEPS, "reference")
+                }
+                for pause in results[0]["by_pause_ms"]
+            },
             "pod_classes": results[0]["pod_classes"],
             "bound_at_end": results[0]["bound_at_end"],
         }
@@ -240,6 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "keep": args.keep,
             "classes": args.classes,
             "rounds": args.rounds,
+            "pause_ms": args.pause_ms,
         },
         "trees": summary,
     }
@@ -255,14 +323,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--before", metavar="REF", help="also measure this commit's scorer")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--pause-ms",
+        default="0",
+        help="idle time before each timed pod, ms; a list (0,10) takes turns pod by pod",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not 0 < args.keep < args.pods:
         parser.error("--keep must be above 0 and below --pods: the pods beyond it are deleted")
+    try:
+        pauses_s = tuple(float(ms) / 1e3 for ms in args.pause_ms.split(","))
+    except ValueError:
+        parser.error("--pause-ms takes milliseconds, comma-separated")
+    if any(pause < 0 for pause in pauses_s) or len(set(pauses_s)) != len(pauses_s):
+        parser.error("--pause-ms takes distinct pauses of 0 ms or more")
     if args.child is not None:
         result = measure(
-            args.child, nodes=args.nodes, pods=args.pods, keep=args.keep, classes=args.classes
+            args.child,
+            nodes=args.nodes,
+            pods=args.pods,
+            keep=args.keep,
+            classes=args.classes,
+            pauses_s=pauses_s,
         )
         print(json.dumps(result))
         return 0
@@ -280,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, tree in document["trees"].items():
         steps = "  ".join(f"{tree['median_us'][s]:>10.1f}" for s in STEPS)
         print(f"{label:>24} {steps}  {tree['cpu_us_per_pod']:>8.1f}  {tree['pod_classes']}")
+    if len(pauses_s) > 1:
+        print(f"per pause before the pod, us (reference: {_WALK_KEYS:,} names looked up)")
+        print(f"{'':>24} {'  '.join(f'{s:>10}' for s in (*STEPS, 'reference'))}")
+        for label, tree in document["trees"].items():
+            for pause, steps_us in tree["by_pause_ms"].items():
+                cells = "  ".join(f"{steps_us[s]:>10.1f}" for s in (*STEPS, "reference"))
+                print(f"{f'{label}, {pause} ms':>24} {cells}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/scorer_child.py scorer --tree DIR --mode names|full --port P
                                              [--kubeconfig FILE --expect N] [--log FILE]
-    python benchmarks/scorer_child.py nothing --port P --reply FILE [--floor]
+    python benchmarks/scorer_child.py nothing --port P --reply FILE [--floor full|names]
     python benchmarks/scorer_child.py apiserver --port P --nodes FILE --churn FILE
                                                 --kubeconfig FILE [--per-gpu]
 
@@ -22,8 +22,10 @@ Namespace and DRA watches (the stand-in serves Nodes only), so this is `serve --
 `nothing` is the do-nothing server the scorer's round trip is compared with: it reads each
 request (head, then exactly Content-Length bytes, into one reused buffer) and answers with fixed
 bytes (the scorer's own reply, so that moving the reply costs the same); with `--floor` it also
-decodes the body with msgspec into exactly what a verdict reads (each Node's name, annotations
-and managedFields), which is the floor.
+decodes the body with msgspec into exactly what a verdict reads, which is the floor: for `full`,
+each Node's name, annotations and managedFields; for `names`, the node names and what the
+scorer reads of the Pod (its name, namespace, uid, annotations and labels, its owners, its
+containers' resources and its ResourceClaims).
 
 `apiserver` is the project's API server stand-in (`kube_standins.apiserver`, which answers LIST
 and WATCH as kube-apiserver v1.36 does) holding the Nodes of `--nodes`, and the agents' writes:
@@ -194,7 +196,7 @@ def serve_scorer(args: argparse.Namespace) -> None:
 
 def serve_nothing(args: argparse.Namespace) -> None:
     reply = Path(args.reply).read_bytes()
-    decode = _floor_decoder() if args.floor else None
+    decode = None if args.floor is None else _floor_decoder(args.floor)
     head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
     response = head % len(reply) + reply
     listener = socket.socket()
@@ -262,9 +264,60 @@ class _Args(msgspec.Struct):
     Nodes: _NodeList | None = None
 
 
-def _floor_decoder() -> Callable[[memoryview], _Args]:
-    """msgspec's typed decode of a full-node request to exactly what a verdict reads."""
-    return msgspec.json.Decoder(_Args).decode
+class _Owner(msgspec.Struct):
+    kind: str | None = None
+    name: str | None = None
+    controller: bool | None = None
+
+
+class _PodMeta(msgspec.Struct):
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+    ownerReferences: list[_Owner] | None = None  # noqa: N815 (Kubernetes JSON name)
+
+
+class _Resources(msgspec.Struct):
+    limits: dict[str, str | int | float] | None = None
+    requests: dict[str, str | int | float] | None = None
+
+
+class _Container(msgspec.Struct):
+    resources: _Resources | None = None
+
+
+class _Claim(msgspec.Struct):
+    name: str | None = None
+    resourceClaimName: str | None = None  # noqa: N815 (Kubernetes JSON name)
+
+
+class _PodSpec(msgspec.Struct):
+    containers: list[_Container] | None = None
+    initContainers: list[_Container] | None = None  # noqa: N815 (Kubernetes JSON name)
+    resourceClaims: list[_Claim] | None = None  # noqa: N815 (Kubernetes JSON name)
+
+
+class _PodStatus(msgspec.Struct):
+    resourceClaimStatuses: list[_Claim] | None = None  # noqa: N815 (Kubernetes JSON name)
+
+
+class _Pod(msgspec.Struct):
+    metadata: _PodMeta | None = None
+    spec: _PodSpec | None = None
+    status: _PodStatus | None = None
+
+
+class _NamesArgs(msgspec.Struct):
+    Pod: _Pod | None = None
+    NodeNames: list[str] | None = None
+
+
+def _floor_decoder(form: str) -> Callable[[memoryview], object]:
+    """msgspec's typed decode of a request to exactly what a verdict reads: a full-node
+    request's Nodes (`full`), or a names-only request's names and Pod (`names`)."""
+    return msgspec.json.Decoder(_Args if form == "full" else _NamesArgs).decode
 
 
 # ----------------------------------------------------------------------------- API server
@@ -375,7 +428,7 @@ def main() -> None:
     parser.add_argument("--churn")
     parser.add_argument("--per-gpu", action="store_true")
     parser.add_argument("--reply")
-    parser.add_argument("--floor", action="store_true")
+    parser.add_argument("--floor", choices=["full", "names"])
     parser.add_argument("--log", help="scorer: the log's file (INFO, as `serve` logs)")
     args = parser.parse_args()
     if args.role == "scorer":

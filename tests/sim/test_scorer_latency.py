@@ -77,6 +77,9 @@ def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: 
     for key in ("after_filter", "after_prioritize", "after_filter_handler"):
         assert row[key]["n"] == 12
     assert row["after_quiet"]["n"] == 5
+    # The floor decoded every sample's body as a verdict reads it (a body it cannot decode
+    # would end its connection, and the sample with it).
+    assert row["floor"]["n"] == 12
     assert row["after_quiet_events"] == 0  # quiet: no churn
     assert row["after_event_us"] > 0
     assert row["classes_event_us"]["after"] > 0
