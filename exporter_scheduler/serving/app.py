@@ -15,10 +15,10 @@ the node cache's first LIST an `Error` rather than a blind verdict.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -71,6 +71,8 @@ from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement
 
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
+# Replies held at once for their steps (`ScorerApp._hold`): a few per connection in use.
+_MAX_HELD: Final = 4096
 # Namespaces whose chosen profile is remembered; beyond this the memo starts afresh.
 _MAX_NAMESPACES: Final = 4096
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
@@ -143,8 +145,13 @@ class ScorerApp:
         self._full_node_verdicts = ContentVerdicts()
         self._prioritizes = False  # a prioritize came: each names-only filter prepares its own
         self._recent_pod = wire.RecentPod()
-        # Replies whose counters and log lines the HTTP edge may hold; a scrape settles them.
-        self._held: weakref.WeakSet[Response] = weakref.WeakSet()
+        # Replies with a step for right after them, until they are finished: a request on
+        # another connection runs their first steps (`_prepare_earlier`) and a scrape their
+        # counters (`settle`). Each one's last step takes it out, so that nothing here keeps a
+        # written reply (nor the request body its parts may slice); a plain dict, keyed in
+        # order, since a weak set cost a tenth of a names-only filter after an idle pause.
+        self._held: dict[int, Response] = {}
+        self._held_keys = itertools.count()
         self._held_lock = threading.Lock()
         prefix = normalize_path_prefix(path_prefix)
         self._verbs: dict[str, Verb] = {
@@ -193,9 +200,23 @@ class ScorerApp:
             response.finish()
 
     def _held_now(self) -> list[Response]:
-        """The replies still held, at this moment (the set is weak, and other threads add)."""
+        """The replies still held, at this moment (other threads add and release)."""
         with self._held_lock:
-            return list(self._held)
+            return list(self._held.values())
+
+    def _hold(self, response: Response, steps: Steps) -> None:
+        """Keep `response` findable until its last step (`_release`) has run. A caller that
+        never finishes its replies (a bug) loses the oldest past `_MAX_HELD`, not memory."""
+        key = next(self._held_keys)
+        steps.later.append(partial(self._release, key))
+        with self._held_lock:
+            self._held[key] = response
+            if len(self._held) > _MAX_HELD:
+                del self._held[next(iter(self._held))]
+
+    def _release(self, key: int) -> None:
+        with self._held_lock:
+            self._held.pop(key, None)
 
     # ------------------------------------------------------------------ the pipeline
     def handle(self, verb: Verb, body: Buffer, *, query: bytes = b"") -> Response:
@@ -252,17 +273,16 @@ class ScorerApp:
             response = self._internal_error(verb, request, exc)
         seconds = time.perf_counter() - started  # the reply is made: the time is taken here
         steps.later.append(partial(self.metrics.observe_request, verb, seconds, request.node_count))
-        response.then(steps)
         if steps.first:
-            with self._held_lock:
-                self._held.add(response)
+            self._hold(response, steps)
+        response.then(steps)
         return response
 
     def _prepare_earlier(self) -> None:
         """Run what the replies still held left for right after them (`Response.prepare`)
         where their connection has not run it yet: a request on another connection must see
         the proposals they record. On the connection that sent them it has run already, and
-        this is a no-op per reply. The held set is weak: a reply here keeps no request body."""
+        this is a no-op per reply."""
         for response in self._held_now():
             response.prepare()
 

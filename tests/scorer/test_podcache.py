@@ -40,6 +40,7 @@ from exporter_scheduler.edges.podcache import (
     PodCache,
     PodsByNode,
 )
+from exporter_scheduler.serving import app as app_module
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodestore import NodeStore
@@ -1154,7 +1155,7 @@ def test_the_proposal_is_recorded_after_the_reply_and_before_any_next_request(
 def test_a_written_reply_is_not_kept_by_the_app(
     app_and_cache: tuple[ScorerApp, PodCache],
 ) -> None:
-    """A reply with a step after it is found by later requests through a weak set: once its
+    """A reply with a step after it is found by later requests until it is finished: once its
     connection is done with it, nothing keeps it, nor the request body its parts may slice
     (the HTTP edge reuses that buffer for the next request)."""
     app, _ = app_and_cache
@@ -1164,6 +1165,27 @@ def test_a_written_reply_is_not_kept_by_the_app(
     gone = weakref.ref(reply)
     del reply
     assert gone() is None
+
+
+def test_replies_never_finished_are_let_go_past_a_bound(
+    app_and_cache: tuple[ScorerApp, PodCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that never finishes its replies (a bug) costs the oldest ones their place,
+    not memory; each reply's proposal is still made before the next request is answered."""
+    app, cache = app_and_cache
+    monkeypatch.setattr(app_module, "_MAX_HELD", 2)
+    replies = [app.answer("prioritize", _body(f"p{i}", nodes=NODES)) for i in range(4)]
+    assert len(app._held) == 2
+    assert [reply.first is None for reply in replies] == [True, True, True, False]
+
+    def proposed_pods() -> set[str]:
+        return {pod for pods in _proposed(cache).values() for pod in pods}
+
+    assert proposed_pods() == {f"p{i} (proposed)" for i in range(3)}
+    for reply in replies:
+        reply.finish()
+    assert proposed_pods() == {f"p{i} (proposed)" for i in range(4)}
+    assert app._held == {}
 
 
 def test_a_filter_that_passes_one_node_proposes_the_pod_there(
