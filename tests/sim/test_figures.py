@@ -121,6 +121,8 @@ def test_scorer_latency_figure_and_section_from_rows(tmp_path: Path) -> None:
                 row["after_filter_over_floor"] = 2.0
                 row["before_filter_over_floor"] = 6.0
             else:
+                # A names-only floor: within the noise of zero, here below it.
+                row["floor"] = _timing(-0.004 if nodes == 500 else 0.012)
                 row["after_event_us"] = 25.0
                 row["before_event_us"] = 20.0
                 row["classes_event_us"] = {"after": 40.0, "before": 20.0}
@@ -138,6 +140,11 @@ def test_scorer_latency_figure_and_section_from_rows(tmp_path: Path) -> None:
     assert "| names | 500 | filter | 1.50 | 0.50 | 0.45 | 3.0 x |" in section
     assert "`abc123`" in section
     assert "0.44 %" in section  # 40 us x 110 events/s of one core
+    # Names-only rows show their floor beside the events, not in the full-node floor table.
+    assert "| 5,000 | 20 | 25 | 40 | 0.44 % | 12 |" in section
+    assert "| 500 | 20 | 25 | 40 | 0.44 % | -4 |" in section  # below zero: noise, shown as it is
+    full_table = section.split("Full-node requests against the floor", 1)[1].split("\n\n")[1]
+    assert full_table.count("\n") == 3  # header, rule, 500 and 5,000 full nodes
 
 
 def test_a_partial_run_redoes_its_sections_and_keeps_the_others(
