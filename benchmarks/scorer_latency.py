@@ -608,7 +608,11 @@ def measure(
                 for index, verb in enumerate(verbs):
                     row[f"{label}_{verb}"] = _ms(sampled.server_s[label][verb])
                     row[f"{label}_{verb}_handler"] = _ms(handler[index :: len(verbs)])
-            _over_floor(row, scorers, sampled)
+            row["floor"] = _ms(sampled.floor_s)
+            for label in scorers:
+                row[f"{label}_filter_over_floor"] = (
+                    row[f"{label}_filter"]["median_ms"] / row["floor"]["median_ms"]
+                )
             row |= requests.summary()
             return row
 
@@ -684,15 +688,6 @@ def measure(
             row["classes_event_us"][label] = statistics.median(spent) * 1e6
     row |= requests.summary()
     return row
-
-
-def _over_floor(row: dict[str, Any], scorers: Mapping[str, Child], sampled: Sampled) -> None:
-    """The floor's filter server time, and each scorer's over it (medians' ratio)."""
-    row["floor"] = _ms(sampled.floor_s)
-    for label in scorers:
-        row[f"{label}_filter_over_floor"] = (
-            statistics.median(sampled.server_s[label]["filter"]) / row["floor"]["median_ms"] * 1e3
-        )
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -416,7 +416,7 @@ class ScorerApp:
         depends on the request, the caches and the policy, never on an earlier request: a group
         pod on a node outside the request counts by hostname (that label is the node's name),
         and is otherwise uncounted (the explanation says how many)."""
-        if not spread_capped(request, pod_class):
+        if not spread_capped(pod_class):
             return None, _NO_LABELS
         store = self.node_store
         nodes: list[tuple[str, Mapping[str, str] | None]]

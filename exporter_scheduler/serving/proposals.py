@@ -25,7 +25,7 @@ MAX_PROPOSED_NODES: Final = 3
 MAX_CAPPED_PROPOSED_NODES: Final = 256
 
 
-def spread_capped(request: wire.ExtenderRequest, pod_class: PodClass) -> bool:
+def spread_capped(pod_class: PodClass) -> bool:
     """Whether the pod's spread cap applies (it has one, and its hints are valid)."""
     return pod_class.hints.spread_max_per_domain is not None and pod_class.hint_problem is None
 
@@ -48,7 +48,7 @@ def proposal(
     else:
         # A capped pod holds a slot on every node tied at the top: the next pod of its group
         # may come before its bind is seen, and must not take the same last slot.
-        capped = spread_capped(request, pod_class)
+        capped = spread_capped(pod_class)
         nodes = judgement.top_scored(MAX_CAPPED_PROPOSED_NODES if capped else MAX_PROPOSED_NODES)
     if not nodes:
         return None
