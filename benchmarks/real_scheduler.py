@@ -1,7 +1,8 @@
 """Pods per second of a real kube-scheduler, with the scorer as its extender and without.
 
     python -m benchmarks.real_scheduler [--nodes 300,5000] [--pods 400] [--full-pods 120]
-        [--rounds 3] [--modes none,names,full,names-no-inflight,names-no-own-load,...] [--json]
+        [--rounds 3] [--modes none,names,full,names-no-inflight,names-no-own-load,...]
+        [--capture] [--json]
     python -m benchmarks.real_scheduler --pool RUN.json [RUN.json ...]   # rounds of many runs
 
 The figure a user feels: how much slower a burst of GPU pods is placed once the extender is in the
@@ -41,6 +42,10 @@ coverage), and the targets line says whether that interval settles the floor tar
 No extender at all is paired the same way: it does strictly less than the Go null extender, so
 each of its rounds that comes out slower is the machine's noise, seen directly. `--pool` reads
 the `--json` documents of several runs and pairs their rounds the same way, as one run.
+
+`--capture` also times every extender call as kube-scheduler waits on it, from a loopback packet
+capture (`benchmarks.wire_capture`: tcpdump, which needs CAP_NET_RAW): the scorer's own request
+time leaves out the wait for a CPU, the GIL, the read and the write, and a null extender has none.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +70,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks import wire_capture
 from benchmarks.intervals import median_interval, resolution
 from benchmarks.lifecycle import exit_on_sigterm
 from benchmarks.machine import machine_description, process_cpu_s
@@ -142,6 +149,8 @@ class Config:
     timeout_s: float = 180.0
     modes: tuple[str, ...] = MODES
     before: str | None = None  # the commit `names-before` runs
+    # Each extender call timed on the wire too (`benchmarks.wire_capture`: tcpdump on lo).
+    capture: bool = False
 
     def pods_for(self, mode: str) -> int:
         return self.full_pods if mode.endswith("full") else self.pods
@@ -163,6 +172,9 @@ class Round:
     # The mode's extender process's CPU (every thread) from the scheduler's start to the last
     # bind, per pod placed: what it takes of the cores the scheduler shares (none: no extender).
     extender_cpu_ms_per_pod: float | None = None
+    # What kube-scheduler waited on each call, read on the wire, by verb (`wire_capture.summary`;
+    # empty without `--capture` and for no extender).
+    wire: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -568,13 +580,30 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
         for index in range(config.rounds):
             order = modes[index % len(modes) :] + modes[: index % len(modes)]
             for mode in order:
-                result = measure(ready.plane, mode, index, config, ready.made)
+                result = measure_round(ready, mode, index, config)
                 rounds.append(result)
+                wire = {verb: w["mean_ms"] for verb, w in result.wire.items()}
                 progress(
                     f"  {config.nodes} nodes, {mode:13s} round {index}: "
                     f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
+                    + (f", on the wire (mean ms) {wire}" if wire else "")
                 )
     return summarize(config, rounds, ready.patcher) | {"warm_up_pods_per_s": warm.pods_per_s}
+
+
+def measure_round(ready: Bench, mode: str, index: int, config: Config) -> Round:
+    """One counted round of `mode`; with `config.capture`, each of its extender's calls is
+    timed on the wire as well, from a capture of the extender's port."""
+    extender = ready.made.get(mode)
+    if not config.capture or extender is None:
+        return measure(ready.plane, mode, index, config, ready.made)
+    port = urllib.parse.urlsplit(extender.url).port
+    assert port is not None  # every extender's URL names its port
+    with wire_capture.Capture(port, ready.scratch / f"r{index}-{mode}.pcap") as capture:
+        result = measure(ready.plane, mode, index, config, ready.made)
+    result.wire = wire_capture.summary(capture.calls())
+    capture.path.unlink(missing_ok=True)
+    return result
 
 
 def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict[str, Any]:
@@ -594,6 +623,11 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
             "extender_cpu_ms_per_pod_median": _median_or_none(
                 [r.extender_cpu_ms_per_pod for r in mine]
             ),
+            "wire_mean_ms_median": {
+                verb: statistics.median(r.wire[verb]["mean_ms"] for r in mine if verb in r.wire)
+                for verb in wire_capture.VERBS
+                if any(verb in r.wire for r in mine)
+            },
             "scorer_requests_per_pod": {
                 verb: statistics.median(
                     r.scorer_requests[verb] / config.pods_for(mode) for r in mine
@@ -757,6 +791,11 @@ def markdown_section(
         for result in document["sizes"]
         for entry in result["modes"].values()
     )
+    with_wire = any(
+        entry.get("wire_mean_ms_median")
+        for result in document["sizes"]
+        for entry in result["modes"].values()
+    )
     for result in document["sizes"]:
         nodes = result["config"]["nodes"]
         earlier = _size(before, nodes) if before else None
@@ -766,6 +805,7 @@ def markdown_section(
             old_ratio = None if old is None else old.get("ratio_to_none")
             server = entry.get("scorer_ms_median", {})
             cpu = entry.get("extender_cpu_ms_per_pod_median")
+            wire = entry.get("wire_mean_ms_median") or {}
             rows.append(
                 [
                     f"{nodes:,}",
@@ -776,6 +816,11 @@ def markdown_section(
                     "" if mode == "none" or old_ratio is None else f"{old_ratio:.2f}x",
                     " / ".join(f"{server[v]:.2f}" for v in ("filter", "prioritize") if v in server),
                     *([("" if cpu is None else f"{cpu:.2f}")] if with_cpu else []),
+                    *(
+                        [" / ".join(f"{wire[v]:.2f}" for v in wire_capture.VERBS if v in wire)]
+                        if with_wire
+                        else []
+                    ),
                 ]
             )
     header = [
@@ -787,6 +832,7 @@ def markdown_section(
         "before",
         "scorer ms (filter / prioritize)",
         *(["extender CPU ms/pod"] if with_cpu else []),
+        *(["on the wire, mean ms (filter / prioritize)"] if with_wire else []),
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
@@ -1031,6 +1077,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"comma-separated, of {', '.join(ALL_MODES)} (null-*: extenders that decide nothing)",
     )
     parser.add_argument("--before", metavar="REF", help=f"the commit {BEFORE_MODE} runs")
+    parser.add_argument(
+        "--capture",
+        action="store_true",
+        help="also time each extender call on the wire (tcpdump on lo; needs CAP_NET_RAW)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--pool",
@@ -1068,6 +1119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(pooled_text(sizes_pooled, len(args.pool)))
         return 0
     sizes, modes = args.sizes, args.modes
+    if args.capture:
+        try:
+            wire_capture.check()  # before minutes of setup, not after them
+        except wire_capture.CaptureUnavailableError as exc:
+            print(f"--capture: {exc}", file=sys.stderr)
+            return 2
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -1082,6 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 writes_per_node_s=args.writes_per_node_s,
                 modes=modes,
                 before=args.before,
+                capture=args.capture,
             ),
             progress=progress,
         )
@@ -1104,9 +1162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for mode, entry in result["modes"].items():
             ratio = entry["ratio_to_none"]
+            wire = entry.get("wire_mean_ms_median")
             print(
                 f"  {mode:5s} {entry['pods_per_s_median']:7.1f} pods/s  "
                 f"{'' if ratio is None else f'{ratio:.2f}x'}  scorer ms {entry['scorer_ms_median']}"
+                + (f"  on the wire, mean ms {wire}" if wire else "")
             )
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from benchmarks import real_scheduler
+from benchmarks import real_scheduler, wire_capture
 from benchmarks.sections import scheduler
 from loopback_cluster.control_plane import ControlPlane
 
@@ -352,6 +353,82 @@ def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     assert "| extender CPU ms/pod |" in section
     names_row = next(line for line in section.splitlines() if "| names only (" in line)
     assert names_row.rstrip(" |").endswith("0.50")
+
+
+def test_the_wait_on_the_wire_is_a_column_only_where_it_was_captured() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    render = real_scheduler.markdown_section
+    assert "on the wire" not in render(document, command="c", before=None, plotted=False)
+    summary = document["sizes"][0]  # type: ignore[index]
+    filter_means = {"names": [1.6, 2.2, 1.7], "null-go-names": [0.5, 0.7, 0.6]}
+    for entry in summary["rounds"]:
+        if entry["mode"] in filter_means:
+            mean_ms = filter_means[entry["mode"]][entry["round"]]
+            entry["wire"] = {
+                "filter": {"calls": 100, "median_ms": 1.0, "mean_ms": mean_ms, "p90_ms": 3.0},
+                "prioritize": {"calls": 100, "median_ms": 0.5, "mean_ms": 0.9, "p90_ms": 2.0},
+            }
+    rounds = [real_scheduler.Round(**r) for r in summary["rounds"]]
+    patcher = cast(
+        real_scheduler.Patcher,
+        SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0),
+    )
+    config = real_scheduler.Config(nodes=300, pods=100, modes=("none", "names", "null-go-names"))
+    summary["modes"] = real_scheduler.summarize(config, rounds, patcher)["modes"]
+    assert summary["modes"]["names"]["wire_mean_ms_median"] == {
+        "filter": pytest.approx(1.7),
+        "prioritize": pytest.approx(0.9),
+    }
+    assert summary["modes"]["none"]["wire_mean_ms_median"] == {}
+    section = render(document, command="c", before=None, plotted=False)
+    assert "| on the wire, mean ms (filter / prioritize) |" in section
+    rows = {line.split("|")[2].strip(): line for line in section.splitlines() if "| 300 " in line}
+    assert rows["names only (`nodeCacheCapable: true`)"].rstrip(" |").endswith("1.70 / 0.90")
+    assert rows["names only, null extender in Go"].rstrip(" |").endswith("0.60 / 0.90")
+
+
+def test_a_round_is_captured_only_for_a_mode_with_an_extender(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No extender, no capture; an extender's round gets its calls' summary, and the capture's
+    file is removed once read."""
+    opened: list[int] = []
+
+    class FakeCapture:
+        def __init__(self, port: int, path: Path) -> None:
+            opened.append(port)
+            self.path = path
+
+        def __enter__(self) -> FakeCapture:
+            self.path.write_bytes(b"pcap")
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def calls(self) -> list[wire_capture.Call]:
+            return [wire_capture.Call("filter", 1.0, 1.002)]
+
+    monkeypatch.setattr(wire_capture, "Capture", FakeCapture)
+    monkeypatch.setattr(
+        real_scheduler,
+        "measure",
+        lambda plane, mode, index, config, made: real_scheduler.Round(mode, index, 100.0, 1.0),
+    )
+    extender = cast(real_scheduler.Extender, SimpleNamespace(url="http://127.0.0.1:4321"))
+    ready = cast(
+        real_scheduler.Bench,
+        SimpleNamespace(plane=None, made={"names": extender}, scratch=tmp_path),
+    )
+    config = real_scheduler.Config(nodes=300, capture=True, modes=("none", "names"))
+    assert real_scheduler.measure_round(ready, "none", 0, config).wire == {}
+    names = real_scheduler.measure_round(ready, "names", 0, config)
+    assert names.wire["filter"]["mean_ms"] == pytest.approx(2.0)
+    assert opened == [4321]
+    assert list(tmp_path.iterdir()) == []
+    uncaptured = dataclasses.replace(config, capture=False)
+    assert real_scheduler.measure_round(ready, "names", 1, uncaptured).wire == {}
+    assert opened == [4321]
 
 
 def test_a_first_burst_with_no_extender_warms_up_and_is_not_counted(
