@@ -330,6 +330,17 @@ def test_the_section_counts_the_rounds_where_no_extender_was_slower_than_the_nul
     ) in section
 
 
+def _summarize_again(summary: dict[str, Any]) -> None:
+    """`summary`'s modes made again from its rounds, as edited by the test."""
+    rounds = [real_scheduler.Round(**r) for r in summary["rounds"]]
+    patcher = cast(
+        real_scheduler.Patcher,
+        SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0),
+    )
+    config = real_scheduler.Config(nodes=300, pods=100, modes=("none", "names", "null-go-names"))
+    summary["modes"] = real_scheduler.summarize(config, rounds, patcher)["modes"]
+
+
 def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
     render = real_scheduler.markdown_section
@@ -340,13 +351,7 @@ def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     for entry in summary["rounds"]:
         if entry["mode"] in cpu_by_mode:
             entry["extender_cpu_ms_per_pod"] = cpu_by_mode[entry["mode"]][entry["round"]]
-    rounds = [real_scheduler.Round(**r) for r in summary["rounds"]]
-    patcher = cast(
-        real_scheduler.Patcher,
-        SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0),
-    )
-    config = real_scheduler.Config(nodes=300, pods=100, modes=("none", "names", "null-go-names"))
-    summary["modes"] = real_scheduler.summarize(config, rounds, patcher)["modes"]
+    _summarize_again(summary)
     assert summary["modes"]["names"]["extender_cpu_ms_per_pod_median"] == pytest.approx(0.5)
     assert summary["modes"]["none"]["extender_cpu_ms_per_pod_median"] is None
     section = render(document, command="c", before=None, plotted=False)
@@ -368,13 +373,7 @@ def test_the_wait_on_the_wire_is_a_column_only_where_it_was_captured() -> None:
                 "filter": {"calls": 100, "median_ms": 1.0, "mean_ms": mean_ms, "p90_ms": 3.0},
                 "prioritize": {"calls": 100, "median_ms": 0.5, "mean_ms": 0.9, "p90_ms": 2.0},
             }
-    rounds = [real_scheduler.Round(**r) for r in summary["rounds"]]
-    patcher = cast(
-        real_scheduler.Patcher,
-        SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0),
-    )
-    config = real_scheduler.Config(nodes=300, pods=100, modes=("none", "names", "null-go-names"))
-    summary["modes"] = real_scheduler.summarize(config, rounds, patcher)["modes"]
+    _summarize_again(summary)
     assert summary["modes"]["names"]["wire_mean_ms_median"] == {
         "filter": pytest.approx(1.7),
         "prioritize": pytest.approx(0.9),
