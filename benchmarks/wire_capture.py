@@ -16,6 +16,8 @@ names the verb.
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
 import signal
 import socket
@@ -44,6 +46,10 @@ _IPV4: Final = 0x0800
 _IPV6: Final = 0x86DD
 _TCP: Final = 6
 _SNAP_BYTES: Final = 128
+# libpcap hands the kernel's ring over a block at a time, a block once full or after its 1 s
+# timeout (tcpdump's default, without --immediate-mode, which would wake it per packet); tcpdump
+# stopped sooner leaves the last block's packets out of the file.
+_DRAIN_S: Final = 1.5
 _GLOBAL_HEADER: Final = 24
 _RECORD_HEADER: Final = 16
 # The request line's path names the call; anything else (a /metrics scrape) is not one.
@@ -81,10 +87,13 @@ class Capture:
     """`tcpdump` on `lo` for TCP port `port`, written to `path`, from `__enter__` to
     `__exit__`; `calls()` reads what it caught."""
 
-    def __init__(self, port: int, path: Path, *, interface: str = "lo") -> None:
+    def __init__(
+        self, port: int, path: Path, *, interface: str = "lo", start_timeout_s: float = 10.0
+    ) -> None:
         self.port = port
         self.path = path
         self.interface = interface
+        self.start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Capture:
@@ -93,18 +102,28 @@ class Capture:
             raise CaptureUnavailableError("tcpdump is not installed (Debian: apt install tcpdump)")
         argv = [tcpdump, "-i", self.interface, "-n", "-s", str(_SNAP_BYTES), "-B", "16384"]
         argv += ["-w", str(self.path), f"tcp port {self.port}"]
-        self._process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._process = process
         # tcpdump says "listening on ..." once its filter is in place; a refusal ends it.
-        stderr = self._process.stderr
-        assert stderr is not None
-        said: list[str] = []
-        while not any("listening on" in line for line in said):
-            line = stderr.readline().decode(errors="replace")
-            if not line:  # it exited
-                self._process.wait(timeout=10)
+        assert process.stderr is not None
+        stderr = process.stderr.fileno()
+        said = b""
+        deadline_s = time.monotonic() + self.start_timeout_s
+        while b"listening on" not in said:
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0 or not select.select([stderr], [], [], left_s)[0]:
+                self._stop()
+                raise CaptureUnavailableError(
+                    f"tcpdump did not start listening in {self.start_timeout_s:g} s"
+                )
+            chunk = os.read(stderr, 4096)
+            if not chunk:  # it exited: a refusal, in its own words
+                process.wait(timeout=10)
                 self._process = None
-                raise CaptureUnavailableError(" ".join(s.strip() for s in said) or "tcpdump ended")
-            said.append(line)
+                raise CaptureUnavailableError(
+                    said.decode(errors="replace").strip() or "tcpdump ended"
+                )
+            said += chunk
         return self
 
     def __exit__(
@@ -113,10 +132,14 @@ class Capture:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        process = self._process
+        if self._process is not None:
+            time.sleep(_DRAIN_S)  # the last packets, still in a ring block not yet handed over
+            self._stop()
+
+    def _stop(self) -> None:
+        process, self._process = self._process, None
         if process is None:
             return
-        time.sleep(0.2)  # the last replies' packets, still in the capture's buffer
         process.send_signal(signal.SIGINT)  # tcpdump writes out what it holds and exits
         try:
             process.communicate(timeout=10)

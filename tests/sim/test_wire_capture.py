@@ -7,6 +7,7 @@ import os
 import stat
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,20 @@ def test_a_capture_that_may_not_start_says_why(
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     with pytest.raises(wire_capture.CaptureUnavailableError, match="not installed"):
         wire_capture.check()
+
+
+def test_a_tcpdump_that_never_says_it_listens_is_stopped_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = tmp_path / "started"
+    _stand_in_tcpdump(tmp_path, f"open({str(started)!r}, 'w').write('1')\ntime.sleep(60)")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    capture = wire_capture.Capture(EXTENDER_PORT, tmp_path / "out.pcap", start_timeout_s=0.5)
+    began_s = time.monotonic()
+    with pytest.raises(wire_capture.CaptureUnavailableError, match="did not start listening"):
+        capture.__enter__()
+    assert time.monotonic() - began_s < 20  # stopped, not waited on for its 60 s
+    assert started.exists()
 
 
 def test_a_segment_keeps_the_start_of_its_payload() -> None:
