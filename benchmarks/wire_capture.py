@@ -20,17 +20,18 @@ import os
 import select
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final
+
+from loopback_cluster.control_plane import free_port
 
 # pcap's magic numbers: timestamps in microseconds or nanoseconds, in either byte order.
 _MAGIC: Final = {
@@ -200,7 +201,7 @@ def _segment(packet: bytes, ethertype_at: int, link_bytes: int, at_s: float) -> 
     return Segment(at_s, source_port, destination_port, bytes(tcp[tcp_header_bytes:]))
 
 
-def calls(found: Iterator[Segment] | Sequence[Segment], port: int) -> list[Call]:
+def calls(found: Iterable[Segment], port: int) -> list[Call]:
     """Each connection's requests to `port` paired with their replies, in the order they were
     answered. A request is every segment from the client until the server's first; its verb is
     the path of its request line. A request the capture saw no reply to is left out, and so is
@@ -210,11 +211,9 @@ def calls(found: Iterator[Segment] | Sequence[Segment], port: int) -> list[Call]
     for segment in found:
         if segment.destination_port == port:
             client = segment.source_port
-            verb_and_last = open_requests.get(client)
-            if verb_and_last is None:
-                open_requests[client] = (_verb(segment.head), segment.at_s)
-            else:
-                open_requests[client] = (verb_and_last[0], segment.at_s)
+            opened = open_requests.get(client)
+            verb = _verb(segment.head) if opened is None else opened[0]
+            open_requests[client] = (verb, segment.at_s)
         elif segment.source_port == port:
             waiting = open_requests.pop(segment.destination_port, None)
             if waiting is not None and waiting[0] in VERBS:
@@ -254,13 +253,6 @@ def check() -> None:
     allowed to capture), before a run spends minutes on its setup."""
     with (
         tempfile.TemporaryDirectory(prefix="wire-capture-") as scratch,
-        Capture(_unused_port(), Path(scratch) / "check.pcap"),
+        Capture(free_port(), Path(scratch) / "check.pcap"),
     ):
         pass
-
-
-def _unused_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
