@@ -175,6 +175,10 @@ class Round:
     # What kube-scheduler waited on each call, read on the wire, by verb (`wire_capture.summary`;
     # empty without `--capture` and for no extender).
     wire: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The scorer's CPU over the same span per pod placed, by thread (its
+    # `gpu_scorer_thread_cpu_seconds_total`: request, node-watch, pod-watch, ...); empty for no
+    # extender, a null one, and a scorer from before the metric.
+    thread_cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -387,6 +391,20 @@ def scorer_totals(scorer: ScorerProcess) -> dict[str, tuple[float, int]]:
     return totals
 
 
+def scorer_thread_cpu_s(scorer: ScorerProcess) -> dict[str, float]:
+    """thread -> CPU seconds so far, from the scorer's `gpu_scorer_thread_cpu_seconds_total`
+    (empty from a scorer that does not export it)."""
+    with urllib.request.urlopen(f"{scorer.url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    prefix = 'gpu_scorer_thread_cpu_seconds_total{thread="'
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            labels, _, value = line.rpartition(" ")
+            totals[labels[len(prefix) : -len('"}')]] = float(value)
+    return totals
+
+
 def measure(
     plane: ControlPlane,
     mode: str,
@@ -430,6 +448,8 @@ def measure(
     before = {m: scorer_totals(s) for m, s in scorers.items()}
     extender = made.get(mode)
     pid = None if extender is None or extender.process.popen is None else extender.process.popen.pid
+    own = scorers.get(mode)
+    threads_before = {} if own is None else scorer_thread_cpu_s(own)
     cpu_before_s = None if pid is None else process_cpu_s(pid)
     profiling = while_scheduling is not None
     scheduler = plane.start_scheduler(
@@ -441,6 +461,7 @@ def measure(
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
         cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
+        threads_after = {} if own is None or not threads_before else scorer_thread_cpu_s(own)
     finally:
         scheduler.stop()
         plane.schedulers.pop(f"sched-{label}", None)
@@ -451,6 +472,10 @@ def measure(
     result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
     if cpu_s is not None:
         result.extender_cpu_ms_per_pod = cpu_s / len(times) * 1000
+    result.thread_cpu_ms_per_pod = {
+        thread: (spent_s - threads_before.get(thread, 0.0)) / len(times) * 1000
+        for thread, spent_s in threads_after.items()
+    }
     if mode in scorers:
         for verb, (seconds, count) in after[mode].items():
             requests = count - before[mode][verb][1]
@@ -623,6 +648,14 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
             "extender_cpu_ms_per_pod_median": _median_or_none(
                 [r.extender_cpu_ms_per_pod for r in mine]
             ),
+            "thread_cpu_ms_per_pod_median": {
+                thread: statistics.median(
+                    r.thread_cpu_ms_per_pod[thread]
+                    for r in mine
+                    if thread in r.thread_cpu_ms_per_pod
+                )
+                for thread in dict.fromkeys(t for r in mine for t in r.thread_cpu_ms_per_pod)
+            },
             "wire_mean_ms_median": {
                 verb: statistics.median(r.wire[verb]["mean_ms"] for r in mine if verb in r.wire)
                 for verb in wire_capture.VERBS
@@ -839,6 +872,7 @@ def markdown_section(
         "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
         for row in [header, ["-" * w for w in widths], *rows]
     ]
+    by_thread = _thread_table(document)
     churn = ", ".join(
         f"{r['patches_per_s']:g} patches/s at {r['config']['nodes']:,} nodes"
         for r in document["sizes"]
@@ -921,7 +955,47 @@ from the first bind to the last, read from a pod watch; `scorer ms` is the score
 patcher) shares the machine's cores.{warm_up} {before_line}{null_text}{inflight_text}
 
 {chr(10).join(lines)}
-{targets}{figure}"""
+{by_thread}{targets}{figure}"""
+
+
+# The threads that take most of the scorer's CPU, as the by-thread table's columns; the others
+# (verdict expiry, GC pacing, the accept loop, ...) are summed as "the rest".
+_THREAD_COLUMNS: Final = ("request", "node-watch", "pod-watch", "log-writer")
+
+
+def _thread_table(document: dict[str, Any]) -> str:
+    """The scorers' CPU per pod by thread (medians of the rounds), or "" for a run without it."""
+    rows: list[list[str]] = []
+    for result in document["sizes"]:
+        for mode, entry in result["modes"].items():
+            threads: dict[str, float] = entry.get("thread_cpu_ms_per_pod_median") or {}
+            if not threads:
+                continue
+            rest = sum(v for t, v in threads.items() if t not in _THREAD_COLUMNS)
+            rows.append(
+                [
+                    f"{result['config']['nodes']:,}",
+                    MODE_LABELS[mode],
+                    *(f"{threads.get(t, 0.0):.2f}" for t in _THREAD_COLUMNS),
+                    f"{rest:.2f}",
+                    f"{sum(threads.values()):.2f}",
+                ]
+            )
+    if not rows:
+        return ""
+    header = ["nodes", "mode", *_THREAD_COLUMNS, "the rest", "all threads"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    table = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in [header, ["-" * w for w in widths], *rows]
+    ]
+    return (
+        "\nThe scorer's CPU per pod placed by thread, ms (its `gpu_scorer_thread_cpu_seconds_total`"
+        " over the same span; `request` is kube-scheduler's calls and the work right after each"
+        " reply, `node-watch` and `pod-watch` each event decoded and its node judged again):\n\n"
+        + "\n".join(table)
+        + "\n"
+    )
 
 
 # Pods/s with the extender against without it: (mode, nodes, at least).

@@ -51,6 +51,7 @@ from exporter_scheduler.edges.tls import TlsContexts
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.responses import Response
+from exporter_scheduler.threadcpu import retire_current_thread
 
 # Once a request has started, the rest of it must arrive within this long.
 DEFAULT_REQUEST_TIMEOUT_S: Final = 60.0
@@ -193,7 +194,9 @@ class HttpServer:
             _refuse(sock)
             return
         connection = _Connection(self, sock)
-        thread = threading.Thread(target=self._run, args=(connection,), daemon=True)
+        thread = threading.Thread(
+            target=self._run, args=(connection,), name="gpu-scorer-request", daemon=True
+        )
         with self._lock:
             self._connections[connection] = thread
         thread.start()
@@ -208,6 +211,7 @@ class HttpServer:
             with self._lock:
                 self._connections.pop(connection, None)
             self._slots.release()
+            retire_current_thread()  # its CPU time stays counted once its clock is gone
 
     def tls_wrap(self, sock: socket.socket) -> socket.socket:
         if self._tls is None:

@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from exporter_scheduler.serving.wire import WireErrorCause
+from exporter_scheduler.threadcpu import ThreadCpuCollector
 
 Verb = Literal["filter", "prioritize", "explain"]
 
@@ -98,6 +99,9 @@ class ScorerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # First, so that a scrape reads the threads' clocks before the collectors that judge
+        # every node (`NodeDataCollector`) spend the scrape's own CPU.
+        r.register(ThreadCpuCollector())
         self.request_seconds = Histogram(
             "gpu_scorer_request_duration_seconds",
             "Time spent handling an extender request (decode, evaluate, encode), by verb.",

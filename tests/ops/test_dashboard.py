@@ -76,6 +76,7 @@ def test_every_query_selects_only_exported_metrics() -> None:
         ("node cache relists", "gpu_scorer_node_cache_relists_total"),
         ("in-flight accounting", "gpu_scorer_inflight_accounting"),
         ("pod watch restarts", "gpu_scorer_pod_cache_watch_restarts_total"),
+        ("scorer CPU by thread", "gpu_scorer_thread_cpu_seconds_total"),
         ("GPU health", "gpu_agent_health"),
     ],
 )

@@ -386,6 +386,68 @@ def test_the_wait_on_the_wire_is_a_column_only_where_it_was_captured() -> None:
     assert rows["names only, null extender in Go"].rstrip(" |").endswith("0.60 / 0.90")
 
 
+def test_the_scorers_cpu_by_thread_is_a_table_only_where_it_was_read() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    render = real_scheduler.markdown_section
+    assert "by thread" not in render(document, command="c", before=None, plotted=False)
+    summary = document["sizes"][0]  # type: ignore[index]
+    request_ms = [1.5, 1.2, 1.4]
+    for entry in summary["rounds"]:
+        if entry["mode"] == "names":
+            entry["thread_cpu_ms_per_pod"] = {
+                "request": request_ms[entry["round"]],
+                "node-watch": 0.3,
+                "pod-watch": 0.25,
+                "verdict-expiry": 0.01,
+                "gc-pacing": 0.02,
+            }
+    _summarize_again(summary)
+    threads = summary["modes"]["names"]["thread_cpu_ms_per_pod_median"]
+    assert threads["request"] == pytest.approx(1.4)
+    assert summary["modes"]["null-go-names"]["thread_cpu_ms_per_pod_median"] == {}
+    section = render(document, command="c", before=None, plotted=False)
+    header = next(line for line in section.splitlines() if "| all threads |" in line)
+    assert [c.strip() for c in header.strip("|").split("|")][2:] == [
+        "request",
+        "node-watch",
+        "pod-watch",
+        "log-writer",
+        "the rest",
+        "all threads",
+    ]
+    (row,) = (
+        line
+        for line in section.splitlines()
+        if line.startswith("| 300")
+        and "names only (" in line
+        and line.rstrip(" |").endswith("1.98")
+    )
+    # No log line was written in these rounds; the rest is the expiry timer and the GC pacer.
+    assert [c.strip() for c in row.strip("|").split("|")][2:] == [
+        "1.40",
+        "0.30",
+        "0.25",
+        "0.00",
+        "0.03",
+        "1.98",
+    ]
+
+
+def test_a_scorers_cpu_by_thread_is_read_from_its_metrics(tmp_path: Path) -> None:
+    served = tmp_path / "metrics"
+    served.write_text(
+        "# TYPE gpu_scorer_thread_cpu_seconds_total counter\n"
+        'gpu_scorer_thread_cpu_seconds_total{thread="request"} 1.25\n'
+        'gpu_scorer_thread_cpu_seconds_total{thread="pod-watch"} 0.5\n'
+        'gpu_scorer_thread_cpu_seconds_created{thread="request"} 1.7e9\n'
+        'gpu_scorer_request_duration_seconds_sum{verb="filter"} 3.0\n'
+    )
+    scorer = cast(real_scheduler.ScorerProcess, SimpleNamespace(url=tmp_path.as_uri()))
+    assert real_scheduler.scorer_thread_cpu_s(scorer) == {"request": 1.25, "pod-watch": 0.5}
+    served.write_text('gpu_scorer_request_duration_seconds_sum{verb="filter"} 3.0\n')
+    assert real_scheduler.scorer_thread_cpu_s(scorer) == {}  # a scorer from before the metric
+
+
 def test_a_round_is_captured_only_for_a_mode_with_an_extender(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
