@@ -7,8 +7,7 @@ reads only the names stored since (`ListView.patched`), not every name again.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Final
 
 from exporter_scheduler.serving.verdicts import Entry, VerdictTable
@@ -20,6 +19,9 @@ _FEW_CHANGES: Final = 8
 # since: each change costs a step in Python, where looking every name up again costs one dict
 # lookup in C per name (`NodeStore.judge`), and only the changes of its own nodes are saved.
 _PATCH_SHARE: Final = 8
+# The index of a list that names a node twice (no scheduler sends one): such a view is not
+# patched, and a request that sends it again looks every name up.
+_NAMED_TWICE: Final[dict[Hashable, int]] = {}
 
 
 class ListView:
@@ -37,7 +39,7 @@ class ListView:
         counts: dict[int, int],
         *,
         seen: int,
-        positions: dict[str, list[int]] | None = None,
+        positions: dict[Hashable, int] | None = None,
         replies: dict[str, bytes] | None = None,
     ) -> None:
         self.names = names
@@ -54,17 +56,19 @@ class ListView:
         self._positions = positions
 
     @property
-    def positions(self) -> dict[str, list[int]]:
-        """Name -> its indexes in the list."""
-        positions = self._positions
+    def positions(self) -> dict[Hashable, int] | None:
+        """Name -> its index in the list; None for a list that names a node twice."""
+        positions: dict[Hashable, int] | None = self._positions
         if positions is None:
-            # By the interned names the node cache stores (see `NodeCache._node_input`), so
-            # that finding a changed name compares identities rather than strings.
-            positions = {}
-            for index, name in enumerate(map(sys.intern, self.names)):
-                positions.setdefault(name, []).append(index)
+            # In C, one insertion per name. (Interning the names first, so that a changed name
+            # is found by identity, cost more than the string comparisons of the few names
+            # looked up.)
+            names = self.names
+            positions = dict(zip(names, range(len(names)), strict=True))
+            if len(positions) < len(names):
+                positions = _NAMED_TWICE
             self._positions = positions  # racy, and any thread builds the same index
-        return positions
+        return None if positions is _NAMED_TWICE else positions
 
     def with_entries(self, entries: list[Entry]) -> ListView:
         """This view with its entries (a filter's view, made from its tally indexes alone)."""
@@ -88,13 +92,25 @@ class ListView:
             return None
         # The latest entry of each name changed (None: dropped), in C.
         changed = dict(changes[self.seen - base : log_end - base])
-        positions: Mapping[Hashable, list[int]]
+        # Each changed name of this list: its latest entry, and where the list names it.
+        found: list[tuple[Entry | None, Sequence[int]]]
         if self._positions is None and len(changed) <= _FEW_CHANGES:
             # A few names changed: found by scanning the list in C, without indexing it.
-            positions = {name: at for name in changed if (at := _indexes(self.names, name))}
+            found = [
+                (entry, indexes)
+                for name, entry in changed.items()
+                if (indexes := _indexes(self.names, name))
+            ]
         else:
-            positions = self.positions  # type: ignore[assignment]  # str keys are Hashable
-        if not any(map(positions.__contains__, changed)):  # nothing of this list changed
+            positions = self.positions
+            if positions is None:
+                return None
+            found = [
+                (entry, (at,))
+                for name, entry in changed.items()
+                if (at := positions.get(name)) is not None
+            ]
+        if not found:  # nothing of this list changed
             return ListView(
                 self.names,
                 self.entries,
@@ -107,10 +123,7 @@ class ListView:
         entries = None if self.entries is None else self.entries[:]
         tally_ids = self.tally_ids[:]
         counts = dict(self.counts)
-        for name, entry in changed.items():
-            where = positions.get(name)
-            if where is None:
-                continue
+        for entry, where in found:
             if entry is None:  # dropped: its name is judged as unknown on the full path
                 return None
             for index in where:
@@ -121,7 +134,6 @@ class ListView:
                     tally_ids[index] = entry.tally
                 if entries is not None:
                     entries[index] = entry
-        # Only a whole index is handed on (`positions` may hold the changed names alone).
         return ListView(
             self.names, entries, tally_ids, counts, seen=log_end, positions=self._positions
         )

@@ -617,6 +617,29 @@ def test_a_node_list_asked_again_after_a_node_went_away(how: str) -> None:
     assert reply["FailedNodes"].keys() == {"n0", "n3", "n4", "n5"}
 
 
+@pytest.mark.parametrize("named_twice", [False, True])
+def test_a_long_list_asked_again_after_many_changes(named_twice: bool) -> None:
+    """Past a few changes a list's kept verdicts are patched through an index of its names; a
+    list that names a node twice (no scheduler sends one) is looked up name by name instead.
+    Either way the replies are a fresh evaluation's."""
+    clock = Clock()
+    policy = Policy()
+    names = [f"n{i:03d}" for i in range(160)]
+    store = NodeStore(clock=clock)
+    store.replace([gpu_node(n, utilization=0.5) for n in names])
+    app = _app(store, clock, policy)
+    asked = [*names, names[7]] if named_twice else names
+    body = names_body(hinted(), asked)
+    for round_index in range(3):
+        # More changes than a scan finds (8), fewer than the patch's limit (1/8 of the list).
+        for index in range(12):
+            hot = 0.95 if (index + round_index) % 2 else 0.2
+            store.put(gpu_node(names[7 + 9 * index], utilization=hot))
+        for verb in ("filter", "prioritize"):
+            want, _ = reference(verb, body, store.lookup(asked), clock.now, policy)
+            assert app.handle(verb, body).body == want
+
+
 def test_a_relist_keeps_the_verdicts_of_unchanged_nodes() -> None:
     clock = Clock()
     store = NodeStore(clock=clock)
