@@ -53,7 +53,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
+import shutil
 import socket
 import statistics
 import sys
@@ -151,6 +153,9 @@ class Config:
     before: str | None = None  # the commit `names-before` runs
     # Each extender call timed on the wire too (`benchmarks.wire_capture`: tcpdump on lo).
     capture: bool = False
+    # The CPUs the extenders run on, every other process of the run kept off them (empty: all
+    # share every CPU); see `--extender-cpus`.
+    extender_cpus: tuple[int, ...] = ()
 
     def pods_for(self, mode: str) -> int:
         return self.full_pods if mode.endswith("full") else self.pods
@@ -319,9 +324,12 @@ def extenders(
     *,
     record: Path | None = None,
     before: Path | None = None,
+    cpus: Sequence[int] = (),
 ) -> dict[str, Extender]:
     """Each mode's extender; `record`: the Python null extender writes the requests there;
-    `before`: the source tree `names-before` runs."""
+    `before`: the source tree `names-before` runs; `cpus`: the CPUs every extender runs on
+    (`taskset`, so that each of its threads inherits them), none: any."""
+    pinned = ["taskset", "--cpu-list", ",".join(map(str, cpus))] if cpus else []
     made: dict[str, Extender] = {}
     for mode in modes:
         if mode == "none":
@@ -344,6 +352,7 @@ def extenders(
                 # off the path, PYTHONPATH puts the tree on it.
                 scorer.argv.insert(1, "-P")
                 scorer.env["PYTHONPATH"] = str(before)
+            scorer.argv[:0] = pinned
             made[mode] = Extender(scorer.url, names_only, scorer, scorer, inflight=inflight)
             continue
         port = free_port()
@@ -353,7 +362,7 @@ def extenders(
             argv = [sys.executable, "-m", "benchmarks.null_extender", f"--port={port}"]
             argv += [f"--record={record}"] if record is not None else []
         process = BinaryProcess(
-            mode, argv, logs / f"{mode}.log", env={"PYTHONPATH": str(Path.cwd())}
+            mode, [*pinned, *argv], logs / f"{mode}.log", env={"PYTHONPATH": str(Path.cwd())}
         )
         made[mode] = Extender(f"http://127.0.0.1:{port}", names_only, process)
     return made
@@ -572,7 +581,14 @@ def bench(
                 namespace=NAMESPACE,
             )
         progress(f"{config.nodes} nodes registered in {time.monotonic() - started:.0f} s")
-        made = extenders(plane, scratch / "logs", config.modes, record=record, before=before)
+        made = extenders(
+            plane,
+            scratch / "logs",
+            config.modes,
+            record=record,
+            before=before,
+            cpus=config.extender_cpus,
+        )
         patcher = Patcher(plane, config)
         try:
             for extender in made.values():
@@ -937,10 +953,16 @@ def markdown_section(
         if with_cpu
         else ""
     )
-    per_request = (
-        f"per request in those rounds{cpu_text}. Everything (etcd, kube-apiserver, the "
-        "scheduler, the scorers, the"
+    pinned = first.get("extender_cpus") or ()
+    sharing = (
+        f"The extenders ran on CPU {', '.join(map(str, pinned))} alone (`--extender-cpus`), as a"
+        " Deployment on nodes of its own would; everything else (etcd, kube-apiserver, the "
+        "scheduler, the"
+        if pinned
+        else "Everything (etcd, kube-apiserver, the scheduler, the scorers, the"
     )
+    others = "on the other CPUs" if pinned else "shares the machine's cores"
+    per_request = f"per request in those rounds{cpu_text}. {sharing}"
     # Runs from before the version was recorded were all made on v1.36.3.
     kubernetes = document.get("kubernetes", "v1.36.3")
     return f"""{HEADING}
@@ -952,7 +974,7 @@ full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in 
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
 {per_request}
-patcher) shares the machine's cores.{warm_up} {before_line}{null_text}{inflight_text}
+patcher) {others}.{warm_up} {before_line}{null_text}{inflight_text}
 
 {chr(10).join(lines)}
 {by_thread}{targets}{figure}"""
@@ -1156,6 +1178,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="also time each extender call on the wire (tcpdump on lo; needs CAP_NET_RAW)",
     )
+    parser.add_argument(
+        "--extender-cpus",
+        metavar="CPUS",
+        default="",
+        help="comma-separated CPUs the extenders run on, every other process of the run (the "
+        "control plane, the patcher, this process) on the rest: an extender with cores of its "
+        "own, as a Deployment on other nodes has (default: all share every CPU)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--pool",
@@ -1174,6 +1204,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--modes: choose from {', '.join(ALL_MODES)}, with none (the baseline)")
     if (BEFORE_MODE in args.modes) != (args.before is not None):
         parser.error(f"--before and the mode {BEFORE_MODE} go together")
+    try:
+        args.extender_cpus = tuple(int(c) for c in args.extender_cpus.split(",") if c.strip())
+    except ValueError:
+        parser.error("--extender-cpus: comma-separated CPU numbers")
+    if args.extender_cpus:
+        usable = os.sched_getaffinity(0)
+        if not set(args.extender_cpus) < usable:
+            parser.error(
+                f"--extender-cpus: a part of this process's CPUs ({sorted(usable)}), leaving some "
+                "for the rest"
+            )
+        if shutil.which("taskset") is None:
+            parser.error("--extender-cpus needs taskset (util-linux) on PATH")
     return args
 
 
@@ -1193,6 +1236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(pooled_text(sizes_pooled, len(args.pool)))
         return 0
     sizes, modes = args.sizes, args.modes
+    if args.extender_cpus:
+        # This process and what it starts (the control plane, the patcher's threads) keep off
+        # the extenders' CPUs; each extender is started on them alone (`extenders`).
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - set(args.extender_cpus))
     if args.capture:
         try:
             wire_capture.check()  # before minutes of setup, not after them
@@ -1214,6 +1261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 modes=modes,
                 before=args.before,
                 capture=args.capture,
+                extender_cpus=args.extender_cpus,
             ),
             progress=progress,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,6 +59,54 @@ def test_each_scorer_mode_starts_the_scorer_it_names(
     config = real_scheduler.scheduler_config(mode, {mode: extender})
     assert config.extender is not None
     assert config.extender.node_cache_capable is want["names_only"]
+
+
+def test_pinned_extenders_start_on_their_cpus_alone(tmp_path: Path) -> None:
+    plane = cast(
+        ControlPlane,
+        SimpleNamespace(
+            admin_kubeconfig=tmp_path / "admin.kubeconfig",
+            spec=SimpleNamespace(bin_dir=tmp_path),
+        ),
+    )
+    modes = ["names", "null-go-names", "names-before"]
+    made = real_scheduler.extenders(plane, tmp_path, modes, before=tmp_path, cpus=(1, 3))
+    for mode in modes:
+        argv = made[mode].process.argv
+        assert argv[:3] == ["taskset", "--cpu-list", "1,3"], mode
+    # The earlier tree's scorer keeps its `-P` right after the interpreter.
+    assert made["names-before"].process.argv[3:5] == [sys.executable, "-P"]
+    unpinned = real_scheduler.extenders(plane, tmp_path, ["names"])["names"].process.argv
+    assert unpinned[0] == sys.executable
+
+
+@pytest.mark.parametrize(
+    ("flag", "error"),
+    [
+        ("0,1", "a part of this process's CPUs"),
+        ("7", "a part of this process's CPUs"),
+        ("one", "comma-separated CPU numbers"),
+    ],
+)
+def test_extender_cpus_must_leave_cpus_for_the_rest(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, error: str
+) -> None:
+    monkeypatch.setattr(real_scheduler.os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(SystemExit):
+        real_scheduler.parse_args(["--modes", "none,names", "--extender-cpus", flag])
+    assert error in capsys.readouterr().err
+    args = real_scheduler.parse_args(["--modes", "none,names", "--extender-cpus", "1"])
+    assert args.extender_cpus == (1,)
+
+
+def test_the_section_says_where_pinned_extenders_ran() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    render = real_scheduler.markdown_section
+    assert "shares the machine's cores" in render(document, command="c", before=None, plotted=False)
+    document["sizes"][0]["config"]["extender_cpus"] = [1]  # type: ignore[index]
+    section = " ".join(render(document, command="c", before=None, plotted=False).split())
+    assert "The extenders ran on CPU 1 alone (`--extender-cpus`)" in section
+    assert "patcher) on the other CPUs." in section
 
 
 def _document(
