@@ -266,6 +266,7 @@ def test_an_alert_fires_when_the_agent_stops(stack: _Stack) -> None:
         "Nodes by data status / A": "the node cache's data status",
         "Writes by reason / A": "the agent's writes",
         "Node cache state / A": "the node cache's readiness",
+        "Scorer CPU by thread / A": "the scorer's CPU by thread",
     }
     stack.until(
         "the dashboard's panels to show data", lambda: all(stack.query(queries[w]) for w in shown)
