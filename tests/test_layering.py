@@ -221,17 +221,18 @@ def test_a_circle_is_found() -> None:
 SCORER: Final = "exporter_scheduler"
 # The scorer's layers, lowest first, and which of the others each may import (besides itself):
 # the pure core stands alone; the settings read the core's policy; the log below the request
-# path that relies on it; the collector's pacing beside it, on its own; the request path reads
-# the core and the settings; the edges (HTTP, list + watch) drive the request path; the
-# command line wires everything.
+# path that relies on it; the collector's pacing and the threads' CPU clocks beside it, each on
+# its own; the request path reads the core and the settings (and exports the threads' CPU); the
+# edges (HTTP, list + watch) drive the request path; the command line wires everything.
 SCORER_LAYERS: Final[Mapping[str, frozenset[str]]] = {
     "core": frozenset(),
     "config": frozenset({"core"}),
     "logs": frozenset(),
     "heap": frozenset(),
-    "serving": frozenset({"core", "config", "logs"}),
-    "edges": frozenset({"core", "config", "logs", "serving"}),
-    "cli": frozenset({"core", "config", "logs", "heap", "serving", "edges"}),
+    "threadcpu": frozenset(),
+    "serving": frozenset({"core", "config", "logs", "threadcpu"}),
+    "edges": frozenset({"core", "config", "logs", "threadcpu", "serving"}),
+    "cli": frozenset({"core", "config", "logs", "heap", "threadcpu", "serving", "edges"}),
     "__main__": frozenset({"cli"}),
 }
 # Modules that only the named ones may import (besides themselves): rendering explanations is
