@@ -76,6 +76,7 @@ from benchmarks import wire_capture
 from benchmarks.intervals import median_interval, resolution
 from benchmarks.lifecycle import exit_on_sigterm
 from benchmarks.machine import machine_description, process_cpu_s
+from benchmarks.sections import markdown
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
 from loopback_cluster.control_plane import (
@@ -403,11 +404,9 @@ def scorer_totals(scorer: ScorerProcess) -> dict[str, tuple[float, int]]:
 def scorer_thread_cpu_s(scorer: ScorerProcess) -> dict[str, float]:
     """thread -> CPU seconds so far, from the scorer's `gpu_scorer_thread_cpu_seconds_total`
     (empty from a scorer that does not export it)."""
-    with urllib.request.urlopen(f"{scorer.url}/metrics", timeout=10) as response:
-        text = response.read().decode()
     prefix = 'gpu_scorer_thread_cpu_seconds_total{thread="'
     totals: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in scorer.metrics().splitlines():
         if line.startswith(prefix):
             labels, _, value = line.rpartition(" ")
             totals[labels[len(prefix) : -len('"}')]] = float(value)
@@ -1005,17 +1004,12 @@ def _thread_table(document: dict[str, Any]) -> str:
             )
     if not rows:
         return ""
-    header = ["nodes", "mode", *_THREAD_COLUMNS, "the rest", "all threads"]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    table = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in [header, ["-" * w for w in widths], *rows]
-    ]
+    table = markdown.table(["nodes", "mode", *_THREAD_COLUMNS, "the rest", "all threads"], rows)
     return (
         "\nThe scorer's CPU per pod placed by thread, ms (its `gpu_scorer_thread_cpu_seconds_total`"
         " over the same span; `request` is kube-scheduler's calls and the work right after each"
         " reply, `node-watch` and `pod-watch` each event decoded and its node judged again):\n\n"
-        + "\n".join(table)
+        + table
         + "\n"
     )
 

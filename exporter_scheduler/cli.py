@@ -225,7 +225,10 @@ def _serve(args: argparse.Namespace) -> int:
             observability = None
             if settings.metrics_port is not None:
                 observability = HttpServer(
-                    ObservabilityApp(app), host=settings.host, port=settings.metrics_port
+                    ObservabilityApp(app),
+                    host=settings.host,
+                    port=settings.metrics_port,
+                    thread_name="gpu-scorer-metrics",  # scrapes apart from the scheduler's calls
                 )
         except (OSError, ssl.SSLError) as exc:
             log.error("cannot listen on %s: %s", settings.host, exc)

@@ -6,8 +6,9 @@ reply), each watch, the verdict-expiry timer, the log writer. When the scorer's 
 operator can tell a busy Pod watch from slow requests, and the real-scheduler benchmark divides
 each thread's share by the pods placed.
 
-A thread's label is its name without the `gpu-scorer-` prefix (`request`, `node-watch`,
-`pod-watch`, ...); threads the scorer did not start count as `other`. The times are read at
+A thread's label is its name without the `gpu-scorer-` prefix (`request`, `metrics` for the
+scrapes on a separate metrics port, `node-watch`, `pod-watch`, ...); threads the scorer did not
+start count as `other`. The times are read at
 scrape time from each live thread's CPU clock (`time.pthread_getcpuclockid`), so nothing is
 counted on the request path. A request thread ends with its connection (kube-scheduler
 reconnects now and then), and its clock goes with it, so it adds its total to its label as it
@@ -30,8 +31,8 @@ from prometheus_client.registry import Collector
 METRIC: Final = "gpu_scorer_thread_cpu_seconds"
 _HELP: Final = (
     "CPU time of the scorer's threads, by thread: request (kube-scheduler's calls and the work "
-    "right after each reply), node-watch, pod-watch, verdict-expiry, log-writer, ...; other: "
-    "threads the scorer did not start."
+    "right after each reply), metrics (scrapes on a separate metrics port), node-watch, "
+    "pod-watch, verdict-expiry, log-writer, ...; other: threads the scorer did not start."
 )
 _PREFIX: Final = "gpu-scorer-"
 # The names of the scorer's own threads that carry no prefix.
@@ -97,9 +98,9 @@ class ThreadCpuCollector(Collector):
         yield CounterMetricFamily(METRIC, _HELP, labels=["thread"])
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(METRIC, _HELP, labels=["thread"])
         if not hasattr(time, "pthread_getcpuclockid"):
             return
+        family = CounterMetricFamily(METRIC, _HELP, labels=["thread"])
         totals = cpu_by_label()
         with self._reported_lock:
             reported = self._reported

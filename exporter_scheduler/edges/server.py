@@ -106,8 +106,12 @@ class HttpServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         tls_check_every_s: float = 30.0,
         hold_s: float = DEFAULT_HOLD_S,
+        thread_name: str = "gpu-scorer-request",
     ) -> None:
         self.app = app
+        # Each connection's thread: its CPU is counted under this name's label
+        # (`exporter_scheduler.threadcpu`).
+        self.thread_name = thread_name
         self.keep_alive_s = keep_alive_s
         self.hold_s = hold_s
         self.request_timeout_s = request_timeout_s
@@ -195,7 +199,7 @@ class HttpServer:
             return
         connection = _Connection(self, sock)
         thread = threading.Thread(
-            target=self._run, args=(connection,), name="gpu-scorer-request", daemon=True
+            target=self._run, args=(connection,), name=self.thread_name, daemon=True
         )
         with self._lock:
             self._connections[connection] = thread

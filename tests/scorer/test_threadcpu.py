@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from exporter_scheduler.core.records import NodeInput
+from exporter_scheduler.edges.server import HttpServer
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.threadcpu import (
     ThreadCpuCollector,
@@ -23,7 +24,6 @@ from tests.scorer._http_helpers import (
     gpu_annotations,
     make_app,
     pod,
-    serving,
     store_of,
 )
 
@@ -130,21 +130,27 @@ def test_a_label_never_falls_when_a_thread_ends_without_retiring() -> None:
     assert _value(collector, "probe-unretired") == seen_s
 
 
-def test_a_served_connections_thread_is_counted_after_it_closes() -> None:
+@pytest.mark.parametrize(
+    ("thread_name", "label"),
+    [("gpu-scorer-request", "request"), ("gpu-scorer-metrics", "metrics")],
+)
+def test_a_served_connections_thread_is_counted_after_it_closes(
+    thread_name: str, label: str
+) -> None:
     app = make_app(node_store=store_of([NodeInput("a", gpu_annotations(), None)]))
-    before_s = _value(ThreadCpuCollector(), "request")
-    with serving(app) as server:
+    before_s = _value(ThreadCpuCollector(), label)
+    with HttpServer(app, host="127.0.0.1", port=0, thread_name=thread_name) as server:
         conn = connect(server)
         for _ in range(20):
             assert call(conn, "POST", "/filter", args_body(pod(), names=["a", "b"]))[0] == 200
         conn.close()
     # `stop` joined the connection's thread: it retired as it ended.
-    after_s = cpu_by_label().get("request", 0.0)
+    after_s = cpu_by_label().get(label, 0.0)
     assert after_s > before_s
     text = ScorerMetrics().render()[0].decode()
     line = next(
         x
         for x in text.splitlines()
-        if x.startswith('gpu_scorer_thread_cpu_seconds_total{thread="request"}')
+        if x.startswith(f'gpu_scorer_thread_cpu_seconds_total{{thread="{label}"}}')
     )
     assert float(line.rsplit(" ", 1)[1]) >= after_s

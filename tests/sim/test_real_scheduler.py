@@ -491,7 +491,7 @@ def test_a_scorers_cpu_by_thread_is_read_from_its_metrics(tmp_path: Path) -> Non
         'gpu_scorer_thread_cpu_seconds_created{thread="request"} 1.7e9\n'
         'gpu_scorer_request_duration_seconds_sum{verb="filter"} 3.0\n'
     )
-    scorer = cast(real_scheduler.ScorerProcess, SimpleNamespace(url=tmp_path.as_uri()))
+    scorer = cast(real_scheduler.ScorerProcess, SimpleNamespace(metrics=served.read_text))
     assert real_scheduler.scorer_thread_cpu_s(scorer) == {"request": 1.25, "pod-watch": 0.5}
     served.write_text('gpu_scorer_request_duration_seconds_sum{verb="filter"} 3.0\n')
     assert real_scheduler.scorer_thread_cpu_s(scorer) == {}  # a scorer from before the metric
