@@ -34,3 +34,25 @@ def cpu_seconds(stat: str, ticks_per_s: int) -> float:
 def process_cpu_s(pid: int) -> float:
     """The CPU seconds process `pid` has used so far, every thread's (Linux)."""
     return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+
+
+def machine_cpu(stat: str, ticks_per_s: int) -> tuple[float, float]:
+    """(busy, idle) seconds of every CPU together so far, from `/proc/stat`'s first line (`cpu`).
+
+    Idle is `idle` + `iowait`; busy is the rest of the first eight fields (user, nice, system,
+    irq, softirq, steal). Guest time is counted within user already, so it is not added again."""
+    fields = stat.split("\n", 1)[0].split()
+    if len(fields) < 9 or fields[0] != "cpu":
+        raise ValueError(f"not a /proc/stat cpu line: {stat[:80]!r}")
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[1:9])
+    busy = user + nice + system + irq + softirq + steal
+    return busy / ticks_per_s, (idle + iowait) / ticks_per_s
+
+
+def machine_cpu_s() -> tuple[float, float] | None:
+    """`machine_cpu` of this machine now, or None where `/proc/stat` cannot be read (not Linux)."""
+    try:
+        stat = Path("/proc/stat").read_text()
+    except OSError:
+        return None
+    return machine_cpu(stat, os.sysconf("SC_CLK_TCK"))

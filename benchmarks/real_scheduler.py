@@ -75,7 +75,7 @@ from typing import Any, Final
 from benchmarks import wire_capture
 from benchmarks.intervals import median_interval, resolution
 from benchmarks.lifecycle import exit_on_sigterm
-from benchmarks.machine import machine_description, process_cpu_s
+from benchmarks.machine import machine_cpu_s, machine_description, process_cpu_s
 from benchmarks.sections import markdown
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
@@ -185,6 +185,12 @@ class Round:
     # `gpu_scorer_thread_cpu_seconds_total`: request, node-watch, pod-watch, ...); empty for no
     # extender, a null one, and a scorer from before the metric.
     thread_cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
+    # The whole machine over the same span (`/proc/stat`): the share of its CPU time left idle,
+    # and the CPU every process used (etcd, the API server, the schedulers, the extenders, the
+    # patcher, this benchmark) per pod placed. Near no idle time the cores are saturated, and
+    # pods/s is what they hold divided by the CPU each pod takes of them. None: not read.
+    machine_idle_share: float | None = None
+    machine_cpu_ms_per_pod: float | None = None
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -459,6 +465,7 @@ def measure(
     own = scorers.get(mode)
     threads_before = {} if own is None else scorer_thread_cpu_s(own)
     cpu_before_s = None if pid is None else process_cpu_s(pid)
+    machine_before = machine_cpu_s()
     profiling = while_scheduling is not None
     scheduler = plane.start_scheduler(
         scheduler_config(mode, made, profiling=profiling), name=f"sched-{label}"
@@ -469,6 +476,7 @@ def measure(
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
         cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
+        machine_after = machine_cpu_s()
         threads_after = {} if own is None or not threads_before else scorer_thread_cpu_s(own)
     finally:
         scheduler.stop()
@@ -480,6 +488,12 @@ def measure(
     result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
     if cpu_s is not None:
         result.extender_cpu_ms_per_pod = cpu_s / len(times) * 1000
+    if machine_before is not None and machine_after is not None:
+        busy_s = machine_after[0] - machine_before[0]
+        idle_s = machine_after[1] - machine_before[1]
+        if busy_s + idle_s > 0:
+            result.machine_idle_share = idle_s / (busy_s + idle_s)
+            result.machine_cpu_ms_per_pod = busy_s / len(times) * 1000
     result.thread_cpu_ms_per_pod = {
         thread: (spent_s - threads_before.get(thread, 0.0)) / len(times) * 1000
         for thread, spent_s in threads_after.items()
@@ -663,6 +677,10 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
             "extender_cpu_ms_per_pod_median": _median_or_none(
                 [r.extender_cpu_ms_per_pod for r in mine]
             ),
+            "machine_idle_share_median": _median_or_none([r.machine_idle_share for r in mine]),
+            "machine_cpu_ms_per_pod_median": _median_or_none(
+                [r.machine_cpu_ms_per_pod for r in mine]
+            ),
             "thread_cpu_ms_per_pod_median": {
                 thread: statistics.median(
                     r.thread_cpu_ms_per_pod[thread]
@@ -844,6 +862,12 @@ def markdown_section(
         for result in document["sizes"]
         for entry in result["modes"].values()
     )
+    # Runs from before the machine's CPU was read have no such columns.
+    with_machine = any(
+        entry.get("machine_idle_share_median") is not None
+        for result in document["sizes"]
+        for entry in result["modes"].values()
+    )
     for result in document["sizes"]:
         nodes = result["config"]["nodes"]
         earlier = _size(before, nodes) if before else None
@@ -854,6 +878,8 @@ def markdown_section(
             server = entry.get("scorer_ms_median", {})
             cpu = entry.get("extender_cpu_ms_per_pod_median")
             wire = entry.get("wire_mean_ms_median") or {}
+            idle = entry.get("machine_idle_share_median")
+            busy = entry.get("machine_cpu_ms_per_pod_median")
             rows.append(
                 [
                     f"{nodes:,}",
@@ -869,6 +895,14 @@ def markdown_section(
                         if with_wire
                         else []
                     ),
+                    *(
+                        [
+                            "" if idle is None else f"{idle:.0%}",
+                            "" if busy is None else f"{busy:.2f}",
+                        ]
+                        if with_machine
+                        else []
+                    ),
                 ]
             )
     header = [
@@ -881,6 +915,7 @@ def markdown_section(
         "scorer ms (filter / prioritize)",
         *(["extender CPU ms/pod"] if with_cpu else []),
         *(["on the wire, mean ms (filter / prioritize)"] if with_wire else []),
+        *(["machine idle", "machine CPU ms/pod"] if with_machine else []),
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
@@ -952,6 +987,14 @@ def markdown_section(
         if with_cpu
         else ""
     )
+    machine_text = (
+        "; `machine idle` is the share of the machine's CPU time (every core) left idle over the"
+        " same span, and `machine CPU ms/pod` the CPU every process on it used per pod placed"
+        " (`/proc/stat`): where idle is near 0 the cores are saturated, and pods/s is about what"
+        " they hold divided by the CPU a pod takes of them, the extender's included"
+        if with_machine
+        else ""
+    )
     pinned = first.get("extender_cpus") or ()
     sharing = (
         f"The extenders ran on CPU {', '.join(map(str, pinned))} alone (`--extender-cpus`), as a"
@@ -961,7 +1004,7 @@ def markdown_section(
         else "Everything (etcd, kube-apiserver, the scheduler, the scorers, the"
     )
     others = "on the other CPUs" if pinned else "shares the machine's cores"
-    per_request = f"per request in those rounds{cpu_text}. {sharing}"
+    per_request = f"per request in those rounds{cpu_text}{machine_text}. {sharing}"
     # Runs from before the version was recorded were all made on v1.36.3.
     kubernetes = document.get("kubernetes", "v1.36.3")
     return f"""{HEADING}

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from benchmarks import real_scheduler, wire_capture
+from benchmarks.machine import machine_cpu, machine_cpu_s
 from benchmarks.sections import scheduler
 from loopback_cluster.control_plane import ControlPlane
 
@@ -407,6 +409,70 @@ def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     assert "| extender CPU ms/pod |" in section
     names_row = next(line for line in section.splitlines() if "| names only (" in line)
     assert names_row.rstrip(" |").endswith("0.50")
+
+
+def test_the_machines_idle_share_and_cpu_per_pod_are_columns_only_where_they_were_read() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    render = real_scheduler.markdown_section
+    section = render(document, command="c", before=None, plotted=False)
+    assert "machine idle" not in section  # an earlier run's document: no such figures
+    summary = document["sizes"][0]  # type: ignore[index]
+    idle_by_mode = {"none": [0.1, 0.02, 0.03], "names": [0.01, 0.04, 0.02]}
+    for entry in summary["rounds"]:
+        if entry["mode"] in idle_by_mode:
+            entry["machine_idle_share"] = idle_by_mode[entry["mode"]][entry["round"]]
+            entry["machine_cpu_ms_per_pod"] = 10.0 + entry["round"]
+    _summarize_again(summary)
+    assert summary["modes"]["none"]["machine_idle_share_median"] == pytest.approx(0.03)
+    assert summary["modes"]["names"]["machine_cpu_ms_per_pod_median"] == pytest.approx(11.0)
+    assert summary["modes"]["null-go-names"]["machine_idle_share_median"] is None
+    section = render(document, command="c", before=None, plotted=False)
+    assert "| machine idle | machine CPU ms/pod |" in section
+    assert "the cores are saturated" in section
+    cells = {
+        row[2]: row[-3:-1]  # the last two columns (the line ends with "|")
+        for row in ([c.strip() for c in line.split("|")] for line in section.splitlines())
+        if len(row) > 3 and row[1] == "300"
+    }
+    assert cells["names only (`nodeCacheCapable: true`)"] == ["2%", "11.00"]
+    assert cells["no extender"] == ["3%", "11.00"]
+    assert cells["names only, null extender in Go"] == ["", ""]  # not read in its rounds
+
+
+@pytest.mark.parametrize(
+    ("stat", "ticks_per_s", "busy_s", "idle_s"),
+    [
+        # user nice system idle iowait irq softirq steal guest guest_nice: guest is in user.
+        pytest.param("cpu  300 10 90 500 20 5 15 30 40 0\ncpu0 1 2 3 4\n", 100, 4.5, 5.2, id="ten"),
+        pytest.param("cpu  8 0 4 20 0 0 0 0\n", 4, 3.0, 5.0, id="eight-fields"),
+    ],
+)  # fmt: skip
+def test_the_machines_cpu_is_read_from_the_first_line_of_proc_stat(
+    stat: str, ticks_per_s: int, busy_s: float, idle_s: float
+) -> None:
+    busy, idle = machine_cpu(stat, ticks_per_s)
+    assert busy == pytest.approx(busy_s)
+    assert idle == pytest.approx(idle_s)
+
+
+@pytest.mark.parametrize("stat", ["cpu0 1 2 3 4 5 6 7 8\n", "cpu 1 2 3\n", ""])
+def test_a_proc_stat_without_its_cpu_line_is_a_clear_error(stat: str) -> None:
+    with pytest.raises(ValueError, match="not a /proc/stat cpu line"):
+        machine_cpu(stat, 100)
+
+
+def test_this_machines_cpu_grows_as_a_process_spends_it() -> None:
+    before = machine_cpu_s()
+    if before is None:
+        pytest.skip("no /proc/stat here")
+    # Busy until the machine's busy time has moved on (it counts in clock ticks, 10 ms where
+    # SC_CLK_TCK is 100): a process's CPU must show in the machine's.
+    started = time.process_time()
+    after = before
+    while after[0] <= before[0] and time.process_time() - started < 10.0:
+        after = machine_cpu_s() or before
+    assert after[0] > before[0]
+    assert after[1] >= before[1]
 
 
 def test_the_wait_on_the_wire_is_a_column_only_where_it_was_captured() -> None:
