@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import NamedTuple
 
 
 def machine_description() -> str:
@@ -36,23 +37,33 @@ def process_cpu_s(pid: int) -> float:
     return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
-def machine_cpu(stat: str, ticks_per_s: int) -> tuple[float, float]:
-    """(busy, idle) seconds of every CPU together so far, from `/proc/stat`'s first line (`cpu`).
+class MachineCpu(NamedTuple):
+    """Seconds of every CPU together so far, by what they went to."""
 
-    Idle is `idle` + `iowait`; busy is the rest of the first eight fields (user, nice, system,
-    irq, softirq, steal). Guest time is counted within user already, so it is not added again."""
+    busy_s: float  # run by the machine's processes and its kernel
+    idle_s: float  # idle, or waiting on I/O
+    steal_s: float  # taken by the hypervisor for other guests: neither idle nor this machine's
+
+
+def machine_cpu(stat: str, ticks_per_s: int) -> MachineCpu:
+    """`MachineCpu` from `/proc/stat`'s first line (`cpu`): busy is user, nice, system, irq and
+    softirq (guest time is counted within user already, so it is not added again), idle is
+    idle + iowait. Fields an older kernel does not have (irq, softirq, steal) count as 0."""
     fields = stat.split("\n", 1)[0].split()
-    if len(fields) < 9 or fields[0] != "cpu":
+    if len(fields) < 6 or fields[0] != "cpu":
         raise ValueError(f"not a /proc/stat cpu line: {stat[:80]!r}")
-    user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[1:9])
-    busy = user + nice + system + irq + softirq + steal
-    return busy / ticks_per_s, (idle + iowait) / ticks_per_s
+    user, nice, system, idle, iowait, irq, softirq, steal = [*map(int, fields[1:9]), 0, 0, 0][:8]
+    return MachineCpu(
+        busy_s=(user + nice + system + irq + softirq) / ticks_per_s,
+        idle_s=(idle + iowait) / ticks_per_s,
+        steal_s=steal / ticks_per_s,
+    )
 
 
-def machine_cpu_s() -> tuple[float, float] | None:
-    """`machine_cpu` of this machine now, or None where `/proc/stat` cannot be read (not Linux)."""
+def machine_cpu_s() -> MachineCpu | None:
+    """`machine_cpu` of this machine now; None where `/proc/stat` cannot be read or is not as
+    Linux writes it (the figures that need it are then left out, not the benchmark)."""
     try:
-        stat = Path("/proc/stat").read_text()
-    except OSError:
+        return machine_cpu(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
         return None
-    return machine_cpu(stat, os.sysconf("SC_CLK_TCK"))

@@ -75,7 +75,7 @@ from typing import Any, Final
 from benchmarks import wire_capture
 from benchmarks.intervals import median_interval, resolution
 from benchmarks.lifecycle import exit_on_sigterm
-from benchmarks.machine import machine_cpu_s, machine_description, process_cpu_s
+from benchmarks.machine import MachineCpu, machine_cpu_s, machine_description, process_cpu_s
 from benchmarks.sections import markdown
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
@@ -185,10 +185,11 @@ class Round:
     # `gpu_scorer_thread_cpu_seconds_total`: request, node-watch, pod-watch, ...); empty for no
     # extender, a null one, and a scorer from before the metric.
     thread_cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
-    # The whole machine over the same span (`/proc/stat`): the share of its CPU time left idle,
-    # and the CPU every process used (etcd, the API server, the schedulers, the extenders, the
-    # patcher, this benchmark) per pod placed. Near no idle time the cores are saturated, and
-    # pods/s is what they hold divided by the CPU each pod takes of them. None: not read.
+    # The whole machine from the first bind to the last, the span pods/s is counted over
+    # (`/proc/stat`): the share of its CPU time left idle, and the CPU every process used (etcd,
+    # the API server, the schedulers, the extenders, the patcher, this benchmark) per pod placed.
+    # Near no idle time the cores are saturated, and pods/s is about what they hold divided by
+    # the CPU each pod takes of them. None: not read.
     machine_idle_share: float | None = None
     machine_cpu_ms_per_pod: float | None = None
 
@@ -440,6 +441,8 @@ def measure(
         resource_version = listed["metadata"]["resourceVersion"]
         create_pods(plane, names, scheduler_name=f"bench-{mode}")
     bind_times: dict[str, float] = {}
+    # The machine's CPU at the first bind and at the last, read where the binds are seen.
+    machine_at: list[MachineCpu | None] = []
     done = threading.Event()
 
     def watch_binds() -> None:
@@ -451,8 +454,12 @@ def measure(
             for event in api.watch(path, timeout_s=config.timeout_s):
                 pod = event.get("object", {})
                 if pod.get("spec", {}).get("nodeName"):
+                    seen = len(bind_times)
                     bind_times.setdefault(pod["metadata"]["name"], time.monotonic())
+                    if seen == 0 and bind_times:
+                        machine_at.append(machine_cpu_s())
                 if len(bind_times) >= len(names):
+                    machine_at.append(machine_cpu_s())
                     break
         done.set()
 
@@ -465,7 +472,6 @@ def measure(
     own = scorers.get(mode)
     threads_before = {} if own is None else scorer_thread_cpu_s(own)
     cpu_before_s = None if pid is None else process_cpu_s(pid)
-    machine_before = machine_cpu_s()
     profiling = while_scheduling is not None
     scheduler = plane.start_scheduler(
         scheduler_config(mode, made, profiling=profiling), name=f"sched-{label}"
@@ -476,7 +482,6 @@ def measure(
         if not done.wait(config.timeout_s):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
         cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
-        machine_after = machine_cpu_s()
         threads_after = {} if own is None or not threads_before else scorer_thread_cpu_s(own)
     finally:
         scheduler.stop()
@@ -488,12 +493,7 @@ def measure(
     result = Round(mode, round_index, (len(times) - 1) / span_s if span_s > 0 else 0.0, span_s)
     if cpu_s is not None:
         result.extender_cpu_ms_per_pod = cpu_s / len(times) * 1000
-    if machine_before is not None and machine_after is not None:
-        busy_s = machine_after[0] - machine_before[0]
-        idle_s = machine_after[1] - machine_before[1]
-        if busy_s + idle_s > 0:
-            result.machine_idle_share = idle_s / (busy_s + idle_s)
-            result.machine_cpu_ms_per_pod = busy_s / len(times) * 1000
+    _add_machine(result, machine_at, placed=len(times) - 1)
     result.thread_cpu_ms_per_pod = {
         thread: (spent_s - threads_before.get(thread, 0.0)) / len(times) * 1000
         for thread, spent_s in threads_after.items()
@@ -718,6 +718,21 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
     }
 
 
+def _add_machine(result: Round, machine_at: Sequence[MachineCpu | None], *, placed: int) -> None:
+    """The machine's idle share and CPU per pod between its two readings (the first bind and
+    the last), over the `placed` pods pods/s counts there; nothing where either is missing."""
+    if len(machine_at) != 2 or placed <= 0:
+        return
+    first, last = machine_at
+    if first is None or last is None:
+        return
+    busy_s, idle_s, steal_s = (b - a for a, b in zip(first, last, strict=True))
+    total_s = busy_s + idle_s + steal_s
+    if total_s > 0:
+        result.machine_idle_share = idle_s / total_s
+        result.machine_cpu_ms_per_pod = busy_s / placed * 1000
+
+
 def _median_or_none(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
@@ -897,7 +912,7 @@ def markdown_section(
                     ),
                     *(
                         [
-                            "" if idle is None else f"{idle:.0%}",
+                            "" if idle is None else f"{idle:.1%}",
                             "" if busy is None else f"{busy:.2f}",
                         ]
                         if with_machine
@@ -988,10 +1003,11 @@ def markdown_section(
         else ""
     )
     machine_text = (
-        "; `machine idle` is the share of the machine's CPU time (every core) left idle over the"
-        " same span, and `machine CPU ms/pod` the CPU every process on it used per pod placed"
-        " (`/proc/stat`): where idle is near 0 the cores are saturated, and pods/s is about what"
-        " they hold divided by the CPU a pod takes of them, the extender's included"
+        "; `machine idle` is the share of the machine's CPU time (every core) left idle from the"
+        " first bind to the last, and `machine CPU ms/pod` the CPU every process on it used over"
+        " that span per pod placed (`/proc/stat`; time a hypervisor stole is in neither): where"
+        " idle is near 0 the cores are saturated, and pods/s is about what they hold divided by"
+        " the CPU a pod takes of them, the extender's included"
         if with_machine
         else ""
     )
