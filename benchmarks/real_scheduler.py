@@ -65,7 +65,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -420,6 +420,45 @@ def scorer_thread_cpu_s(scorer: ScorerProcess) -> dict[str, float]:
     return totals
 
 
+def follow_binds(
+    watch: Callable[[str], Iterable[dict[str, Any]]],
+    pods_path: str,
+    resource_version: str,
+    names: Sequence[str],
+    *,
+    deadline_s: float,
+    bind_times: dict[str, float],
+    machine_at: list[MachineCpu | None],
+) -> None:
+    """Record when each of `names` is first seen bound (`time.monotonic`, into `bind_times`),
+    from the watches of `pods_path` after `resource_version`, and the machine's CPU at the first
+    bind and at the last (into `machine_at`); until every pod is bound or `deadline_s` passes.
+
+    The API server may end a watch before the burst is bound (it closes the watch of a reader
+    that falls behind a burst's events, as this one may on saturated cores, or ends it with an
+    ERROR event): each new watch starts after the last event seen, so that no bind is missed
+    and none is counted twice."""
+    version = resource_version
+    while len(bind_times) < len(names) and time.monotonic() < deadline_s:
+        events = 0
+        for event in watch(f"{pods_path}&resourceVersion={version}&allowWatchBookmarks=false"):
+            events += 1
+            pod = event.get("object", {})
+            if event.get("type") == "ERROR":
+                break  # a Status, not a Pod: watch again from the last event seen
+            version = pod.get("metadata", {}).get("resourceVersion") or version
+            if pod.get("spec", {}).get("nodeName"):
+                seen = len(bind_times)
+                bind_times.setdefault(pod["metadata"]["name"], time.monotonic())
+                if seen == 0:  # this event is the first bind
+                    machine_at.append(machine_cpu_s())
+            if len(bind_times) >= len(names):
+                machine_at.append(machine_cpu_s())
+                return
+        if not events:
+            time.sleep(0.05)  # a watch that ends at once: not a hot loop against the server
+
+
 def measure(
     plane: ControlPlane,
     mode: str,
@@ -446,22 +485,19 @@ def measure(
     done = threading.Event()
 
     def watch_binds() -> None:
-        with plane.admin() as api:
-            path = (
-                f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=round%3D{label}"
-                f"&resourceVersion={resource_version}&allowWatchBookmarks=false"
-            )
-            for event in api.watch(path, timeout_s=config.timeout_s):
-                pod = event.get("object", {})
-                if pod.get("spec", {}).get("nodeName"):
-                    seen = len(bind_times)
-                    bind_times.setdefault(pod["metadata"]["name"], time.monotonic())
-                    if seen == 0 and bind_times:
-                        machine_at.append(machine_cpu_s())
-                if len(bind_times) >= len(names):
-                    machine_at.append(machine_cpu_s())
-                    break
-        done.set()
+        try:
+            with plane.admin() as api:
+                follow_binds(
+                    lambda path: api.watch(path, timeout_s=config.timeout_s),
+                    f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=round%3D{label}",
+                    resource_version,
+                    names,
+                    deadline_s=time.monotonic() + config.timeout_s,
+                    bind_times=bind_times,
+                    machine_at=machine_at,
+                )
+        finally:
+            done.set()  # a watch that failed leaves pods unbound: the round says how many
 
     watcher = threading.Thread(target=watch_binds, name="bind-watch", daemon=True)
     watcher.start()
@@ -479,7 +515,8 @@ def measure(
     try:
         if while_scheduling is not None:
             while_scheduling(scheduler)
-        if not done.wait(config.timeout_s):
+        # Set once every pod is bound, or when the watches gave up at the deadline.
+        if not done.wait(config.timeout_s) or len(bind_times) < len(names):
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
         cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
         threads_after = {} if own is None or not threads_before else scorer_thread_cpu_s(own)

@@ -477,6 +477,75 @@ def test_this_machines_cpu_grows_as_a_process_spends_it() -> None:
     assert after.steal_s >= before.steal_s
 
 
+def _pod_event(kind: str, name: str, version: int, node: str = "") -> dict[str, Any]:
+    spec = {"nodeName": node} if node else {}
+    return {
+        "type": kind,
+        "object": {"metadata": {"name": name, "resourceVersion": str(version)}, "spec": spec},
+    }
+
+
+def test_binds_are_followed_across_watches_the_server_ends() -> None:
+    names = ["p-0", "p-1", "p-2"]
+    watches = [
+        # Created, one bound, then the server closes the stream.
+        [_pod_event("ADDED", n, 10 + i) for i, n in enumerate(names)]
+        + [_pod_event("MODIFIED", "p-0", 20, "gpu-1")],
+        # The next one ends with a Status: the resource version it names is not a Pod's.
+        [
+            _pod_event("MODIFIED", "p-1", 21, "gpu-2"),
+            {"type": "ERROR", "object": {"kind": "Status", "code": 500}},
+        ],
+        # The last, with the bind seen before repeated: counted once.
+        [_pod_event("MODIFIED", "p-0", 22, "gpu-1"), _pod_event("MODIFIED", "p-2", 23, "gpu-3")],
+    ]
+    paths: list[str] = []
+
+    def watch(path: str) -> list[dict[str, Any]]:
+        paths.append(path)
+        return watches[len(paths) - 1]
+
+    bind_times: dict[str, float] = {}
+    machine_at: list[MachineCpu | None] = []
+    real_scheduler.follow_binds(
+        watch,
+        "/pods?labelSelector=round%3Dr0",
+        "5",
+        names,
+        deadline_s=time.monotonic() + 60,
+        bind_times=bind_times,
+        machine_at=machine_at,
+    )
+    assert [p.split("resourceVersion=")[1].split("&")[0] for p in paths] == ["5", "20", "21"]
+    assert list(bind_times) == names
+    assert bind_times["p-0"] <= bind_times["p-1"] <= bind_times["p-2"]
+    assert len(machine_at) == 2  # at the first bind and at the last
+
+
+def test_binds_followed_until_the_deadline_leave_the_rest_unbound() -> None:
+    calls = [0]
+
+    def watch(path: str) -> list[dict[str, Any]]:
+        calls[0] += 1
+        return [_pod_event("MODIFIED", "p-0", 7, "gpu-1")] if calls[0] == 1 else []
+
+    bind_times: dict[str, float] = {}
+    machine_at: list[MachineCpu | None] = []
+    real_scheduler.follow_binds(
+        watch,
+        "/pods?x=1",
+        "1",
+        ["p-0", "p-1"],
+        deadline_s=time.monotonic() + 1.0,
+        bind_times=bind_times,
+        machine_at=machine_at,
+    )
+    assert list(bind_times) == ["p-0"]
+    assert len(machine_at) == 1  # no last bind: the round's machine figures are left out
+    # Empty watches are retried after a pause (0.05 s), not in a hot loop, until the deadline.
+    assert 2 <= calls[0] <= 40
+
+
 def test_the_machines_share_and_cpu_per_pod_span_the_first_bind_to_the_last() -> None:
     first = MachineCpu(busy_s=100.0, idle_s=50.0, steal_s=1.0)
     last = MachineCpu(busy_s=101.8, idle_s=50.1, steal_s=1.1)
