@@ -392,6 +392,15 @@ def _summarize_again(summary: dict[str, Any]) -> None:
     summary["modes"] = real_scheduler.summarize(config, rounds, patcher)["modes"]
 
 
+def _set_per_round(summary: dict[str, Any], field: str, by_mode: dict[str, list[Any]]) -> None:
+    """Give each round of a mode in `by_mode` its value of `field` (by round index), then make
+    the summary's modes again from the rounds."""
+    for entry in summary["rounds"]:
+        if entry["mode"] in by_mode:
+            entry[field] = by_mode[entry["mode"]][entry["round"]]
+    _summarize_again(summary)
+
+
 def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
     render = real_scheduler.markdown_section
@@ -399,10 +408,7 @@ def test_the_extenders_cpu_per_pod_is_a_column_only_where_it_was_read() -> None:
     assert "extender CPU ms/pod" not in section  # an earlier run's document: no such figure
     summary = document["sizes"][0]  # type: ignore[index]
     cpu_by_mode = {"names": [0.4, 0.6, 0.5], "null-go-names": [0.2, 0.3, 0.1]}
-    for entry in summary["rounds"]:
-        if entry["mode"] in cpu_by_mode:
-            entry["extender_cpu_ms_per_pod"] = cpu_by_mode[entry["mode"]][entry["round"]]
-    _summarize_again(summary)
+    _set_per_round(summary, "extender_cpu_ms_per_pod", cpu_by_mode)
     assert summary["modes"]["names"]["extender_cpu_ms_per_pod_median"] == pytest.approx(0.5)
     assert summary["modes"]["none"]["extender_cpu_ms_per_pod_median"] is None
     section = render(document, command="c", before=None, plotted=False)
@@ -417,12 +423,12 @@ def test_the_machines_idle_share_and_cpu_per_pod_are_columns_only_where_they_wer
     section = render(document, command="c", before=None, plotted=False)
     assert "machine idle" not in section  # an earlier run's document: no such figures
     summary = document["sizes"][0]  # type: ignore[index]
-    idle_by_mode = {"none": [0.1, 0.02, 0.03], "names": [0.01, 0.04, 0.02]}
-    for entry in summary["rounds"]:
-        if entry["mode"] in idle_by_mode:
-            entry["machine_idle_share"] = idle_by_mode[entry["mode"]][entry["round"]]
-            entry["machine_cpu_ms_per_pod"] = 10.0 + entry["round"]
-    _summarize_again(summary)
+    _set_per_round(
+        summary, "machine_idle_share", {"none": [0.1, 0.02, 0.03], "names": [0.01, 0.04, 0.02]}
+    )
+    _set_per_round(
+        summary, "machine_cpu_ms_per_pod", {m: [10.0, 11.0, 12.0] for m in ("none", "names")}
+    )
     assert summary["modes"]["none"]["machine_idle_share_median"] == pytest.approx(0.03)
     assert summary["modes"]["names"]["machine_cpu_ms_per_pod_median"] == pytest.approx(11.0)
     assert summary["modes"]["null-go-names"]["machine_idle_share_median"] is None
