@@ -14,7 +14,6 @@ the node cache's first LIST an `Error` rather than a blind verdict.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
@@ -26,6 +25,8 @@ from itertools import compress
 from types import MappingProxyType
 from typing import Final
 from urllib.parse import parse_qs
+
+import msgspec
 
 from exporter_scheduler.config.profiles import PolicySet, Profile
 from exporter_scheduler.config.serving import DEFAULT_MAX_BODY_BYTES
@@ -244,7 +245,7 @@ class ScorerApp:
                 self.workloads.observe_requested(request.records, request.keys)
             if self.dra is not None:
                 pod = dra_pod(request.pod, self.dra, extended=self.dra_extended_resource)
-                request = dataclasses.replace(request, pod=pod)
+                request = msgspec.structs.replace(request, pod=pod)
             pod_class = self._pod_class(request, now)
             if verb == "explain":
                 response = self._explain(request, pod_class, now, query)
@@ -348,7 +349,7 @@ class ScorerApp:
         if workloads is not None and policy.own_load and pod.workload is not None:
             learned = workloads.learned_for(pod.workload, now)
             if learned is not None:
-                pod = dataclasses.replace(pod, learned=learned)
+                pod = msgspec.structs.replace(pod, learned=learned)
         known = self._classes.get(pod_class_key(pod, policy))
         if known is not None and known.policy is policy:
             return known
@@ -564,7 +565,7 @@ class ScorerApp:
             if pods_of is None:
                 nodes = request.nodes
             else:
-                nodes = [dataclasses.replace(n, pods=pods_of(n.name)) for n in request.nodes]
+                nodes = [msgspec.structs.replace(n, pods=pods_of(n.name)) for n in request.nodes]
         return nodes if dra is None or self.dra is None else dra_nodes(nodes, self.dra, dra)
 
     def _pods_of_at(self, now: datetime) -> Callable[[str], tuple[BoundPod, ...]] | None:

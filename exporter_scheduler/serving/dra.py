@@ -16,10 +16,11 @@ No I/O: the verdict is a pure function of (pod, nodes, claims and taints, now, p
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Final
+
+import msgspec
 
 from exporter_scheduler.core.dra import (
     ClaimInfo,
@@ -58,7 +59,7 @@ def dra_pod(pod: PodInput, source: DraSource | None, *, extended: bool) -> PodIn
     if not claims and not extended_gpus:
         return pod
     dra = DraPod(tuple(claims), tuple(missing), extended_gpus)
-    return dataclasses.replace(pod, gpu_request=dra.gpus, dra=dra)
+    return msgspec.structs.replace(pod, gpu_request=dra.gpus, dra=dra)
 
 
 def dra_nodes(nodes: Sequence[NodeInput], source: DraSource, dra: DraPod) -> list[NodeInput]:
@@ -66,7 +67,7 @@ def dra_nodes(nodes: Sequence[NodeInput], source: DraSource, dra: DraPod) -> lis
     name, as NVIDIA's driver names it)."""
     devices = source.devices
     return [
-        dataclasses.replace(node, dra_excluded=excluded_gpus(devices(node.name), dra))
+        msgspec.structs.replace(node, dra_excluded=excluded_gpus(devices(node.name), dra))
         for node in nodes
     ]
 

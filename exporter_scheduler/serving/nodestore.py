@@ -23,7 +23,6 @@ A free-threaded Python (no GIL) would need a lock around the request's reads.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -345,7 +344,9 @@ class NodeStore:
             name = names[index]
             node, gone = wanted[index]
             known = node or NodeInput(name, _NO_ANNOTATIONS, None)
-            entry = table.judge(dataclasses.replace(known, dra_excluded=dict(gone)), now, now_ts)[0]
+            entry = table.judge(
+                msgspec.structs.replace(known, dra_excluded=dict(gone)), now, now_ts
+            )[0]
             if node is not None:  # an unknown name is judged, never kept
                 memo[name] = (node, gone, entry)
             entries[index] = entry
@@ -361,7 +362,7 @@ class NodeStore:
                 return
             now = as_utc(self.clock())
             now_ts = now.timestamp()
-            judged = dataclasses.replace(node, dra_excluded=dict(excluded))
+            judged = msgspec.structs.replace(node, dra_excluded=dict(excluded))
             for table in self._tables.values():
                 kept = table.dra_entries.get(name)
                 if kept is not None and kept[1] != excluded:
@@ -420,7 +421,7 @@ class NodeStore:
             old = self._nodes.get(node.name)
             if old is not None and _same_data(old, node):
                 if old.labels != node.labels:  # read by spread caps only, per request
-                    self._nodes[node.name] = dataclasses.replace(old, labels=node.labels)
+                    self._nodes[node.name] = msgspec.structs.replace(old, labels=node.labels)
                 return False
             self._nodes[node.name] = node
             self._slots.add(node.name)
@@ -446,7 +447,7 @@ class NodeStore:
                 kept = old.get(node.name)
                 if kept is not None and _same_data(kept, node):
                     if kept.labels != node.labels:
-                        kept = dataclasses.replace(kept, labels=node.labels)
+                        kept = msgspec.structs.replace(kept, labels=node.labels)
                     fresh[node.name] = kept
                 else:
                     fresh[node.name] = node

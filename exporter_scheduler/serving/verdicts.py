@@ -10,7 +10,6 @@ can do it (`map`, `compress`, `min` over attribute getters).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 from collections import Counter
@@ -556,7 +555,7 @@ class ContentVerdicts:
                     continue
                 node = to_input(records[index])
                 if pods_of is not None:
-                    node = dataclasses.replace(node, pods=pods_of(node.name))
+                    node = msgspec.structs.replace(node, pods=pods_of(node.name))
                 new, verdict = table.judge(node, now, now_ts)
                 memo[keys[index]] = entries[index] = new
                 judged.append(verdict)

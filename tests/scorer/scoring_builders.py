@@ -3,10 +3,11 @@ GPU pod bound to a node as the pod watch keeps it."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import msgspec
 
 from agent.aggregate import aggregate
 from agent.records import DeviceAllocations, GpuReading, NodeReading
@@ -225,7 +226,7 @@ def bound_pod(
 
 def with_pods(the_node: NodeInput, *pods: BoundPod) -> NodeInput:
     """`the_node` with `pods` bound to it (as the pod watch hands them to a verdict)."""
-    return dataclasses.replace(the_node, pods=tuple(pods))
+    return msgspec.structs.replace(the_node, pods=tuple(pods))
 
 
 def run(

@@ -8,7 +8,6 @@ and a request whose claims the watch has not listed yet.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from typing import Any
@@ -64,11 +63,11 @@ def claim(ref: str = "default/c", gpus: int = 1, *allocated: str, **kw: Any) -> 
 
 
 def dra_judged(node: NodeInput, devices: NodeDevices, dra: DraPod) -> NodeInput:
-    return dataclasses.replace(node, dra_excluded=excluded_gpus(devices, dra))
+    return msgspec.structs.replace(node, dra_excluded=excluded_gpus(devices, dra))
 
 
 def dra_pod_input(dra: DraPod) -> Any:
-    return dataclasses.replace(pod(gpus=dra.gpus), dra=dra)
+    return msgspec.structs.replace(pod(gpus=dra.gpus), dra=dra)
 
 
 # ------------------------------------------------------------------------------- the core rule
@@ -492,7 +491,7 @@ class _Source:
 
 def test_dra_pod_from_claims_unknown_claims_and_an_unlisted_watch() -> None:
     data = DraData(driver=DRIVER, device_classes=[DRIVER])
-    base = dataclasses.replace(pod(gpus=0), claim_names=("c", "unknown", "nic"))
+    base = msgspec.structs.replace(pod(gpus=0), claim_names=("c", "unknown", "nic"))
     assert dra_pod(base, data, extended=False) is base  # not listed yet
     data.replace_claims([claim("default/c", 2), claim("default/nic", 0)])
     judged = dra_pod(base, data, extended=False)

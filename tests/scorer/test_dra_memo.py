@@ -9,7 +9,6 @@ compares the store's memoised verdicts with the reference (a stale memo entry wo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from itertools import compress
 from typing import Any
@@ -96,7 +95,7 @@ def assert_same_as_uncached(
     store: NodeStore, data: DraData, dra: DraPod, names: tuple[str, ...]
 ) -> int:
     """The store's verdicts equal the uncached path's; returns how many nodes it judged."""
-    pod_input = dataclasses.replace(pod(gpus=dra.gpus), dra=dra)
+    pod_input = msgspec.structs.replace(pod(gpus=dra.gpus), dra=dra)
     pod_class = PodClass.of(pod_input, POLICY)
     judgement = store.judge_dra(pod_class, names, exclusions(names, data, dra), NOW)
     reference = evaluate(pod_input, dra_nodes(store.lookup(names), data, dra), NOW, POLICY)

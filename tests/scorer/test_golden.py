@@ -7,12 +7,12 @@ annotations put in, and the verdicts are checked against the utilization each no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from exporter_scheduler.core.judge import evaluate
@@ -180,7 +180,7 @@ def test_captured_sequence_with_the_scorers_own_proposals(agent_annotations: boo
         request = wire.decode_args(body, gpu_resource_name=policy.gpu_resource_name)
         if verb == "filter":
             pods.forget(request.pod.uid)  # what the filter itself does first
-        nodes = [dataclasses.replace(n, pods=pods.pods_of(n.name)) for n in request.nodes]
+        nodes = [msgspec.structs.replace(n, pods=pods.pods_of(n.name)) for n in request.nodes]
         expected = evaluate(request.pod, nodes, NOW, policy)
         counted += sum(1 for v in expected.verdicts if v.inflight is not None)
         reply = app.handle(verb, body).body

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -161,7 +160,7 @@ def test_sources_in_order(
 
 
 def _learned(the_pod: PodInput, util: float, mem: int | None = None) -> PodInput:
-    return dataclasses.replace(the_pod, learned=Learned(round(util * 10_000), mem, 6, 3))
+    return msgspec.structs.replace(the_pod, learned=Learned(round(util * 10_000), mem, 6, 3))
 
 
 HALF = gpu_node("half", runs((1, Gpu(utilization=0.45))))
@@ -233,7 +232,7 @@ def test_node_level_data_counts_the_load_in_the_mean(
 
 def test_the_learned_figures_make_the_class_not_their_sample_counts() -> None:
     a = _learned(pod(), 0.6)
-    b = dataclasses.replace(a, learned=Learned(6000, None, 40, 20))
+    b = msgspec.structs.replace(a, learned=Learned(6000, None, 40, 20))
     c = _learned(pod(), 0.65)
     assert pod_class_key(a, POLICY) == pod_class_key(b, POLICY)
     assert pod_class_key(a, POLICY) != pod_class_key(c, POLICY)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
 from exporter_scheduler.core.decoding import predecode
@@ -258,7 +258,7 @@ def test_a_learned_figure_changes_the_pods_class_and_verdict() -> None:
     store.set_pods("n1", (_bound("a", "n1", DEPLOY, 600), _bound("b", "n1", DEPLOY, 600)))
     store.observe(_node("n1", NOW, {"a": (0.7, None), "b": (0.7, None)}))
     half = gpu_node("half", runs((1, Gpu(utilization=0.45))))
-    heavy = dataclasses.replace(pod(), learned=store.learned_for(DEPLOY, NOW))
+    heavy = msgspec.structs.replace(pod(), learned=store.learned_for(DEPLOY, NOW))
     policy = Policy(own_load_gpu_load=0.30)
     assert evaluate(heavy, [half], NOW, policy).passed_names() == []
     assert evaluate(pod(), [half], NOW, policy).passed_names() == ["half"]
