@@ -323,8 +323,8 @@ def bench_rss_in_image(seconds: float, *, pod_resources: bool = True) -> dict[st
                 if pod_resources
                 else "--pod-resources=false",
             ],
-            uid=0 if pod_resources else 65532,
-            gid=65532,
+            uid=0 if pod_resources else image.IMAGE_USER,
+            gid=image.IMAGE_USER,
             read_only={
                 kube_dir: PurePosixPath("/etc/bench"),
                 sockets: PurePosixPath(socket_in_image).parent,

@@ -66,6 +66,9 @@ SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt
 # The host's CA bundle, mounted into the build so that pip trusts what the host trusts.
 CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
 VENV: Final = PurePosixPath("/opt/gpu-live-scheduler")
+# The user and group the image runs its binaries as (the Dockerfile's USER), which the chart's
+# securityContext names too.
+IMAGE_USER: Final = 65532
 SERVICE_ACCOUNT_DIR: Final = PurePosixPath("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -319,6 +322,29 @@ def current() -> tuple[Built | None, str | None]:
 # ----------------------------------------------------------------------------- its contents
 
 
+@dataclass(frozen=True, slots=True)
+class MountedImage:
+    """An image (`name`) with its root filesystem mounted at `rootfs` (`mounted_current`)."""
+
+    name: str
+    rootfs: Path
+
+    def argv(self, container: Container) -> list[str]:
+        """The command line that runs `container` from this image (`container_argv`)."""
+        return container_argv(self.rootfs, container, image=self.name)
+
+
+@contextlib.contextmanager
+def mounted_current() -> Iterator[MountedImage]:
+    """The image built from this checkout, mounted while in use (root and buildah); an
+    `ImageError` says why there is none to use."""
+    built, reason = current()
+    if built is None:
+        raise ImageError(reason)
+    with mounted(built.image) as rootfs:
+        yield MountedImage(built.image, rootfs)
+
+
 @contextlib.contextmanager
 def mounted(image: str) -> Iterator[Path]:
     """The image's root filesystem, as a working container's (changes there are thrown away)."""
@@ -411,6 +437,8 @@ class Container:
     env: Mapping[str, str] = field(default_factory=dict)
     # host path -> path in the container, mounted read-only (ConfigMaps, Secrets, tokens).
     read_only: Mapping[Path, PurePosixPath] = field(default_factory=dict)
+    # host path -> path in the container, mounted writable (a benchmark's scratch folder).
+    read_write: Mapping[Path, PurePosixPath] = field(default_factory=dict)
     # path in the container -> an empty writable directory (emptyDir).
     empty_dirs: Sequence[PurePosixPath] = (PurePosixPath("/tmp"),)
     read_only_root: bool = True
@@ -457,12 +485,11 @@ done
 while [ "$1" != "--" ]; do
     kind=$1 target=$2; shift 2
     mkdir -p "$target"
-    if [ "$kind" = empty ]; then
-        mount -t tmpfs -o mode=1777,size=64m tmpfs "$target"
-    else
-        mount --bind "$kind" "$target"
-        mount -o remount,bind,ro "$target"
-    fi
+    case $kind in
+        empty) mount -t tmpfs -o mode=1777,size=64m tmpfs "$target" ;;
+        rw:*) mount --bind "${kind#rw:}" "$target" ;;
+        *) mount --bind "$kind" "$target"; mount -o remount,bind,ro "$target" ;;
+    esac
 done
 shift
 if [ "$1" = ro ]; then mount -o remount,bind,ro "$root"; fi
@@ -474,11 +501,14 @@ exec chroot "$@"
 def container_argv(rootfs: Path, container: Container, *, image: str) -> list[str]:
     """The command line that runs `container` from the mounted `rootfs`: the process it starts
     is the container's own after a chain of execs (unshare, sh, chroot, env)."""
+    # The empty directories first, so that a folder mounted inside one (under /tmp) shows.
     mounts: list[str] = []
-    for host, target in container.read_only.items():
-        mounts += [str(host), str(_inside(rootfs, target))]
     for target in container.empty_dirs:
         mounts += ["empty", str(_inside(rootfs, target))]
+    for host, target in container.read_only.items():
+        mounts += [str(host), str(_inside(rootfs, target))]
+    for host, target in container.read_write.items():
+        mounts += [f"rw:{host}", str(_inside(rootfs, target))]
     env = {**image_env(image), **container.env}
     return [
         "unshare",

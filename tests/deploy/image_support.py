@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -36,23 +35,19 @@ def require_image() -> image.Built:
     pytest.skip(reason)
 
 
-@dataclass(frozen=True)
-class MountedImage:
-    built: image.Built
-    rootfs: Path
-
-    def argv(self, container: image.Container) -> list[str]:
-        return image.container_argv(self.rootfs, container, image=self.built.image)
-
-    def process(self, container: image.Container, log_path: Path, name: str) -> BinaryProcess:
-        return BinaryProcess(name=name, argv=self.argv(container), log_path=log_path)
-
-
 @contextlib.contextmanager
-def mounted_image() -> Iterator[MountedImage]:
-    built = require_image()
-    with image.mounted(built.image) as rootfs:
-        yield MountedImage(built, rootfs)
+def mounted_image() -> Iterator[image.MountedImage]:
+    """The image built for this checkout, mounted (`require_image` when there is none)."""
+    require_image()
+    with image.mounted_current() as found:
+        yield found
+
+
+def image_process(
+    mounted: image.MountedImage, container: image.Container, log_path: Path, name: str
+) -> BinaryProcess:
+    """`container` as a child process run from the mounted image, its output in `log_path`."""
+    return BinaryProcess(name=name, argv=mounted.argv(container), log_path=log_path)
 
 
 def service_account_files(folder: Path, *, token: str, ca_file: Path, namespace: str) -> Path:

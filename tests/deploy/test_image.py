@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
 
@@ -27,7 +27,7 @@ import yaml
 
 from loopback_cluster import image
 from tests.deploy.chart_support import CHART, ROOT, Rendered, parse_manifests, template
-from tests.deploy.image_support import MountedImage, chart_container, mounted_image
+from tests.deploy.image_support import chart_container, mounted_image
 
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -204,18 +204,18 @@ def _simulated_agent_chart() -> Rendered:
 
 
 @pytest.fixture(scope="module")
-def mounted() -> Iterator[MountedImage]:
+def mounted() -> Iterator[image.MountedImage]:
     with mounted_image() as found:
         yield found
 
 
 @pytest.fixture(scope="module")
-def probe(mounted: MountedImage) -> dict[str, Any]:
+def probe(mounted: image.MountedImage) -> dict[str, Any]:
     chart = chart_container(_simulated_agent_chart(), "agent", fields={"spec.nodeName": "n"})
     container = dataclasses.replace(
         chart, argv=["python", "-c", _PROBE, ",".join((*PRODUCT, *NOT_SHIPPED))]
     )
-    argv = image.container_argv(mounted.rootfs, container, image=mounted.built.image)
+    argv = mounted.argv(container)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     found: dict[str, Any] = json.loads(done.stdout)
@@ -255,7 +255,9 @@ def test_the_image_runs_its_optimized_bytecode_and_carries_no_other(
     assert tuple(probe["version"]) == sys.version_info[:2]
 
 
-def test_the_agent_runs_once_in_the_image_as_the_chart_user(mounted: MountedImage) -> None:
+def test_the_agent_runs_once_in_the_image_as_the_chart_user(
+    mounted: image.MountedImage,
+) -> None:
     container = chart_container(
         _simulated_agent_chart(), "agent", fields={"spec.nodeName": "gpu-node-1"}
     )
@@ -264,9 +266,36 @@ def test_the_agent_runs_once_in_the_image_as_the_chart_user(mounted: MountedImag
     once = dataclasses.replace(
         container, argv=["gpu-agent", "once", "--source", "simulated", "--dry-run", "--output=json"]
     )
-    argv = image.container_argv(mounted.rootfs, once, image=mounted.built.image)
+    argv = mounted.argv(once)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["node"] == "gpu-node-1"
     assert document["annotations"]["gpu-scheduler.example.com/schema-version"] == "1"
+
+
+def test_a_container_mounts_its_empty_folders_first_then_its_read_only_and_writable_ones(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A folder mounted under an empty one (the scratch folder of a benchmark, under /tmp) shows
+    inside it rather than under it."""
+    monkeypatch.setattr(image, "image_env", lambda name: {})
+    container = image.Container(
+        argv=["true"],
+        uid=1,
+        gid=1,
+        read_only={tmp_path / "ro": PurePosixPath("/tmp/ro")},
+        read_write={tmp_path / "rw": PurePosixPath("/tmp/rw")},
+    )
+    rootfs = tmp_path / "rootfs"
+    argv = image.container_argv(rootfs, container, image="localhost/x:1")
+    start = argv.index("container-setup") + 2  # after the script's name and the root
+    mounts = argv[start : argv.index("--", start)]
+    assert mounts == [
+        "empty",
+        str(rootfs / "tmp"),
+        str(tmp_path / "ro"),
+        str(rootfs / "tmp" / "ro"),
+        f"rw:{tmp_path / 'rw'}",
+        str(rootfs / "tmp" / "rw"),
+    ]

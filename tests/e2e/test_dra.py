@@ -57,7 +57,12 @@ from loopback_cluster.workload import (
     wait_for,
 )
 from tests.deploy.chart_support import NAMESPACE, Rendered, parse_manifests, template
-from tests.deploy.image_support import chart_container, mounted_image, service_account_files
+from tests.deploy.image_support import (
+    chart_container,
+    image_process,
+    mounted_image,
+    service_account_files,
+)
 from tests.e2e.support import (
     WATCH_SYNC_S,
     AgentIdentity,
@@ -618,7 +623,7 @@ def test_the_agent_binary_taints_a_lost_gpu_through_the_chart_rbac_and_policy(
             container,
             argv=[*container.argv, "--simulated-lose-gpu-after=3", "--dra-min-write-interval=1"],
         )
-        agent = mounted.process(container, tmp_path / "agent.log", "gpu-agent")
+        agent = image_process(mounted, container, tmp_path / "agent.log", "gpu-agent")
         with running(agent):
 
             def health_rule() -> dict[str, str] | None:

@@ -27,6 +27,7 @@ from loopback_cluster.control_plane import (
     SchedulerConfig,
     free_port,
 )
+from loopback_cluster.image import MountedImage
 from loopback_cluster.workload import (
     ScorerProcess,
     apply,
@@ -38,8 +39,8 @@ from loopback_cluster.workload import (
 )
 from tests.deploy.chart_support import NAMESPACE, Rendered, parse_manifests, template
 from tests.deploy.image_support import (
-    MountedImage,
     chart_container,
+    image_process,
     mounted_image,
     service_account_files,
 )
@@ -192,7 +193,7 @@ def test_the_agent_from_the_image_patches_its_own_node(
         )
         assert (container.uid, container.gid) == (65532, 65532)
         assert container.argv == ["gpu-agent", "run"]
-        agent = mounted.process(container, tmp_path / "agent.log", "gpu-agent").start()
+        agent = image_process(mounted, container, tmp_path / "agent.log", "gpu-agent").start()
         try:
 
             def written() -> dict[str, Any] | None:
