@@ -14,9 +14,11 @@ without credentials and so without the Pod watch; `names-no-inflight`: names onl
 `--no-pod-watch`, to compare in-flight accounting on and off in the same run;
 `names-no-own-load`: names only with `--no-own-load`, to compare counting the pod's own load on
 and off in the same run; `names-before`, with `--before REF`: the names-only scorer of commit REF,
-to compare two versions in the same run), and keeps patching GPU annotations at a fleet's write
-rate for the whole run. Each pod is a replica of a Deployment, as its controller creates it
-(owned by a ReplicaSet, with the `pod-template-hash` label), so the scorer looks up its
+to compare two versions in the same run; `names-image`: the names-only scorer run from the image
+built from the checkout (`python3 dev.py image`; root), as the chart runs it, on the image's
+interpreter rather than the one running this benchmark), and keeps patching GPU annotations at
+a fleet's write rate for the whole run. Each pod is a replica of a Deployment, as its controller
+creates it (owned by a ReplicaSet, with the `pod-template-hash` label), so the scorer looks up its
 workload's learned load on every request; with no kubelet no replica ever runs, so nothing is
 learned and the pod's own load is the policy's default. There is no kubelet: each pod a
 names-only burst binds stays "allocation pending" in the Pod watch's scorer (it counts on its node)
@@ -51,6 +53,7 @@ time leaves out the wait for a CPU, the GIL, the read and the write, and a null 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -69,8 +72,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Final
+
+import yaml
 
 from benchmarks import wire_capture
 from benchmarks.intervals import median_interval, resolution
@@ -79,6 +84,7 @@ from benchmarks.machine import MachineCpu, machine_cpu_s, machine_description, p
 from benchmarks.sections import markdown
 from gpu_contract.schema import DEFAULT_KEYS, encode, merge_patch, normalize_model_name
 from kube_standins.nodes import gpu_node
+from loopback_cluster import image
 from loopback_cluster.control_plane import (
     BuildSpec,
     ControlPlane,
@@ -110,17 +116,28 @@ VARIANT_FLAGS: Final = {"names-no-inflight": "--no-pod-watch", "names-no-own-loa
 NULL_MODES: Final = ("null-go-names", "null-py-names", "null-go-full")
 # The names-only scorer of another commit (`--before REF`), against `names` in the same run.
 BEFORE_MODE: Final = "names-before"
-ALL_MODES: Final = (*MODES, *VARIANT_MODES, BEFORE_MODE, *NULL_MODES)
+# The names-only scorer run from the image (`python3 dev.py image`), as the chart runs it: the
+# image's interpreter, PYTHONOPTIMIZE=2, a read-only root; against `names` (this checkout on the
+# interpreter that runs the benchmark) in the same run. Needs root (`loopback_cluster.image`).
+IMAGE_MODE: Final = "names-image"
+ALL_MODES: Final = (*MODES, *VARIANT_MODES, BEFORE_MODE, IMAGE_MODE, *NULL_MODES)
+# The names-only scorer as this checkout runs it and as the image does: the throughput target
+# (`FLOOR_TARGET` of the Go null extender) is judged for each.
+TARGET_MODES: Final = ("names", IMAGE_MODE)
+# The modes that need more than this checkout (a commit, a built image): the figures leave them
+# out.
+UNPLANNED_MODES: Final = (BEFORE_MODE, IMAGE_MODE)
 NAMES_ONLY_MODES: Final = (
     "names",
     BEFORE_MODE,
+    IMAGE_MODE,
     "names-no-inflight",
     "names-no-own-load",
     "null-go-names",
     "null-py-names",
 )
 # The scorer's modes with its Pod watch on (in-flight accounting, the workloads' pods).
-INFLIGHT_MODES: Final = ("names", "names-no-own-load", BEFORE_MODE)
+INFLIGHT_MODES: Final = ("names", "names-no-own-load", BEFORE_MODE, IMAGE_MODE)
 NAMESPACE: Final = "bench"
 # The fleet simulation's write rate before per-GPU data: 11.5 % of one write per 5 s sample, or
 # ~110 patches/s at 5,000 nodes. Today's defaults write 9.6 %, so this churn is a little heavier.
@@ -253,8 +270,11 @@ class Patcher:
         return self
 
     def stop(self) -> None:
+        """Stop patching. A patcher never started (an extender failed to start, whose error is
+        the one to report) has no thread to wait for."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
         self.stopped_s = time.monotonic()
 
     @property
@@ -325,6 +345,55 @@ class Extender:
         wait_for(f"{self.process.name} to listen", listening, timeout_s=timeout_s)
 
 
+# Where the image's scorer reads the plane's kubeconfig.
+KUBECONFIG_IN_IMAGE: Final = PurePosixPath("/etc/gpu-bench/kubeconfig")
+
+
+def self_contained_kubeconfig(kubeconfig: Path, into: Path) -> Path:
+    """`kubeconfig` with the files it names (the CA, the client's certificate and key; a relative
+    path from the kubeconfig's folder) inlined as their `-data` fields, written readable by all
+    into the folder `into` (made here): a process in the image, as another user, reads it with
+    nothing else of the host's. Returns `into`. The client's key is then readable by every user
+    who can reach `into`: the caller puts it in a run's private scratch folder (`mkdtemp`'s
+    0700), for a loopback plane that lives as long as the run."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    inlined = {
+        "certificate-authority": "certificate-authority-data",
+        "client-certificate": "client-certificate-data",
+        "client-key": "client-key-data",
+    }
+    for section, key in (("clusters", "cluster"), ("users", "user")):
+        for entry in config.get(section) or ():
+            fields = entry.get(key) or {}
+            for named, data in inlined.items():
+                path = fields.pop(named, None)
+                if path is not None:
+                    named_file = kubeconfig.parent / path  # an absolute path stays itself
+                    fields[data] = base64.b64encode(named_file.read_bytes()).decode()
+    into.mkdir(parents=True, exist_ok=True)
+    into.chmod(0o755)
+    written = into / KUBECONFIG_IN_IMAGE.name
+    written.write_text(yaml.safe_dump(config))
+    written.chmod(0o644)
+    return into
+
+
+def scorer_in_image(
+    mounted: image.MountedImage, argv: Sequence[str], credentials: Path
+) -> list[str]:
+    """`argv` (the image's `gpu-scorer ...`, its kubeconfig named as `KUBECONFIG_IN_IMAGE`) run
+    from the image as the chart runs it: its interpreter and environment (`PYTHONOPTIMIZE=2`),
+    the chart's user, a read-only root, an empty /tmp; the folder `credentials`
+    (`self_contained_kubeconfig`'s) mounted read-only where it names."""
+    container = image.Container(
+        argv=list(argv),
+        uid=image.IMAGE_USER,
+        gid=image.IMAGE_USER,
+        read_only={credentials: KUBECONFIG_IN_IMAGE.parent},
+    )
+    return mounted.argv(container)
+
+
 def extenders(
     plane: ControlPlane,
     logs: Path,
@@ -333,26 +402,36 @@ def extenders(
     record: Path | None = None,
     before: Path | None = None,
     cpus: Sequence[int] = (),
+    mounted_image: image.MountedImage | None = None,
 ) -> dict[str, Extender]:
     """Each mode's extender; `record`: the Python null extender writes the requests there;
     `before`: the source tree `names-before` runs; `cpus`: the CPUs every extender runs on
-    (`taskset`, so that each of its threads inherits them), none: any."""
+    (`taskset`, so that each of its threads inherits them), none: any; `mounted_image`: the
+    image `names-image` runs from."""
     pinned = ["taskset", "--cpu-list", ",".join(map(str, cpus))] if cpus else []
     made: dict[str, Extender] = {}
     for mode in modes:
         if mode == "none":
             continue
         names_only = mode in NAMES_ONLY_MODES
-        if mode in ("names", "full", *VARIANT_MODES, BEFORE_MODE):
+        if mode in ("names", "full", *VARIANT_MODES, BEFORE_MODE, IMAGE_MODE):
             # Names only: the admin kubeconfig serves the node cache and the Pod watch alike.
             inflight = mode in INFLIGHT_MODES
             flag = VARIANT_FLAGS.get(mode)
+            in_image = mode == IMAGE_MODE
+            kubeconfig = Path(KUBECONFIG_IN_IMAGE) if in_image else plane.admin_kubeconfig
             scorer = scorer_process(
                 logs,
-                kubeconfig=plane.admin_kubeconfig if names_only else None,
+                kubeconfig=kubeconfig if names_only else None,
                 name=f"scorer-{mode}",
                 extra_args=() if flag is None else (flag,),
+                command=("gpu-scorer",) if in_image else (),
             )
+            if in_image:
+                if mounted_image is None:
+                    raise ValueError(f"{IMAGE_MODE} needs the image (`python3 dev.py image`)")
+                credentials = self_contained_kubeconfig(plane.admin_kubeconfig, logs / "image")
+                scorer.argv = scorer_in_image(mounted_image, scorer.argv, credentials)
             if mode == BEFORE_MODE:
                 if before is None:
                     raise ValueError(f"{BEFORE_MODE} needs --before")
@@ -606,12 +685,20 @@ class Bench:
     made: dict[str, Extender]
     patcher: Patcher
     scratch: Path
+    # The image `names-image` ran from, when it ran.
+    image: str | None = None
 
 
 @contextlib.contextmanager
 def bench(
-    config: Config, *, progress: Callable[[str], None], record: Path | None = None
+    config: Config,
+    *,
+    progress: Callable[[str], None],
+    record: Path | None = None,
+    mounted_image: image.MountedImage | None = None,
 ) -> Iterator[Bench]:
+    """The plane with the fleet, the extenders of `config.modes` serving (`mounted_image`: the
+    image `names-image` runs from) and the patcher running."""
     # Not at the top: scorer_latency imports this checkout's scorer modules.
     from benchmarks.scorer_latency import source_tree  # noqa: PLC0415
 
@@ -638,6 +725,7 @@ def bench(
             record=record,
             before=before,
             cpus=config.extender_cpus,
+            mounted_image=mounted_image,
         )
         patcher = Patcher(plane, config)
         try:
@@ -645,7 +733,9 @@ def bench(
                 extender.process.start()
                 extender.wait_ready()
             patcher.start()
-            yield Bench(plane, made, patcher, scratch)
+            yield Bench(
+                plane, made, patcher, scratch, None if mounted_image is None else mounted_image.name
+            )
         finally:
             patcher.stop()
             for extender in made.values():
@@ -656,9 +746,14 @@ def bench(
 WARM_UP_ROUND: Final = 0xFFFF
 
 
-def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
+def run(
+    config: Config,
+    *,
+    progress: Callable[[str], None],
+    mounted_image: image.MountedImage | None = None,
+) -> dict[str, Any]:
     rounds: list[Round] = []
-    with bench(config, progress=progress) as ready:
+    with bench(config, progress=progress, mounted_image=mounted_image) as ready:
         # The first burst after the fleet is registered runs slower whatever its mode (in the
         # runs of 2026-12-06, the two worst rounds of no extender against the Go null one,
         # 0.42x, were each their run's first): it is placed and not counted.
@@ -679,7 +774,10 @@ def run(config: Config, *, progress: Callable[[str], None]) -> dict[str, Any]:
                     f"{result.pods_per_s:6.1f} pods/s, scorer {result.scorer_ms}"
                     + (f", on the wire (mean ms) {wire}" if wire else "")
                 )
-    return summarize(config, rounds, ready.patcher) | {"warm_up_pods_per_s": warm.pods_per_s}
+    return summarize(config, rounds, ready.patcher) | {
+        "warm_up_pods_per_s": warm.pods_per_s,
+        "image": ready.image,
+    }
 
 
 def measure_round(ready: Bench, mode: str, index: int, config: Config) -> Round:
@@ -860,7 +958,7 @@ def pooled_text(sizes: dict[int, dict[str, dict[str, Any]]], runs: int) -> str:
                     f"{entry['over_null_go_by_round_median']:.2f}x"
                 )
             interval = entry.get("over_null_go_interval")
-            if interval is not None and mode == "names":
+            if interval is not None and mode in TARGET_MODES:
                 line += "; " + _resolution_text(interval)
             elif interval is not None:
                 line += f"; its {interval['coverage']:.0%} interval {interval['low']:.2f}x-"
@@ -883,6 +981,7 @@ MODE_LABELS: Final = {
     "names-no-inflight": "names only, no in-flight accounting (`--no-pod-watch`)",
     "names-no-own-load": "names only, the pod's own load not counted (`--no-own-load`)",
     BEFORE_MODE: "names only, the scorer of the `--before` commit",
+    IMAGE_MODE: "names only, the scorer run from the image (its interpreter, `PYTHONOPTIMIZE=2`)",
     "full": "full nodes (`nodeCacheCapable: false`)",
     "null-go-names": "names only, null extender in Go",
     "null-py-names": "names only, null extender on the scorer's HTTP edge",
@@ -1033,6 +1132,15 @@ def markdown_section(
         if variants
         else ""
     )
+    images = sorted({r["image"] for r in document["sizes"] if r.get("image")})
+    image_text = (
+        f"\n\n`{IMAGE_MODE}` is the names-only scorer run from the image "
+        f"{', '.join(f'`{name}`' for name in images)}, built from the same checkout, as the chart "
+        "runs it: the image's interpreter and environment (`PYTHONOPTIMIZE=2`), the chart's user, "
+        "a read-only root; `names` runs the checkout on the interpreter that runs the benchmark."
+        if images
+        else ""
+    )
     cpu_text = (
         "; `extender CPU ms/pod` is the extender process's CPU (every thread, the scorer's "
         "watches included) from the scheduler's start to the last bind, per pod placed"
@@ -1069,7 +1177,7 @@ full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in 
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
 {per_request}
-patcher) {others}.{warm_up} {before_line}{null_text}{inflight_text}
+patcher) {others}.{warm_up} {before_line}{null_text}{inflight_text}{image_text}
 
 {chr(10).join(lines)}
 {by_thread}{targets}{figure}"""
@@ -1137,8 +1245,12 @@ def _targets_text(document: dict[str, Any]) -> str:
         verdict = "met" if ratio >= least else "NOT met"
         parts.append(f"{mode} at {nodes:,} nodes {ratio:.2f}x ({verdict}: >= {least}x{floor})")
     for result in document["sizes"]:
-        for mode in ("names", "full"):
-            scorer, null = (result["modes"].get(m) for m in (mode, f"null-go-{mode}"))
+        for mode, null_mode in (
+            ("names", "null-go-names"),
+            (IMAGE_MODE, "null-go-names"),
+            ("full", "null-go-full"),
+        ):
+            scorer, null = (result["modes"].get(m) for m in (mode, null_mode))
             if scorer is None or null is None or not null["pods_per_s_median"]:
                 continue
             ratio = scorer["pods_per_s_median"] / null["pods_per_s_median"]
@@ -1151,11 +1263,11 @@ def _targets_text(document: dict[str, Any]) -> str:
                 else ""
             )
             interval = scorer.get("over_null_go_interval")
-            if interval is not None and mode == "names":
+            if interval is not None and mode in TARGET_MODES:
                 paired += "; " + _resolution_text(interval)
             parts.append(
                 f"{mode} against the Go null extender at {result['config']['nodes']:,} nodes "
-                f"{ratio:.2f}x ({verdict if mode == 'names' else 'no target'}{paired})"
+                f"{ratio:.2f}x ({verdict if mode in TARGET_MODES else 'no target'}{paired})"
             )
         noise = _noise_text(result["config"]["nodes"], result["modes"])
         if noise:
@@ -1340,7 +1452,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    results = [
+    with contextlib.ExitStack() as stack:
+        mounted_image = None
+        if IMAGE_MODE in modes:
+            try:  # once, before minutes of setup, for every size
+                mounted_image = stack.enter_context(image.mounted_current())
+            except image.ImageError as exc:
+                print(f"{IMAGE_MODE}: {exc}", file=sys.stderr)
+                return 2
+        results = _run_sizes(args, sizes, modes, progress, mounted_image)
+    return _report(args, results)
+
+
+def _run_sizes(
+    args: argparse.Namespace,
+    sizes: Sequence[int],
+    modes: tuple[str, ...],
+    progress: Callable[[str], None],
+    mounted_image: image.MountedImage | None,
+) -> list[dict[str, Any]]:
+    return [
         run(
             Config(
                 n,
@@ -1354,9 +1485,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extender_cpus=args.extender_cpus,
             ),
             progress=progress,
+            mounted_image=mounted_image,
         )
         for n in sizes
     ]
+
+
+def _report(args: argparse.Namespace, results: list[dict[str, Any]]) -> int:
+    """Print the run's document (`--json`) or its summary."""
     document = {
         "machine": machine_description(),
         "measured_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

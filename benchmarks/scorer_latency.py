@@ -46,6 +46,8 @@ and the node cache's cost per event with one and with four pod classes active.
     python -m benchmarks.scorer_latency --before HEAD --json  # before/after, one JSON object
     python -m benchmarks.scorer_latency --quick               # smoke run (seconds)
     python -m benchmarks.scorer_latency --per-gpu --gpus 4    # 8-GPU tables, a 4-GPU pod
+    python -m benchmarks.scorer_latency --image               # the servers on the image's
+                                                              # interpreter (root; dev.py image)
 
 Targets: names-only filter server time during churn (100 node events/s) <= 0.3 ms at 500 nodes
 and <= 1.5 ms at 5,000 nodes (windows of 230 and 500 names), as medians; full-node filter server
@@ -72,7 +74,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any, Final, Literal, TypeVar
 
 from benchmarks.kube_requests import (
@@ -90,6 +92,7 @@ from benchmarks.kube_requests import (
 from benchmarks.machine import machine_description
 from gpu_contract.schema import GpuState, Health, NodeGpuState, encode
 from kube_standins.nodes import gpu_node, with_agent_write
+from loopback_cluster import image
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().parent / "scorer_child.py"
@@ -245,10 +248,36 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start(name: str, *argv: str) -> Child:
+@dataclass(frozen=True, slots=True)
+class Runner:
+    """How a server child starts: on this interpreter, or (`mounted`, `--image`) on the image's,
+    with its environment (`PYTHONOPTIMIZE=2`), as root, the `trees` (this checkout holds the
+    child's script) mounted read-only and the `scratch` folder writable, each at its own path."""
+
+    mounted: image.MountedImage | None = None
+    trees: tuple[Path, ...] = ()
+    scratch: Path | None = None
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        if self.mounted is None:
+            return [sys.executable, str(CHILD), *argv]
+        container = image.Container(
+            argv=["python", str(CHILD), *argv],
+            uid=0,
+            gid=0,
+            read_only={tree: PurePosixPath(tree) for tree in {ROOT, *self.trees}},
+            read_write={} if self.scratch is None else {self.scratch: PurePosixPath(self.scratch)},
+        )
+        return self.mounted.argv(container)
+
+
+ON_THIS_INTERPRETER: Final = Runner()
+
+
+def _start(name: str, *argv: str, runner: Runner = ON_THIS_INTERPRETER) -> Child:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, str(CHILD), *argv, "--port", str(port)],
+        runner.command([*argv, "--port", str(port)]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -516,7 +545,10 @@ def measure(
     per_gpu: bool = False,
     gpus: int | None = None,
     quick: bool = False,
+    runner: Runner = ON_THIS_INTERPRETER,
 ) -> dict[str, Any]:
+    """One row of the plan; `runner` starts the scorers, the do-nothing and the floor servers
+    (the API server stand-in runs on this interpreter)."""
     nodes = [build_node(i, per_gpu=per_gpu) for i in range(count)]
     # One rotation and one stream of pods for the whole row, priming included, as one
     # scheduler's: every request is a new pod and the next window of names.
@@ -569,7 +601,7 @@ def measure(
             argv = ["scorer", "--tree", str(tree), "--mode", mode, "--log", str(log_of(label))]
             if names_only:
                 argv += ["--kubeconfig", str(kubeconfig), "--expect", str(count)]
-            scorers[label] = _start(label, *argv)
+            scorers[label] = _start(label, *argv, runner=runner)
             started.append(scorers[label])
         # The pod's class (names only: so that the node cache keeps its verdicts), and the
         # replies the do-nothing servers answer with.
@@ -588,11 +620,17 @@ def measure(
         for verb in verbs:
             reply_file = scratch / f"{verb}.reply"
             reply_file.write_bytes(replies[verb])
-            nothing[verb] = _start("nothing", "nothing", "--reply", str(reply_file))
+            nothing[verb] = _start("nothing", "nothing", "--reply", str(reply_file), runner=runner)
             started.append(nothing[verb])
         # The floor: the do-nothing server plus a typed decode of what a verdict reads.
         floor = _start(
-            "floor", "nothing", "--reply", str(scratch / "filter.reply"), "--floor", mode
+            "floor",
+            "nothing",
+            "--reply",
+            str(scratch / "filter.reply"),
+            "--floor",
+            mode,
+            runner=runner,
         )
         started.append(floor)
         # Warm every connection.
@@ -732,6 +770,8 @@ def _us(value: float) -> str:
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"machine: {result['machine']}")
+    if result.get("image"):
+        print(f"servers run from the image {result['image']} (its interpreter)")
     labels = result["trees"]
     header = f"{'mode':<6}{'nodes':>6}{'verb':>11}" + "".join(
         f"{label + ' server':>15}{label + ' handler':>16}" for label in labels
@@ -795,14 +835,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpus", type=int, help="every pod asks this many GPUs (default: the pod mix)"
     )
+    parser.add_argument(
+        "--image",
+        action="store_true",
+        help="run the servers from the image built from this checkout (`python3 dev.py image`; "
+        "root): on its interpreter",
+    )
     args = parser.parse_args(argv)
     plan = QUICK_PLAN if args.quick else PLAN
     if args.only:
         wanted = set(args.only.split(","))
         plan = tuple(p for p in plan if f"{p[0]}:{p[1]}" in wanted)
     rows = []
-    with source_tree(args.before) as before, tempfile.TemporaryDirectory() as scratch:
+    with (
+        contextlib.ExitStack() as stack,
+        source_tree(args.before) as before,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        mounted = None
+        if args.image:
+            try:
+                mounted = stack.enter_context(image.mounted_current())
+            except image.ImageError as exc:
+                print(f"--image: {exc}", file=sys.stderr)
+                return 2
         trees = {"after": ROOT} | ({} if before is None else {"before": before})
+        runner = Runner(mounted, tuple(trees.values()), Path(scratch))
         for mode, count, samples in plan:
             row = measure(
                 mode,
@@ -815,6 +873,7 @@ def main(argv: list[str] | None = None) -> int:
                 per_gpu=args.per_gpu,
                 gpus=args.gpus,
                 quick=args.quick,
+                runner=runner,
             )
             row["log_lines"] = log_lines(Path(scratch), list(trees), mode, count)
             rows.append(row)
@@ -825,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
         "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "before": args.before,
         "trees": list(trees),
+        # The image the servers ran from (`--image`); None: this interpreter.
+        "image": None if mounted is None else mounted.name,
         "rows": rows,
         "targets": targets(rows),
     }

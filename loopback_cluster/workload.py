@@ -565,12 +565,15 @@ def scorer_process(
     extra_args: Sequence[str] = (),
     name: str = "gpu-scorer",
     node_cache: bool | None = None,
+    command: Sequence[str] = (),
 ) -> ScorerProcess:
     """`gpu-scorer serve` on loopback; names only (`--node-cache`) when given a kubeconfig,
     unless `node_cache=False`: full Node objects, the kubeconfig then serving the pod watch
-    (in-flight accounting) alone."""
+    (in-flight accounting) alone. `command` runs the scorer (default: this interpreter on this
+    checkout's package)."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "exporter_scheduler", "serve", f"--host={LOOPBACK}"]
+    argv = [*(command or (sys.executable, "-m", "exporter_scheduler"))]
+    argv += ["serve", f"--host={LOOPBACK}"]
     argv.append(f"--port={port}")
     if node_cache is None:
         node_cache = kubeconfig is not None

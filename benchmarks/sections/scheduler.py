@@ -28,8 +28,9 @@ def arguments(*, quick: bool, modes: Sequence[str] = real_scheduler.ALL_MODES) -
     """The benchmark's arguments: every mode (or `modes`, those a kept run measured), on a small
     cluster for one round when quick."""
     # Every mode, the null extenders included (they show what any extender costs the
-    # scheduler), but the one that runs an earlier commit's scorer: it needs `--before`.
-    extra = ["--modes", ",".join(m for m in modes if m != real_scheduler.BEFORE_MODE)]
+    # scheduler), but those that need more than the checkout: an earlier commit (`--before`),
+    # the built image (and root).
+    extra = ["--modes", ",".join(m for m in modes if m not in real_scheduler.UNPLANNED_MODES)]
     return extra + (
         ["--nodes", "50", "--pods", "30", "--full-pods", "30", "--rounds", "1"]
         if quick

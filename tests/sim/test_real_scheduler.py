@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+import yaml
 
 from benchmarks import real_scheduler, wire_capture
 from benchmarks.machine import MachineCpu, machine_cpu, machine_cpu_s
@@ -236,9 +238,131 @@ def test_the_figures_run_every_mode_the_new_ones_included() -> None:
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_the_figures_arguments_are_a_command_the_benchmark_takes(quick: bool) -> None:
-    """The figures run every mode but the earlier commit's scorer, which needs `--before`."""
+    """The figures run every mode but those that need more than the checkout: the earlier
+    commit's scorer (`--before`), the image's (a built image, and root)."""
     args = real_scheduler.parse_args(scheduler.arguments(quick=quick))
-    assert set(args.modes) == set(real_scheduler.ALL_MODES) - {real_scheduler.BEFORE_MODE}
+    unplanned = {real_scheduler.BEFORE_MODE, real_scheduler.IMAGE_MODE}
+    assert set(real_scheduler.UNPLANNED_MODES) == unplanned
+    assert set(args.modes) == set(real_scheduler.ALL_MODES) - unplanned
+
+
+def _plane_with_credentials(folder: Path) -> Any:
+    """A plane whose admin kubeconfig names its CA, certificate and key by path, as the
+    loopback control plane writes it."""
+    for name, content in (("ca.crt", b"CA"), ("admin.crt", b"CERT"), ("admin.key", b"KEY")):
+        (folder / name).write_bytes(content)
+    kubeconfig = folder / "admin.kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "plane",
+                        "cluster": {
+                            "server": "https://127.0.0.1:6443",
+                            "certificate-authority": str(folder / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [
+                    {
+                        "name": "admin",
+                        "user": {
+                            "client-certificate": str(folder / "admin.crt"),
+                            "client-key": str(folder / "admin.key"),
+                        },
+                    }
+                ],
+                "contexts": [{"name": "plane", "context": {"cluster": "plane", "user": "admin"}}],
+                "current-context": "plane",
+            }
+        )
+    )
+    return SimpleNamespace(admin_kubeconfig=kubeconfig)
+
+
+def test_a_self_contained_kubeconfig_carries_the_files_it_named(tmp_path: Path) -> None:
+    plane = _plane_with_credentials(tmp_path)
+    folder = real_scheduler.self_contained_kubeconfig(plane.admin_kubeconfig, tmp_path / "out")
+    written = folder / real_scheduler.KUBECONFIG_IN_IMAGE.name
+    config = yaml.safe_load(written.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    assert base64.b64decode(cluster["certificate-authority-data"]) == b"CA"
+    assert base64.b64decode(user["client-certificate-data"]) == b"CERT"
+    assert base64.b64decode(user["client-key-data"]) == b"KEY"
+    assert not {"certificate-authority", "client-certificate", "client-key"} & {*cluster, *user}
+    assert cluster["server"] == "https://127.0.0.1:6443"
+    # Read by the chart's user inside the image, not the host's root.
+    assert written.stat().st_mode & 0o777 == 0o644
+    assert folder.stat().st_mode & 0o777 == 0o755
+
+
+def test_the_image_scorer_runs_from_the_image_as_the_chart_runs_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    image_env = {"PYTHONOPTIMIZE": "2", "PATH": "/opt/gpu-live-scheduler/bin:/usr/bin"}
+    monkeypatch.setattr(real_scheduler.image, "image_env", lambda name: image_env)
+    plane = _plane_with_credentials(tmp_path)
+    rootfs = tmp_path / "rootfs"
+    mounted = real_scheduler.image.MountedImage("localhost/gpu-live-scheduler:abc", rootfs)
+    made = real_scheduler.extenders(
+        plane, tmp_path / "logs", ["names", real_scheduler.IMAGE_MODE], mounted_image=mounted
+    )
+    extender = made[real_scheduler.IMAGE_MODE]
+    argv = extender.process.argv
+    assert extender.names_only
+    assert extender.inflight
+    assert argv[0] == "unshare"
+    user = real_scheduler.image.IMAGE_USER
+    assert f"--userspec={user}:{user}" in argv
+    assert f"--groups={user}" in argv
+    assert "ro" in argv[: argv.index(f"--userspec={user}:{user}")]  # a read-only root
+    # The image's environment (its binaries on PATH) and its own binary, with the checkout's
+    # scorer's arguments.
+    assert "PYTHONOPTIMIZE=2" in argv
+    assert f"PATH={image_env['PATH']}" in argv
+    command = argv[argv.index("gpu-scorer") :]
+    assert f"--kubeconfig={real_scheduler.KUBECONFIG_IN_IMAGE}" in command
+
+    def settings(args: list[str]) -> list[str]:  # but the port and the kubeconfig's path
+        return [a for a in args if not a.startswith(("--port=", "--kubeconfig="))]
+
+    checkout = made["names"].process.argv
+    assert checkout[:3] == [sys.executable, "-m", "exporter_scheduler"]
+    assert settings(command[1:]) == settings(checkout[3:])
+    assert command[1:3] == ["serve", "--host=127.0.0.1"]
+    assert "--node-cache" in command
+    # The credentials are mounted read-only where the kubeconfig flag names them.
+    credentials = tmp_path / "logs" / "image"
+    mount = argv.index(str(credentials))
+    assert argv[mount + 1] == str(rootfs / "etc" / "gpu-bench")
+    assert (credentials / real_scheduler.KUBECONFIG_IN_IMAGE.name).exists()
+    with pytest.raises(ValueError, match=r"dev\.py image"):
+        real_scheduler.extenders(plane, tmp_path / "logs", [real_scheduler.IMAGE_MODE])
+
+
+def test_a_run_of_the_image_mode_without_an_image_stops_before_any_setup(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "the image is older than the checkout: run `python3 dev.py image`"
+    monkeypatch.setattr(real_scheduler.image, "current", lambda: (None, reason))
+
+    def no_run(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("a control plane was started")
+
+    monkeypatch.setattr(real_scheduler, "run", no_run)
+    modes = f"none,names,{real_scheduler.IMAGE_MODE}"
+    assert real_scheduler.main(["--nodes", "50,300", "--modes", modes]) == 2
+    assert f"{real_scheduler.IMAGE_MODE}: {reason}" in capsys.readouterr().err
+
+
+def test_a_patcher_that_never_started_stops_quietly() -> None:
+    """An extender that fails to start is the error to report, not the patcher's stop."""
+    patcher = real_scheduler.Patcher(cast(ControlPlane, None), real_scheduler.Config(nodes=1))
+    patcher.stop()
+    assert patcher.rate_per_s == 0.0
 
 
 def test_a_kept_run_with_the_earlier_scorer_is_rerun_without_it() -> None:
@@ -312,16 +436,19 @@ def test_each_mode_is_compared_with_the_go_null_extender_round_by_round() -> Non
     ) in section
 
 
-def _paired_document(names: list[float], none: list[float], null: list[float]) -> dict[str, Any]:
-    """A run whose rounds have these pods/s, summarised as the benchmark summarises them."""
-    pods_per_s = {"none": none, "names": names, "null-go-names": null}
+def _paired_document(
+    names: list[float], none: list[float], null: list[float], *, scorer: str = "names"
+) -> dict[str, Any]:
+    """A run whose rounds have these pods/s (`names`: the `scorer` mode's), summarised as the
+    benchmark summarises them."""
+    pods_per_s = {"none": none, scorer: names, "null-go-names": null}
     rounds = [
         real_scheduler.Round(mode, index, value, 1.0)
         for mode, values in pods_per_s.items()
         for index, value in enumerate(values)
     ]
     config = real_scheduler.Config(
-        nodes=300, pods=100, rounds=len(names), modes=("none", "names", "null-go-names")
+        nodes=300, pods=100, rounds=len(names), modes=("none", scorer, "null-go-names")
     )
     patcher = cast(
         real_scheduler.Patcher,
@@ -366,6 +493,24 @@ def test_the_section_says_whether_the_rounds_resolve_the_floor_target(
         document, command="python -m benchmarks.real_scheduler", before=None, plotted=False
     )
     assert says in section
+
+
+def test_the_image_scorer_is_held_to_the_target_as_the_checkouts_is() -> None:
+    rounds = [86.0, 87.0, 88.0, 89.0, 90.0, 91.0, 92.0, 93.0, 94.0]
+    document = _paired_document(
+        rounds, none=[110.0] * 9, null=[100.0] * 9, scorer=real_scheduler.IMAGE_MODE
+    )
+    text = real_scheduler.pooled_text(real_scheduler.pooled([document, document]), 2)
+    (line,) = [line for line in text.splitlines() if real_scheduler.IMAGE_MODE in line]
+    assert "all below 0.95x" in line
+    document["sizes"][0]["image"] = "localhost/gpu-live-scheduler:abc"
+    section = real_scheduler.markdown_section(
+        document, command="python -m benchmarks.real_scheduler", before=None, plotted=False
+    )
+    assert f"{real_scheduler.IMAGE_MODE} against the Go null extender" in section
+    assert "NOT met: >= 0.95x" in section
+    # Which image ran, and how it differs from `names`.
+    assert "run from the image `localhost/gpu-live-scheduler:abc`" in section
 
 
 def test_the_section_counts_the_rounds_where_no_extender_was_slower_than_the_null_one() -> None:
@@ -703,7 +848,7 @@ def test_a_first_burst_with_no_extender_warms_up_and_is_not_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     patcher = SimpleNamespace(rate_per_s=1.0, errors=0, cpu_s=0.0, started_s=0.0, stopped_s=1.0)
-    ready = SimpleNamespace(plane=None, made={}, patcher=patcher)
+    ready = SimpleNamespace(plane=None, made={}, patcher=patcher, image=None)
     placed: list[tuple[str, int]] = []
 
     @contextlib.contextmanager

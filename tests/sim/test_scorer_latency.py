@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from benchmarks import scorer_latency
 from benchmarks.kube_requests import nodes_to_find
-from benchmarks.scorer_latency import ROOT, churn_pool, measure, meeting, targets
+from benchmarks.scorer_latency import (
+    CHILD,
+    ON_THIS_INTERPRETER,
+    ROOT,
+    Runner,
+    churn_pool,
+    measure,
+    meeting,
+    targets,
+)
+from loopback_cluster import image
+from tests.deploy.image_support import require_image
 
 
 def test_a_request_meets_the_events_whose_intervals_overlap_its_round_trip() -> None:
@@ -59,18 +75,23 @@ def test_targets_are_the_medians_during_churn_and_the_floor_ratio() -> None:
     assert "5,000 nodes (500-name windows" in checks[1]["target"]
 
 
-def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: Path) -> None:
-    # Small and short, but the whole path: the stand-in's writes reach the scorer's node cache
-    # through its own LIST + WATCH while the requests are timed.
-    row = measure(
+def _small_names_row(scratch: Path, runner: Runner = ON_THIS_INTERPRETER) -> dict[str, Any]:
+    """Small and short, but the whole path: the stand-in's writes reach the scorer's node cache
+    through its own LIST + WATCH while 12 pods' requests are timed, at 60 nodes."""
+    return measure(
         "names",
         60,
         12,
         trees={"after": ROOT},
-        scratch=tmp_path,
+        scratch=scratch,
         events_per_s=400.0,
         quick=True,
+        runner=runner,
     )
+
+
+def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: Path) -> None:
+    row = _small_names_row(tmp_path)
     assert row["after_events_per_s"] > 50
     assert row["churn_written_per_s"] > 50
     assert 0 <= row["after_requests_meeting_events"] <= 1
@@ -87,3 +108,54 @@ def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: 
     # the quiet phase's untimed and timed pods, and for each sample.
     assert row["window_names"] == row["window_names_median"] == 60
     assert row["pods_sent"] == 1 + 5 + 5 + 12
+
+
+def test_a_server_runs_on_this_interpreter_or_from_the_image(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert Runner().command(["nothing", "--port", "1"]) == [
+        sys.executable,
+        str(CHILD),
+        "nothing",
+        "--port",
+        "1",
+    ]
+    monkeypatch.setattr(image, "image_env", lambda name: {"PYTHONOPTIMIZE": "2"})
+    mounted = image.MountedImage("localhost/gpu-live-scheduler:abc", tmp_path / "rootfs")
+    before, scratch = tmp_path / "before", tmp_path / "scratch"
+    argv = Runner(mounted, (ROOT, before), scratch).command(["nothing", "--port", "1"])
+    # The image's interpreter (on its PATH) runs this checkout's script, with its environment.
+    assert argv[-5:] == ["python", str(CHILD), "nothing", "--port", "1"]
+    assert "PYTHONOPTIMIZE=2" in argv
+    setup = argv[: argv.index("--", argv.index("container-setup"))]
+    # The trees read-only and the scratch folder writable, each at its own path.
+    for tree in (ROOT, before):
+        assert setup[setup.index(str(tree)) + 1] == str(mounted.rootfs) + str(tree)
+    assert setup[setup.index(f"rw:{scratch}") + 1] == str(mounted.rootfs) + str(scratch)
+
+
+def test_a_run_from_the_image_without_one_stops_before_any_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "no image built: run `python3 dev.py image`"
+    monkeypatch.setattr(image, "current", lambda: (None, reason))
+
+    def no_measure(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(scorer_latency, "measure", no_measure)
+    assert scorer_latency.main(["--image", "--only", "names:500"]) == 2
+    assert f"--image: {reason}" in capsys.readouterr().err
+
+
+def test_the_servers_run_from_the_image(tmp_path: Path) -> None:
+    """The whole path from the image: its interpreter serves, reads the stand-in's kubeconfig
+    and writes its log in the scratch folder (skipped without the image locally, as the image's
+    own tests are; CI builds it)."""
+    require_image()
+    with image.mounted_current() as mounted:
+        row = _small_names_row(tmp_path, Runner(mounted, (ROOT,), tmp_path))
+    for key in ("after_filter", "after_prioritize", "floor"):
+        assert row[key]["n"] == 12
+    assert row["after_events_per_s"] > 50
+    assert scorer_latency.log_lines(tmp_path, ["after"], "names", 60)["after"] > 0
