@@ -3,6 +3,7 @@
     python benchmarks/scorer_child.py scorer --tree DIR --mode names|full --port P
                                              [--kubeconfig FILE --expect N] [--log FILE]
     python benchmarks/scorer_child.py nothing --port P --reply FILE [--floor full|names]
+    python benchmarks/scorer_child.py null --tree DIR --port P
     python benchmarks/scorer_child.py apiserver --port P --nodes FILE --churn FILE
                                                 --kubeconfig FILE [--per-gpu]
 
@@ -26,6 +27,10 @@ decodes the body with msgspec into exactly what a verdict reads, which is the fl
 each Node's name, annotations and managedFields; for `names`, the node names and what the
 scorer reads of the Pod (its name, namespace, uid, annotations and labels, its owners, its
 containers' resources and its ResourceClaims).
+
+`null` is the extender that decides nothing on the scorer's own HTTP edge
+(`benchmarks.null_extender`, from the tree DIR), which the benchmark's `--nulls` times beside the
+compiled one.
 
 `apiserver` is the project's API server stand-in (`kube_standins.apiserver`, which answers LIST
 and WATCH as kube-apiserver v1.36 does) holding the Nodes of `--nodes`, and the agents' writes:
@@ -189,6 +194,20 @@ def serve_scorer(args: argparse.Namespace) -> None:
         pacing.stop()
     if writer is not None:
         writer.stop()
+
+
+# ----------------------------------------------------------------------------- null extender
+
+
+def serve_null(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(args.tree).resolve()))
+    server = _module("exporter_scheduler.edges.server")
+    null = _module("benchmarks.null_extender")
+    running = server.HttpServer(null.NullApp(), host="127.0.0.1", port=args.port).start()
+    _answer({"ready": True})
+    for _ in sys.stdin:  # the first command is `quit`
+        break
+    running.stop()
 
 
 # ----------------------------------------------------------------------------- do-nothing
@@ -418,7 +437,7 @@ def serve_apiserver(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["scorer", "nothing", "apiserver"])
+    parser.add_argument("role", choices=["scorer", "nothing", "null", "apiserver"])
     parser.add_argument("--tree")
     parser.add_argument("--mode", choices=["names", "full"])
     parser.add_argument("--port", type=int, required=True)
@@ -435,6 +454,8 @@ def main() -> None:
         serve_scorer(args)
     elif args.role == "apiserver":
         serve_apiserver(args)
+    elif args.role == "null":
+        serve_null(args)
     else:
         serve_nothing(args)
 

@@ -48,6 +48,17 @@ and the node cache's cost per event with one and with four pod classes active.
     python -m benchmarks.scorer_latency --per-gpu --gpus 4    # 8-GPU tables, a 4-GPU pod
     python -m benchmarks.scorer_latency --image               # the servers on the image's
                                                               # interpreter (root; dev.py image)
+    python -m benchmarks.scorer_latency --nulls               # beside the extenders that
+                                                              # decide nothing
+
+**`--nulls`** times, in the same names-only samples and the same way (round trip minus the
+do-nothing server's), the two extenders that decide nothing of `benchmarks.real_scheduler`: the
+compiled Go one its throughput target is measured against (`tools/k8s/cmd/null-extender`, built
+with the control plane: `python3 dev.py cluster build`), and the Python one on the scorer's own
+HTTP edge (`benchmarks.null_extender`). They pass every node, so their filter replies carry every
+name of the window where the scorer's carry those it passed, and they go after the scorers in
+each sample, which leaves the scorers' figures as they are without them. What a server that reads
+the request and decides nothing takes of the same measure: the mechanism's own share of it.
 
 Targets: names-only filter server time during churn (100 node events/s) <= 0.3 ms at 500 nodes
 and <= 1.5 ms at 5,000 nodes (windows of 230 and 500 names), as medians; full-node filter server
@@ -93,6 +104,7 @@ from benchmarks.machine import machine_description
 from gpu_contract.schema import GpuState, Health, NodeGpuState, encode
 from kube_standins.nodes import gpu_node, with_agent_write
 from loopback_cluster import image
+from loopback_cluster.control_plane import BuildSpec, missing_binaries_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).resolve().parent / "scorer_child.py"
@@ -123,6 +135,8 @@ WARM_UP_S: Final = 0.3
 # How long the churn runs with four pod classes active (the per-event cost with classes).
 CLASSES_S: Final = 1.0
 QUICK_CLASSES_S: Final = 0.3
+# The extenders that decide nothing (`--nulls`): the compiled Go one, the Python one.
+NULLS: Final = ("null_go", "null_py")
 
 
 GPUS_PER_NODE = 8
@@ -289,6 +303,30 @@ def _start(name: str, *argv: str, runner: Runner = ON_THIS_INTERPRETER) -> Child
     return Child(name, process, port)
 
 
+def go_null_binary() -> Path:
+    """The compiled extender that decides nothing, built with the control plane."""
+    return BuildSpec.for_version().bin_dir / "null-extender"
+
+
+def _start_go_null(binary: Path) -> Child:
+    """The Go null extender on a port of its own choosing, which its first line names."""
+    process = subprocess.Popen(
+        [str(binary), "--listen=127.0.0.1:0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # left open: it logs nothing more unless it fails
+    )
+    stderr: IO[bytes] | None = process.stderr
+    assert stderr is not None
+    line = stderr.readline().decode(errors="replace").strip()
+    address = line.removeprefix("listening on ")
+    if address == line:
+        process.kill()
+        process.wait(10)
+        raise RuntimeError(f"null_go did not start: {line or 'no output'}")
+    return Child("null_go", process, int(address.rsplit(":", 1)[1]))
+
+
 @contextmanager
 def children() -> Iterator[list[Child]]:
     started: list[Child] = []
@@ -299,8 +337,10 @@ def children() -> Iterator[list[Child]]:
         for child in reversed(started):
             if child.conn is not None:
                 child.conn.close()
+            # Every child but the Go null extender takes commands on its stdin.
             with contextlib.suppress(OSError, ValueError):  # it may have gone already
-                child.command(cmd="quit")
+                if child.process.stdin is not None:
+                    child.command(cmd="quit")
             child.process.terminate()
             child.process.wait(10)
 
@@ -416,6 +456,8 @@ class Sampled:
     floor_s: list[float]
     started: float
     ended: float
+    # The extenders that decide nothing (`--nulls`), per verb: their server times.
+    nulls_s: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -467,8 +509,10 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
     verbs: Sequence[str],
     samples: int,
     pods_per_s: float | None,
+    nulls: Mapping[str, Child] | None = None,
 ) -> Sampled:
-    """`samples` pods: each verb on the do-nothing server, then on every scorer in turn.
+    """`samples` pods: each verb on the do-nothing server, then on every scorer in turn, then
+    (filter) on the floor server and on each of `nulls`.
 
     One sample is one pod's calls: its filter (a fresh pod, the next window of names), then its
     prioritize of the names the first scorer's filter passed, every server getting the same bytes.
@@ -482,6 +526,10 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
         label: {verb: [] for verb in verbs} for label in scorers
     }
     floor_s: list[float] = []
+    nulls = nulls or {}
+    nulls_s: dict[str, dict[str, list[float]]] = {
+        label: {verb: [] for verb in verbs} for label in nulls
+    }
     started = time.monotonic()
     for sample in range(samples):
         if pods_per_s:
@@ -503,9 +551,12 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
             if floor is not None and verb == "filter":
                 (floor_start, floor_end), _ = floor.timed_post("/filter", body)
                 floor_s.append(floor_end - floor_start - base)
+            for label, child in nulls.items():
+                (null_start, null_end), _ = child.timed_post(f"/{verb}", body)
+                nulls_s[label][verb].append(null_end - null_start - base)
             if verb == "filter":
                 body = requests.prioritize(the_pod, replies[next(iter(scorers))])
-    return Sampled(server_s, round_trips, floor_s, started, time.monotonic())
+    return Sampled(server_s, round_trips, floor_s, started, time.monotonic(), nulls_s)
 
 
 def log_path(scratch: Path, label: str, mode: Mode, count: int) -> Path:
@@ -546,9 +597,11 @@ def measure(
     gpus: int | None = None,
     quick: bool = False,
     runner: Runner = ON_THIS_INTERPRETER,
+    go_null: Path | None = None,
 ) -> dict[str, Any]:
     """One row of the plan; `runner` starts the scorers, the do-nothing and the floor servers
-    (the API server stand-in runs on this interpreter)."""
+    and the Python null extender (the API server stand-in runs on this interpreter). With
+    `go_null` (the binary), a names-only row also times the null extenders (`--nulls`)."""
     nodes = [build_node(i, per_gpu=per_gpu) for i in range(count)]
     # One rotation and one stream of pods for the whole row, priming included, as one
     # scheduler's: every request is a new pod and the next window of names.
@@ -633,8 +686,14 @@ def measure(
             runner=runner,
         )
         started.append(floor)
+        nulls: dict[str, Child] = {}
+        if names_only and go_null is not None:
+            nulls["null_go"] = _start_go_null(go_null)
+            started.append(nulls["null_go"])
+            nulls["null_py"] = _start("null_py", "null", "--tree", str(ROOT), runner=runner)
+            started.append(nulls["null_py"])
         # Warm every connection.
-        for child in [*nothing.values(), floor]:
+        for child in [*nothing.values(), floor, *nulls.values()]:
             child.post("/filter", body)
 
         if not names_only:
@@ -676,11 +735,14 @@ def measure(
         time.sleep(WARM_UP_S)
         for child in scorers.values():
             _timings(child)
-        sampled = run_samples(scorers, nothing, floor, requests, verbs, samples, pods_per_s)
+        sampled = run_samples(scorers, nothing, floor, requests, verbs, samples, pods_per_s, nulls)
         window_s = sampled.ended - sampled.started
         # No ratio here: a names-only body decodes in a few microseconds, within the noise
         # between two do-nothing servers, so the floor is near zero, either side of it.
         row["floor"] = _ms(sampled.floor_s)
+        for label, by_verb in sampled.nulls_s.items():
+            for verb, seconds in by_verb.items():
+                row.setdefault("nulls", {}).setdefault(label, {})[verb] = _ms(seconds)
         for label, child in scorers.items():
             handler, events = _timings(child)
             during = [e for e in events if sampled.started <= e[0] < sampled.ended]
@@ -795,6 +857,9 @@ def print_table(result: dict[str, Any]) -> None:
             )
             ratios = f"   ({ratios})" if ratios else ""
             print(f"{'':<6}{'':>6}{'floor':>11}{r['floor']['median_ms']:>15.3f}{ratios}")
+        for label, by_verb in r.get("nulls", {}).items():
+            for verb, figures in by_verb.items():
+                print(f"{'':<6}{'':>6}{verb:>11}{figures['median_ms']:>15.3f}   ({label})")
         if "events_per_s_target" in r:
             print(
                 f"{'':<12}churn: {r['churn_written_per_s']:.0f} writes/s over "
@@ -811,7 +876,8 @@ def print_table(result: dict[str, Any]) -> None:
                 )
     print(
         "(ms, medians; server = round trip minus the do-nothing server's; handler = inside; "
-        "names-only filter and prioritize during churn, quiet = filter with no churn)"
+        "names-only filter and prioritize during churn, quiet = filter with no churn; "
+        "null_go, null_py: the extenders that decide nothing, --nulls)"
     )
     for check in result["targets"]:
         print(f"{'met' if check['met'] else 'MISSED':>6}: {check['target']} ({check['value']})")
@@ -841,7 +907,20 @@ def main(argv: list[str] | None = None) -> int:
         help="run the servers from the image built from this checkout (`python3 dev.py image`; "
         "root): on its interpreter",
     )
+    parser.add_argument(
+        "--nulls",
+        action="store_true",
+        help="also time the extenders that decide nothing (Go and Python) in the names-only "
+        "samples; the Go one is built with the control plane (`python3 dev.py cluster build`)",
+    )
     args = parser.parse_args(argv)
+    go_null = None
+    if args.nulls:
+        reason = missing_binaries_reason()
+        if reason is not None:
+            print(f"--nulls: {reason}", file=sys.stderr)
+            return 2
+        go_null = go_null_binary()
     plan = QUICK_PLAN if args.quick else PLAN
     if args.only:
         wanted = set(args.only.split(","))
@@ -874,6 +953,7 @@ def main(argv: list[str] | None = None) -> int:
                 gpus=args.gpus,
                 quick=args.quick,
                 runner=runner,
+                go_null=go_null,
             )
             row["log_lines"] = log_lines(Path(scratch), list(trees), mode, count)
             rows.append(row)

@@ -13,6 +13,7 @@ from benchmarks import scorer_latency
 from benchmarks.kube_requests import nodes_to_find
 from benchmarks.scorer_latency import (
     CHILD,
+    NULLS,
     ON_THIS_INTERPRETER,
     ROOT,
     Runner,
@@ -23,6 +24,7 @@ from benchmarks.scorer_latency import (
 )
 from loopback_cluster import image
 from tests.deploy.image_support import require_image
+from tests.e2e.support import require_control_plane
 
 
 def test_a_request_meets_the_events_whose_intervals_overlap_its_round_trip() -> None:
@@ -108,6 +110,50 @@ def test_a_names_only_row_measures_requests_while_watch_events_arrive(tmp_path: 
     # the quiet phase's untimed and timed pods, and for each sample.
     assert row["window_names"] == row["window_names_median"] == 60
     assert row["pods_sent"] == 1 + 5 + 5 + 12
+
+
+def test_the_null_extenders_answer_every_sample_beside_the_scorer(tmp_path: Path) -> None:
+    """`--nulls`: the compiled Go extender that decides nothing (built with the control plane)
+    and the Python one on the scorer's edge get every timed sample's filter and prioritize,
+    the same bytes the scorer gets (a request either cannot read fails the run)."""
+    require_control_plane()
+    row = measure(
+        "names",
+        60,
+        12,
+        trees={"after": ROOT},
+        scratch=tmp_path,
+        events_per_s=400.0,
+        quick=True,
+        go_null=scorer_latency.go_null_binary(),
+    )
+    assert set(row["nulls"]) == set(NULLS)
+    for label in NULLS:
+        for verb in ("filter", "prioritize"):
+            assert row["nulls"][label][verb]["n"] == 12
+    assert row["after_filter"]["n"] == row["floor"]["n"] == 12
+
+
+def test_a_go_null_extender_that_names_no_address_is_an_error(tmp_path: Path) -> None:
+    script = tmp_path / "null-extender"
+    script.write_text("#!/bin/sh\necho 'null-extender: bind: address in use' >&2\nexit 1\n")
+    script.chmod(0o755)
+    with pytest.raises(RuntimeError, match="null_go did not start: null-extender: bind"):
+        scorer_latency._start_go_null(script)
+
+
+def test_nulls_without_the_control_plane_stop_before_any_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reason = "control plane not built: run `python3 dev.py cluster build`"
+    monkeypatch.setattr(scorer_latency, "missing_binaries_reason", lambda: reason)
+
+    def no_measure(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(scorer_latency, "measure", no_measure)
+    assert scorer_latency.main(["--nulls", "--only", "names:500"]) == 2
+    assert f"--nulls: {reason}" in capsys.readouterr().err
 
 
 def test_a_server_runs_on_this_interpreter_or_from_the_image(
