@@ -77,7 +77,9 @@ def test_targets_are_the_medians_during_churn_and_the_floor_ratio() -> None:
     assert "5,000 nodes (500-name windows" in checks[1]["target"]
 
 
-def _small_names_row(scratch: Path, runner: Runner = ON_THIS_INTERPRETER) -> dict[str, Any]:
+def _small_names_row(
+    scratch: Path, runner: Runner = ON_THIS_INTERPRETER, go_null: Path | None = None
+) -> dict[str, Any]:
     """Small and short, but the whole path: the stand-in's writes reach the scorer's node cache
     through its own LIST + WATCH while 12 pods' requests are timed, at 60 nodes."""
     return measure(
@@ -89,6 +91,7 @@ def _small_names_row(scratch: Path, runner: Runner = ON_THIS_INTERPRETER) -> dic
         events_per_s=400.0,
         quick=True,
         runner=runner,
+        go_null=go_null,
     )
 
 
@@ -117,16 +120,7 @@ def test_the_null_extenders_answer_every_sample_beside_the_scorer(tmp_path: Path
     and the Python one on the scorer's edge get every timed sample's filter and prioritize,
     the same bytes the scorer gets (a request either cannot read fails the run)."""
     require_control_plane()
-    row = measure(
-        "names",
-        60,
-        12,
-        trees={"after": ROOT},
-        scratch=tmp_path,
-        events_per_s=400.0,
-        quick=True,
-        go_null=scorer_latency.go_null_binary(),
-    )
+    row = _small_names_row(tmp_path, go_null=scorer_latency.go_null_binary())
     assert set(row["nulls"]) == set(NULLS)
     for label in NULLS:
         for verb in ("filter", "prioritize"):
