@@ -68,7 +68,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -209,6 +209,11 @@ class Round:
     # the CPU each pod takes of them. None: not read.
     machine_idle_share: float | None = None
     machine_cpu_ms_per_pod: float | None = None
+    # The control plane's processes over the extender's span (the scheduler's start to the last
+    # bind), per pod placed: etcd, kube-apiserver (which serves every watch, the scorer's Node
+    # and Pod watches included) and the round's kube-scheduler (from its start: its informers'
+    # first sync is in it, alike in every mode). Empty: not read.
+    process_cpu_ms_per_pod: dict[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the fleet
@@ -587,6 +592,8 @@ def measure(
     own = scorers.get(mode)
     threads_before = {} if own is None else scorer_thread_cpu_s(own)
     cpu_before_s = None if pid is None else process_cpu_s(pid)
+    plane_pids = plane.pids()
+    plane_before_s = processes_cpu_s(plane_pids)
     profiling = while_scheduling is not None
     scheduler = plane.start_scheduler(
         scheduler_config(mode, made, profiling=profiling), name=f"sched-{label}"
@@ -599,6 +606,10 @@ def measure(
             raise TimeoutError(f"{label}: {len(bind_times)} of {len(names)} pods bound")
         cpu_s = None if pid is None or cpu_before_s is None else process_cpu_s(pid) - cpu_before_s
         threads_after = {} if own is None or not threads_before else scorer_thread_cpu_s(own)
+        popen = scheduler.process.popen
+        plane_after_s = processes_cpu_s(
+            plane_pids | ({} if popen is None else {"kube-scheduler": popen.pid})
+        )
     finally:
         scheduler.stop()
         plane.schedulers.pop(f"sched-{label}", None)
@@ -613,6 +624,10 @@ def measure(
     result.thread_cpu_ms_per_pod = {
         thread: (spent_s - threads_before.get(thread, 0.0)) / len(times) * 1000
         for thread, spent_s in threads_after.items()
+    }
+    result.process_cpu_ms_per_pod = {
+        name: (spent_s - plane_before_s.get(name, 0.0)) / len(times) * 1000
+        for name, spent_s in plane_after_s.items()
     }
     if mode in scorers:
         for verb, (seconds, count) in after[mode].items():
@@ -816,14 +831,12 @@ def summarize(config: Config, rounds: Sequence[Round], patcher: Patcher) -> dict
             "machine_cpu_ms_per_pod_median": _median_or_none(
                 [r.machine_cpu_ms_per_pod for r in mine]
             ),
-            "thread_cpu_ms_per_pod_median": {
-                thread: statistics.median(
-                    r.thread_cpu_ms_per_pod[thread]
-                    for r in mine
-                    if thread in r.thread_cpu_ms_per_pod
-                )
-                for thread in dict.fromkeys(t for r in mine for t in r.thread_cpu_ms_per_pod)
-            },
+            "thread_cpu_ms_per_pod_median": _medians_by_key(
+                [r.thread_cpu_ms_per_pod for r in mine]
+            ),
+            "process_cpu_ms_per_pod_median": _medians_by_key(
+                [r.process_cpu_ms_per_pod for r in mine]
+            ),
             "wire_mean_ms_median": {
                 verb: statistics.median(r.wire[verb]["mean_ms"] for r in mine if verb in r.wire)
                 for verb in wire_capture.VERBS
@@ -868,9 +881,25 @@ def _add_machine(result: Round, machine_at: Sequence[MachineCpu | None], *, plac
         result.machine_cpu_ms_per_pod = busy_s / placed * 1000
 
 
+def processes_cpu_s(pids: Mapping[str, int]) -> dict[str, float]:
+    """name -> the CPU seconds that process has used so far; a process gone (or never readable)
+    is left out rather than failing the round."""
+    spent: dict[str, float] = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(OSError, ValueError):
+            spent[name] = process_cpu_s(pid)
+    return spent
+
+
 def _median_or_none(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def _medians_by_key(figures: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each key's median over the rounds that read it, in the order the keys first came."""
+    keys = dict.fromkeys(k for round_figures in figures for k in round_figures)
+    return {k: statistics.median(f[k] for f in figures if k in f) for k in keys}
 
 
 def _add_paired(by_mode: dict[str, dict[str, Any]], rounds: Sequence[Round]) -> None:
@@ -1073,7 +1102,7 @@ def markdown_section(
         "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
         for row in [header, ["-" * w for w in widths], *rows]
     ]
-    by_thread = _thread_table(document)
+    by_thread = _thread_table(document) + _process_table(document)
     churn = ", ".join(
         f"{r['patches_per_s']:g} patches/s at {r['config']['nodes']:,} nodes"
         for r in document["sizes"]
@@ -1215,6 +1244,41 @@ def _thread_table(document: dict[str, Any]) -> str:
         " reply, `node-watch` and `pod-watch` each event decoded and its node judged again):\n\n"
         + table
         + "\n"
+    )
+
+
+# The control plane's processes, as the by-process table's columns.
+_PROCESS_COLUMNS: Final = ("etcd", "kube-apiserver", "kube-scheduler")
+
+
+def _process_table(document: dict[str, Any]) -> str:
+    """The control plane's CPU per pod by process, with the extender's (medians of the rounds),
+    or "" for a run without it."""
+    rows: list[list[str]] = []
+    for result in document["sizes"]:
+        for mode, entry in result["modes"].items():
+            processes: dict[str, float] = entry.get("process_cpu_ms_per_pod_median") or {}
+            if not processes:
+                continue
+            extender = entry.get("extender_cpu_ms_per_pod_median")
+            cells = [processes.get(name) for name in _PROCESS_COLUMNS] + [extender]
+            known = [c for c in cells if c is not None]
+            rows.append(
+                [
+                    f"{result['config']['nodes']:,}",
+                    MODE_LABELS[mode],
+                    *("" if c is None else f"{c:.2f}" for c in cells),
+                    f"{sum(known):.2f}",
+                ]
+            )
+    if not rows:
+        return ""
+    table = markdown.table(["nodes", "mode", *_PROCESS_COLUMNS, "extender", "together"], rows)
+    return (
+        "\nThe control plane's CPU per pod placed by process, with the extender's, ms (each"
+        " process's `/proc/<pid>/stat` from the round's kube-scheduler start to the last bind:"
+        " kube-scheduler's informers' first sync is in its figure, alike in every mode;"
+        " kube-apiserver serves every watch, the scorer's included):\n\n" + table + "\n"
     )
 
 

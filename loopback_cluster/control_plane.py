@@ -897,6 +897,15 @@ class ControlPlane:
             path, server=self.server, ca_file=self.pki.ca_cert, user=user, token=token
         )
 
+    def pids(self) -> dict[str, int]:
+        """The process ids of what this object started and still runs (etcd, kube-apiserver),
+        by name; schedulers are in `schedulers`."""
+        return {
+            name: process.popen.pid
+            for name, process in self._started.items()
+            if process.popen is not None and process.popen.poll() is None
+        }
+
     def _process(self, name: str, binary: str, argv: list[str]) -> ManagedProcess:
         started = self._started.get(name)
         if started is not None and not argv:

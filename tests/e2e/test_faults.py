@@ -69,6 +69,14 @@ def scrape(port: int) -> str:
         return str(response.read().decode())
 
 
+def test_the_planes_pids_name_its_running_processes(own_plane: ControlPlane) -> None:
+    """What `real_scheduler` reads each process's CPU by: etcd and kube-apiserver, running."""
+    pids = own_plane.pids()
+    assert set(pids) == {"etcd", "kube-apiserver"}
+    for name, pid in pids.items():
+        assert Path(f"/proc/{pid}/exe").resolve().name == name
+
+
 def test_apiserver_restart_agent_writes_again_and_node_cache_follows(
     own_plane: ControlPlane, fault_scope: Scope, tmp_path: Path
 ) -> None:

@@ -6,6 +6,8 @@ import base64
 import contextlib
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -783,6 +785,53 @@ def test_the_scorers_cpu_by_thread_is_a_table_only_where_it_was_read() -> None:
         "0.03",
         "1.98",
     ]
+
+
+def test_the_control_planes_cpu_by_process_is_a_table_only_where_it_was_read() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    render = real_scheduler.markdown_section
+    assert "by process" not in render(document, command="c", before=None, plotted=False)
+    summary = document["sizes"][0]  # type: ignore[index]
+    apiserver_ms = {"none": [4.0, 4.4, 4.2], "names": [5.0, 5.6, 5.2], "null-go-names": [4.5] * 3}
+    for entry in summary["rounds"]:
+        entry["process_cpu_ms_per_pod"] = {
+            "etcd": 1.0,
+            "kube-apiserver": apiserver_ms[entry["mode"]][entry["round"]],
+            "kube-scheduler": 3.0,
+        }
+        entry["extender_cpu_ms_per_pod"] = {"none": None, "names": 1.5, "null-go-names": 0.5}[
+            entry["mode"]
+        ]
+    _summarize_again(summary)
+    medians = summary["modes"]["names"]["process_cpu_ms_per_pod_median"]
+    assert medians == {"etcd": 1.0, "kube-apiserver": 5.2, "kube-scheduler": 3.0}
+    section = render(document, command="c", before=None, plotted=False)
+    lines = section.splitlines()
+    header = next(i for i, line in enumerate(lines) if "| kube-apiserver |" in line)
+    assert [c.strip() for c in lines[header].strip("|").split("|")] == [
+        "nodes",
+        "mode",
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "extender",
+        "together",
+    ]
+    rows = [[c.strip() for c in line.strip("|").split("|")][2:] for line in lines[header + 2 :]]
+    # No extender: its cell is empty, and the sum is the control plane's alone.
+    assert rows[:3] == [
+        ["1.00", "4.20", "3.00", "", "8.20"],
+        ["1.00", "5.20", "3.00", "1.50", "10.70"],
+        ["1.00", "4.50", "3.00", "0.50", "9.00"],
+    ]
+
+
+def test_a_process_gone_is_left_out_of_the_cpu_read() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid names no process now
+    spent = real_scheduler.processes_cpu_s({"this": os.getpid(), "gone": child.pid})
+    assert set(spent) == {"this"}
+    assert spent["this"] > 0
 
 
 def test_a_scorers_cpu_by_thread_is_read_from_its_metrics(tmp_path: Path) -> None:
