@@ -1217,33 +1217,46 @@ patcher) {others}.{warm_up} {before_line}{null_text}{inflight_text}{image_text}
 _THREAD_COLUMNS: Final = ("request", "node-watch", "pod-watch", "log-writer")
 
 
-def _thread_table(document: dict[str, Any]) -> str:
-    """The scorers' CPU per pod by thread (medians of the rounds), or "" for a run without it."""
-    rows: list[list[str]] = []
-    for result in document["sizes"]:
-        for mode, entry in result["modes"].items():
-            threads: dict[str, float] = entry.get("thread_cpu_ms_per_pod_median") or {}
-            if not threads:
-                continue
-            rest = sum(v for t, v in threads.items() if t not in _THREAD_COLUMNS)
-            rows.append(
-                [
-                    f"{result['config']['nodes']:,}",
-                    MODE_LABELS[mode],
-                    *(f"{threads.get(t, 0.0):.2f}" for t in _THREAD_COLUMNS),
-                    f"{rest:.2f}",
-                    f"{sum(threads.values()):.2f}",
-                ]
-            )
+def _per_mode_table(
+    document: dict[str, Any],
+    cells_of: Callable[[dict[str, Any]], list[str] | None],
+    columns: Sequence[str],
+    caption: str,
+) -> str:
+    """A table of one row per size and mode whose summary `cells_of` makes cells of (None: the
+    mode has no such figures), under `caption`; "" when no mode has any."""
+    rows = [
+        [f"{result['config']['nodes']:,}", MODE_LABELS[mode], *cells]
+        for result in document["sizes"]
+        for mode, entry in result["modes"].items()
+        if (cells := cells_of(entry)) is not None
+    ]
     if not rows:
         return ""
-    table = markdown.table(["nodes", "mode", *_THREAD_COLUMNS, "the rest", "all threads"], rows)
-    return (
-        "\nThe scorer's CPU per pod placed by thread, ms (its `gpu_scorer_thread_cpu_seconds_total`"
+    return f"\n{caption}:\n\n{markdown.table(['nodes', 'mode', *columns], rows)}\n"
+
+
+def _thread_cells(entry: dict[str, Any]) -> list[str] | None:
+    threads: dict[str, float] = entry.get("thread_cpu_ms_per_pod_median") or {}
+    if not threads:
+        return None
+    rest = sum(v for t, v in threads.items() if t not in _THREAD_COLUMNS)
+    return [
+        *(f"{threads.get(t, 0.0):.2f}" for t in _THREAD_COLUMNS),
+        f"{rest:.2f}",
+        f"{sum(threads.values()):.2f}",
+    ]
+
+
+def _thread_table(document: dict[str, Any]) -> str:
+    """The scorers' CPU per pod by thread (medians of the rounds), or "" for a run without it."""
+    return _per_mode_table(
+        document,
+        _thread_cells,
+        [*_THREAD_COLUMNS, "the rest", "all threads"],
+        "The scorer's CPU per pod placed by thread, ms (its `gpu_scorer_thread_cpu_seconds_total`"
         " over the same span; `request` is kube-scheduler's calls and the work right after each"
-        " reply, `node-watch` and `pod-watch` each event decoded and its node judged again):\n\n"
-        + table
-        + "\n"
+        " reply, `node-watch` and `pod-watch` each event decoded and its node judged again)",
     )
 
 
@@ -1251,34 +1264,27 @@ def _thread_table(document: dict[str, Any]) -> str:
 _PROCESS_COLUMNS: Final = ("etcd", "kube-apiserver", "kube-scheduler")
 
 
+def _process_cells(entry: dict[str, Any]) -> list[str] | None:
+    processes: dict[str, float] = entry.get("process_cpu_ms_per_pod_median") or {}
+    if not processes:
+        return None
+    cells = [processes.get(name) for name in _PROCESS_COLUMNS]
+    cells.append(entry.get("extender_cpu_ms_per_pod_median"))
+    known = [c for c in cells if c is not None]
+    return [*("" if c is None else f"{c:.2f}" for c in cells), f"{sum(known):.2f}"]
+
+
 def _process_table(document: dict[str, Any]) -> str:
     """The control plane's CPU per pod by process, with the extender's (medians of the rounds),
     or "" for a run without it."""
-    rows: list[list[str]] = []
-    for result in document["sizes"]:
-        for mode, entry in result["modes"].items():
-            processes: dict[str, float] = entry.get("process_cpu_ms_per_pod_median") or {}
-            if not processes:
-                continue
-            extender = entry.get("extender_cpu_ms_per_pod_median")
-            cells = [processes.get(name) for name in _PROCESS_COLUMNS] + [extender]
-            known = [c for c in cells if c is not None]
-            rows.append(
-                [
-                    f"{result['config']['nodes']:,}",
-                    MODE_LABELS[mode],
-                    *("" if c is None else f"{c:.2f}" for c in cells),
-                    f"{sum(known):.2f}",
-                ]
-            )
-    if not rows:
-        return ""
-    table = markdown.table(["nodes", "mode", *_PROCESS_COLUMNS, "extender", "together"], rows)
-    return (
-        "\nThe control plane's CPU per pod placed by process, with the extender's, ms (each"
+    return _per_mode_table(
+        document,
+        _process_cells,
+        [*_PROCESS_COLUMNS, "extender", "together"],
+        "The control plane's CPU per pod placed by process, with the extender's, ms (each"
         " process's `/proc/<pid>/stat` from the round's kube-scheduler start to the last bind:"
         " kube-scheduler's informers' first sync is in its figure, alike in every mode;"
-        " kube-apiserver serves every watch, the scorer's included):\n\n" + table + "\n"
+        " kube-apiserver serves every watch, the scorer's included)",
     )
 
 
