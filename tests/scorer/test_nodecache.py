@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,6 +193,45 @@ def test_stop_is_prompt_with_a_watch_open(standin: ApiServerStandIn, tmp_path: P
     cache.stop(timeout_s=5)
     assert len(cache._threads) == 2  # the list + watch loop and the expiry timer
     assert not any(thread.is_alive() for thread in cache._threads)
+
+
+def test_an_event_that_wakes_an_idle_watch_waits_out_the_batch_with_those_that_follow(
+    tmp_path: Path,
+) -> None:
+    """`event_batch_s`: the first event after the stream was idle is applied once the batch
+    is over, and the events written meanwhile right after it, in order (read from the socket's
+    buffer, back to back)."""
+    batch_s = 0.5
+    with ApiServerStandIn(port=_free_port()) as server:  # bookmarks once a minute: idle
+        server.put_node(gpu_node("a"))
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        tuning = CacheTuning(watch_timeout_s=30, event_batch_s=batch_s)
+        cache = NodeCache(kubeconfig=str(kubeconfig), metrics=ScorerMetrics(), tuning=tuning)
+        applied: list[tuple[str, float]] = []
+        apply_event = cache._on_event
+
+        def recording(kind: str, obj: Any) -> bool:
+            applied.append((obj.metadata.name, time.monotonic()))
+            return apply_event(kind, obj)
+
+        cache._on_event = recording  # type: ignore[method-assign]
+        with cache:
+            assert cache.wait_until(lambda c: c.ready(), WAIT_S)
+            assert _poll(lambda: server.watch_count == 1, WAIT_S)
+            # The watch's read waits on the server from here on: far longer than a read the
+            # socket's buffer answers, whatever the machine's load.
+            time.sleep(0.1)
+            written = time.monotonic()
+            for name, utilization in (("a", 0.20), ("b", 0.30), ("c", 0.40)):
+                base = gpu_node(name)
+                annotations = gpu_annotations(utilization=utilization)
+                server.put_node(with_agent_write(base, annotations, AGENT_TIME))
+            assert cache.wait_until(lambda c: "c" in c.names(), WAIT_S)
+            assert cache.wait_until(lambda c: _utilization(c, "c") == "0.40", WAIT_S)
+    assert [name for name, _ in applied] == ["a", "b", "c"]
+    first, _, last = (at for _, at in applied)
+    assert first - written >= batch_s
+    assert last - first < batch_s
 
 
 def test_missing_credentials_fail_at_start(tmp_path: Path) -> None:
