@@ -512,7 +512,7 @@ def run_samples(  # noqa: PLR0917 (the phase's parts, as `measure` holds them)
     nulls: Mapping[str, Child] | None = None,
 ) -> Sampled:
     """`samples` pods: each verb on the do-nothing server, then on every scorer in turn, then
-    (filter) on the floor server and on each of `nulls`.
+    on the floor server (the filter alone) and on each of `nulls`.
 
     One sample is one pod's calls: its filter (a fresh pod, the next window of names), then its
     prioritize of the names the first scorer's filter passed, every server getting the same bytes.
@@ -740,9 +740,11 @@ def measure(
         # No ratio here: a names-only body decodes in a few microseconds, within the noise
         # between two do-nothing servers, so the floor is near zero, either side of it.
         row["floor"] = _ms(sampled.floor_s)
-        for label, by_verb in sampled.nulls_s.items():
-            for verb, seconds in by_verb.items():
-                row.setdefault("nulls", {}).setdefault(label, {})[verb] = _ms(seconds)
+        if nulls:
+            row["nulls"] = {
+                label: {verb: _ms(seconds) for verb, seconds in by_verb.items()}
+                for label, by_verb in sampled.nulls_s.items()
+            }
         for label, child in scorers.items():
             handler, events = _timings(child)
             during = [e for e in events if sampled.started <= e[0] < sampled.ended]

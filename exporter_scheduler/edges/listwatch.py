@@ -84,8 +84,9 @@ class CacheTuning:
     # events that come within it are then read and applied back to back. The thread's wake-up
     # is most of an event's cost: its code and data leave the CPU's caches while it waits, and
     # one Node event took 30 us applied back to back against 240 us 10 ms after the last
-    # (performance.md). A Node's data or a bind is seen up to this much later; proposals
-    # (`PodCache.propose`) already count a pod before its bind is seen. 0: each as it comes.
+    # (performance.md). A Node's data, a bind or a claim's allocation is seen up to this much
+    # later; proposals (`PodCache.propose`) already count a pod before its bind is seen, and
+    # kube-scheduler's own allocator holds the devices' truth. 0: each as it comes.
     event_batch_s: float = 0.05
 
 
