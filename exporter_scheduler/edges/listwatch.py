@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, Self, cast
+from typing import Any, ClassVar, Final, Self, cast
 
 import msgspec
 from prometheus_client import Counter, Gauge, Histogram
@@ -80,16 +80,14 @@ class CacheTuning:
     list_page_size: int = 500
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
-    # An event that arrives on an idle watch waits this long before it is applied, and the
-    # events that come within it are then read and applied back to back. The thread's wake-up
-    # is most of an event's cost: its code and data leave the CPU's caches while it waits, and
-    # one Node event took 30 us applied back to back against 240 us 10 ms after the last
-    # (performance.md). A Node's data, a bind or a claim's allocation is seen up to this much
-    # later; proposals (`PodCache.propose`) already count a pod before its bind is seen, and
-    # kube-scheduler's own allocator holds the devices' truth. 0 (the default): each as it
-    # comes. Off until a burst of claim pods judged before the claims before them were seen
-    # (tests/e2e/test_dra.py, hot free GPUs) holds with it on.
-    event_batch_s: float = 0.0
+    # An event that arrives on an idle watch of a batched kind (`ListWatch.batched`: Nodes and
+    # bound Pods) waits this long before it is applied, and the events that come within it are
+    # then read and applied back to back. The thread's wake-up is most of an event's cost: its
+    # code and data leave the CPU's caches while it waits, and one Node event took 30 us
+    # applied back to back against 240 us 10 ms after the last (performance.md). A Node's data
+    # or a bind is seen up to this much later; proposals (`PodCache.propose`) already count a
+    # pod before its bind is seen. 0: each as it comes.
+    event_batch_s: float = 0.05
 
 
 class WatchExpiredError(Exception):
@@ -172,6 +170,11 @@ class ListWatch:
     """
 
     kind: str = "object"
+    # Whether this kind's events wait out `CacheTuning.event_batch_s`. Only the kinds whose
+    # events are many and whose lateness something else covers: a claim's allocation has no
+    # proposal to stand in for it, and a burst of claim pods judged before the claims of those
+    # just placed were seen went to a node with hot free GPUs (tests/e2e/test_dra.py).
+    batched: ClassVar[bool] = False
     _page: msgspec.json.Decoder[Any]
     _event: msgspec.json.Decoder[Any]
 
@@ -398,7 +401,7 @@ class ListWatch:
             ),
         )
         self._response = response
-        batch_s = self.tuning.event_batch_s
+        batch_s = self.tuning.event_batch_s if self.batched else 0.0
         try:
             if self._stop.is_set():
                 return

@@ -99,6 +99,7 @@ class NodeCache(ListWatch):
     """
 
     kind = "node"
+    batched = True
 
     def __init__(
         self,

@@ -89,6 +89,7 @@ class PodCache(ListWatch):
     (this loop for the bound pods, `_NominationWatch` for the nominated ones)."""
 
     kind = "pod"
+    batched = True
 
     def __init__(
         self,

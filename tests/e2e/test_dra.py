@@ -258,10 +258,18 @@ def rules(plane: ControlPlane, node: str) -> dict[str, str]:
 
 
 def claim_pods(
-    scope: Scope, prefix: str, count: int, *, scheduler: str = SCHEDULER, cpu: str | None = None
+    scope: Scope,
+    prefix: str,
+    count: int,
+    *,
+    scheduler: str = SCHEDULER,
+    cpu: str | None = None,
+    scorer: ScorerProcess | None = None,
 ) -> list[str]:
     """`count` pods, each with a claim from the template made as the resourceclaim controller
-    makes it; each pod is held by a scheduling gate until its claim is ready, then released."""
+    makes it; each pod is held by a scheduling gate until its claim is ready, then released.
+    `scorer`: released once that scorer's watch has the claims too (a pod whose claim it has
+    not seen yet is judged as a pod without GPUs: docs/scorer.md)."""
     api = scope.api
     template = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaimtemplates/{TEMPLATE}")
     names = []
@@ -319,6 +327,17 @@ def claim_pods(
             },
         )
         names.append(name)
+    if scorer is not None and names:
+        probe = {
+            "metadata": {"name": "probe", "namespace": "default"},
+            "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
+        }
+        # The watch is in order: with the last claim it has the earlier ones.
+        wait_for(
+            "the scorer to have the pods' claims",
+            lambda: explained_claims(scorer, probe, []) is not None,
+            timeout_s=WATCH_SYNC_S,
+        )
     for name in names:
         api.merge_patch(
             f"/api/v1/namespaces/default/pods/{name}", {"spec": {"schedulingGates": []}}
@@ -833,7 +852,9 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
     try:
         scorer_holds(dra_scorer, others[-1], a)
         scope.settle()
-        pods = claim_pods(scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m")
+        pods = claim_pods(
+            scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m", scorer=dra_scorer
+        )
         placed = pools_of(api, pods)
         assert all(str(device).startswith(f"{b}/") for device in placed.values()), placed
         pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -637,3 +640,54 @@ def test_a_malformed_claim_event_is_skipped_and_the_rest_applied(
     assert data.devices("node-a").allocated == {"gpu-1": "ns/c", "gpu-4": "ns/c"}
     watch._apply(json.dumps({"type": "DELETED", "object": CLAIM_V1}).encode())
     assert data.devices("node-a") is NO_DEVICES
+
+
+class _HeldStream:
+    """A watch response whose one event comes when the test releases it: the watch's read
+    waits on the server meanwhile, as an idle watch's does."""
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+        self.release = threading.Event()
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        self.release.wait()
+        yield self.line + b"\n"
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _BatchedClaimWatch(ClaimWatch):
+    batched = True
+
+
+@pytest.mark.parametrize("watch_type", [ClaimWatch, _BatchedClaimWatch])
+def test_a_claims_allocation_is_applied_as_it_comes_whatever_the_batch(
+    watch_type: type[ClaimWatch],
+) -> None:
+    """A claim's allocation has no proposal to stand in for it until it is seen, so the claim
+    watch applies each event as it comes, though a batch is set (`CacheTuning.event_batch_s`);
+    the same stream on a batched watch holds it for the batch."""
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([])
+    tuning = CacheTuning(event_batch_s=600.0)
+    watch = watch_type(data, "v1", metrics=None, tuning=tuning, rng=None, api=object())
+    response = _HeldStream(json.dumps({"type": "ADDED", "object": CLAIM_V1}).encode())
+    watch._list = lambda **_: response  # type: ignore[method-assign]
+    thread = threading.Thread(target=watch._watch_once, daemon=True)
+    thread.start()
+    time.sleep(0.05)  # the read waits on the "server" far longer than a buffered read takes
+    response.release.set()
+    thread.join(timeout=0.5 if watch_type is _BatchedClaimWatch else 30.0)
+    try:
+        if watch_type is ClaimWatch:
+            assert not thread.is_alive()
+            assert data.devices("node-a").allocated == {"gpu-1": "ns/c", "gpu-4": "ns/c"}
+        else:
+            assert thread.is_alive()  # waiting out the 600 s batch, the event not applied
+            assert data.devices("node-a") is NO_DEVICES
+    finally:
+        watch._stop.set()
+        thread.join(timeout=30.0)
+    assert not thread.is_alive()
