@@ -90,10 +90,14 @@ class DraPod(msgspec.Struct, frozen=True, gc=False):
 
     # Its GPU claims as known now (unknown names are in `missing`).
     claims: tuple[ClaimInfo, ...]
-    # Claim names the pod references that the watch does not know (yet): counted as no GPUs.
+    # Claim names the pod references that the watch does not know (yet), nor a template of
+    # them: counted as no GPUs.
     missing: tuple[str, ...] = ()
     # GPUs asked through a DRA-backed extended resource (the scheduler makes the claim later).
     extended: int = 0
+    # Those of `claims` the watch does not know yet, read from the template they are made
+    # from: their request as the template says, nothing allocated.
+    from_templates: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

@@ -115,6 +115,9 @@ class PodInput(msgspec.Struct, frozen=True, gc=False):
     # resolved through `pod.status.resourceClaimStatuses`); a template claim not made yet is
     # left out. Read by the serving layer to look the claims up; no verdict reads it.
     claim_names: tuple[str, ...] = ()
+    # (claim name, template name) of each of those claims made from a ResourceClaimTemplate:
+    # until the watch has the claim, the template says what it asks.
+    claim_templates: tuple[tuple[str, str], ...] = ()
     # A DRA pod as its verdicts read it (its claims looked up); None for any other pod.
     dra: DraPod | None = None
 

@@ -1,4 +1,5 @@
-"""The DRA watch: what DRA pods' verdicts read of ResourceClaims and DeviceTaintRules.
+"""The DRA watch: what DRA pods' verdicts read of ResourceClaims, their templates and
+DeviceTaintRules.
 
 A pod that asks for GPUs through Dynamic Resource Allocation is judged on the GPUs
 kube-scheduler's allocator may still give it (`core.dra`): the node's devices less those
@@ -8,6 +9,8 @@ that decides that, off the request path:
 - of each ResourceClaim (all namespaces): its GPU request count for the configured device
   classes, the tolerations of those requests, and its allocation results for the driver as
   (pool, device); indexed by pool, which NVIDIA's driver names after the node;
+- of each ResourceClaimTemplate: the same of the claims made from it (nothing allocated), which
+  a pod's claim is judged on until the claim's own event arrives;
 - of each DeviceTaintRule that can select the driver's devices: (pool, device, key, value,
   effect), where no pool is every pool and no device every device of the pool
   (`edges.dradata`).
@@ -135,6 +138,28 @@ class _Claim(msgspec.Struct):
     message: str | None = None
 
 
+class _TemplateSpec(msgspec.Struct):
+    spec: _ClaimSpec | None = None  # what each claim made from the template asks
+
+
+class _Template(msgspec.Struct):
+    metadata: _Meta | None = None
+    spec: _TemplateSpec | None = None
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class _TemplateList(msgspec.Struct):
+    metadata: _Meta | None = None
+    items: list[_Template] | None = None
+
+
+class _TemplateEvent(msgspec.Struct):
+    type: str = ""
+    object: _Template | None = None
+
+
 class _Rule(msgspec.Struct):
     metadata: _Meta | None = None
     spec: _RuleSpec | None = None
@@ -210,6 +235,17 @@ def claim_info(
     return ref, ClaimInfo(ref, gpus, tuple(allocated), tuple(tolerations), tuple(flexible))
 
 
+def template_info(
+    obj: _Template, *, device_classes: frozenset[str], driver: str
+) -> tuple[str, ClaimInfo] | None:
+    """`(namespace/name, what a claim made from it asks)` of a decoded ResourceClaimTemplate:
+    its claims' request as `claim_info` reads a claim's, nothing allocated; None without a
+    name."""
+    spec = None if obj.spec is None else obj.spec.spec
+    as_claim = _Claim(metadata=obj.metadata, spec=spec)
+    return claim_info(as_claim, device_classes=device_classes, driver=driver)
+
+
 def rule_taint(obj: _Rule, *, driver: str) -> RuleTarget | None:
     """`(pool, device, taint)` of a rule that can select the driver's devices, None in pool or
     device for every one (`core.dra.taints_by_pool`); None for a rule that selects none of them
@@ -283,6 +319,37 @@ class ClaimWatch(_DraWatch):
         return data.put_claim(info[1])
 
 
+class TemplateWatch(_DraWatch):
+    """ResourceClaimTemplates: a pod's claim made from one is judged on the template's request
+    until the claim watch has the claim (`serving.dra.dra_pod`)."""
+
+    kind = "claim_template"
+    resource = "resourceclaimtemplates"
+    _page = msgspec.json.Decoder(_TemplateList)
+    _event = msgspec.json.Decoder(_TemplateEvent)
+
+    def _keep(self, items: list[Any]) -> list[Any]:
+        data = self.data
+        kept = []
+        for item in items:
+            info = template_info(item, device_classes=data.device_classes, driver=data.driver)
+            if info is not None:
+                kept.append(info[1])
+        return kept
+
+    def _replace(self, items: list[Any]) -> None:
+        self.data.replace_templates(items)
+
+    def _on_event(self, kind: str, obj: Any) -> bool:
+        data = self.data
+        info = template_info(obj, device_classes=data.device_classes, driver=data.driver)
+        if info is None:
+            return False
+        if kind == "DELETED":
+            return data.delete_template(info[0])
+        return data.put_template(info[1])
+
+
 class TaintRuleWatch(_DraWatch):
     kind = "taint_rule"
     resource = "devicetaintrules"
@@ -351,7 +418,7 @@ def discover(api: Any) -> dict[str, str]:
             continue
         listing = _get_json(api, f"/apis/{DRA_GROUP}/{version}")
         names = {r.get("name") for r in listing.get("resources", []) if isinstance(r, dict)}
-        for resource in ("resourceclaims", "devicetaintrules"):
+        for resource in ("resourceclaims", "resourceclaimtemplates", "devicetaintrules"):
             if resource in names:
                 found.setdefault(resource, version)
     return found
@@ -375,7 +442,8 @@ def _get_json(api: Any, path: str) -> dict[str, Any]:
 
 
 class DraCache:
-    """The two watches over one `DraData`, started once the API's versions are known.
+    """The watches over one `DraData` (claims, templates, taint rules), started once the API's
+    versions are known.
 
     `start` returns at once; discovery runs in the background and retries API errors with
     back-off. A cluster that serves no ResourceClaims gets one log line and no watch.
@@ -459,6 +527,8 @@ class DraCache:
                 extra={"fields": {"why": self.absent}},
             )
         kinds: list[tuple[type[_DraWatch], str]] = [(ClaimWatch, found["resourceclaims"])]
+        if "resourceclaimtemplates" in found:  # served with ResourceClaims, in every version
+            kinds.append((TemplateWatch, found["resourceclaimtemplates"]))
         if "devicetaintrules" in found:
             kinds.append((TaintRuleWatch, found["devicetaintrules"]))
         watches: list[ListWatch] = [

@@ -53,6 +53,9 @@ class DraData:
         self.driver = driver
         self.device_classes = frozenset(device_classes)
         self._claims: dict[str, ClaimInfo] = {}
+        # namespace/name -> what a claim made from the ResourceClaimTemplate asks (nothing
+        # allocated): a pod's claim the claim watch has not seen yet is judged on it.
+        self._templates: dict[str, ClaimInfo] = {}
         self._allocated: dict[str, Mapping[str, str]] = {}  # pool -> device -> claim ref
         self._rules: dict[str, RuleTarget] = {}
         # pool -> device (or `ANY_DEVICE`) -> taints, every pool's taints included
@@ -71,6 +74,9 @@ class DraData:
     # ------------------------------------------------------------------ reads (any thread)
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         return self._claims.get(f"{namespace}/{name}")
+
+    def template(self, namespace: str, name: str) -> ClaimInfo | None:
+        return self._templates.get(f"{namespace}/{name}")
 
     def devices(self, pool: str) -> NodeDevices:
         allocated = self._allocated.get(pool, _NO_ALLOCATIONS)
@@ -123,6 +129,19 @@ class DraData:
                 return False
             self._reindex(old, None)
         return True
+
+    # ------------------------------------------------------------------ templates (its thread)
+    def replace_templates(self, templates: Iterable[ClaimInfo]) -> None:
+        self._templates = {template.ref: template for template in templates}
+
+    def put_template(self, template: ClaimInfo) -> bool:
+        if self._templates.get(template.ref) == template:
+            return False
+        self._templates[template.ref] = template
+        return True
+
+    def delete_template(self, ref: str) -> bool:
+        return self._templates.pop(ref, None) is not None
 
     def _reindex(self, old: ClaimInfo | None, new: ClaimInfo | None) -> None:
         before = set() if old is None else set(old.allocated)

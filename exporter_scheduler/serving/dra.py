@@ -42,15 +42,25 @@ def dra_pod(pod: PodInput, source: DraSource | None, *, extended: bool) -> PodIn
     GPUs through DRA and the watch has listed the claims; else `pod` unchanged.
 
     `extended`: the GPU extended resource is DRA-backed, so the pod's request for it is a
-    claim the scheduler makes at binding. A claim the watch does not know yet counts as no GPU
-    (the pod is judged as before the watch): the lag is one watch event.
+    claim the scheduler makes at binding. A claim the watch does not know yet is read from the
+    ResourceClaimTemplate it was made from (the pod becomes schedulable as its claim is made,
+    so kube-scheduler may ask before the claim's event arrives); one made from no template the
+    watch knows counts as no GPU (the pod is judged as before the watch): the lag is one watch
+    event.
     """
     if source is None or not source.claims_ready:
         return pod
     claims: list[ClaimInfo] = []
     missing: list[str] = []
+    from_templates: list[str] = []
+    templates = dict(pod.claim_templates) if pod.claim_templates else None
     for name in pod.claim_names:
         claim = source.claim(pod.namespace, name)
+        if claim is None and templates is not None and name in templates:
+            template = source.template(pod.namespace, templates[name])
+            if template is not None:
+                claim = msgspec.structs.replace(template, ref=f"{pod.namespace}/{name}")
+                from_templates.append(name)
         if claim is None:
             missing.append(name)
         elif claim.gpus > 0:
@@ -58,7 +68,7 @@ def dra_pod(pod: PodInput, source: DraSource | None, *, extended: bool) -> PodIn
     extended_gpus = pod.gpu_request if extended else 0
     if not claims and not extended_gpus:
         return pod
-    dra = DraPod(tuple(claims), tuple(missing), extended_gpus)
+    dra = DraPod(tuple(claims), tuple(missing), extended_gpus, tuple(from_templates))
     return msgspec.structs.replace(pod, gpu_request=dra.gpus, dra=dra)
 
 

@@ -225,6 +225,7 @@ def _dra(dra: DraPod) -> dict[str, Any]:
             for c in dra.claims
         ],
         "unknown_claims": list(dra.missing),
+        "claims_read_from_templates": list(dra.from_templates),
         "extended_resource_gpus": dra.extended,
     }
 

@@ -73,6 +73,9 @@ class DraSource(Protocol):
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None: ...
 
+    def template(self, namespace: str, name: str) -> ClaimInfo | None:
+        """What a claim made from the namespace's ResourceClaimTemplate `name` asks."""
+
     def tainted_pools(self) -> Container[str]: ...
 
     def devices(self, pool: str) -> NodeDevices: ...

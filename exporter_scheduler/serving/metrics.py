@@ -273,8 +273,12 @@ class ScorerMetrics:
             "1 once the namespace watch holds its first full LIST (profiles chosen by labels).",
             registry=r,
         )
-        # The DRA watch (DRA pods' verdicts): ResourceClaims and DeviceTaintRules.
-        for kind, what in (("claim", "ResourceClaims"), ("taint_rule", "DeviceTaintRules")):
+        # The DRA watch (DRA pods' verdicts): ResourceClaims, their templates, DeviceTaintRules.
+        for kind, what in (
+            ("claim", "ResourceClaims"),
+            ("claim_template", "ResourceClaimTemplates"),
+            ("taint_rule", "DeviceTaintRules"),
+        ):
             setattr(
                 self,
                 f"{kind}_cache_relists",
@@ -329,6 +333,7 @@ class ScorerMetrics:
             self.nominated_pod_cache_watch_restarts.labels(cause)
             self.namespace_cache_watch_restarts.labels(cause)
             self.claim_cache_watch_restarts.labels(cause)  # type: ignore[attr-defined]
+            self.claim_template_cache_watch_restarts.labels(cause)  # type: ignore[attr-defined]
             self.taint_rule_cache_watch_restarts.labels(cause)  # type: ignore[attr-defined]
         self._verdict_children: dict[tuple[str, str], Counter] = {}
         self._status_children: dict[str, Counter] = {}

@@ -63,7 +63,7 @@ class _PodResourceClaimStatus(msgspec.Struct):
 class _PodSpec(msgspec.Struct):
     containers: list[_Container] | None = None
     initContainers: list[_Container] | None = None  # noqa: N815 (Kubernetes JSON name)
-    # DRA: the pod's claims, by name or through a template (`_claim_names`).
+    # DRA: the pod's claims, by name or through a template (`_claims_of`).
     resourceClaims: list[_PodResourceClaim] | None = None  # noqa: N815
 
 
@@ -237,29 +237,34 @@ def pod_gpu_request(spec: _PodSpec | None, resource: str) -> int:
     return max(total, largest_init)
 
 
-def _claim_names(pod: _Pod) -> tuple[str, ...]:
+def _claims_of(pod: _Pod) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The ResourceClaims the pod uses, by name in its namespace: `resourceClaimName` as given;
     a template's claim as the resourceclaim controller named it in the pod's status (left out
-    while it has not, or when it made none: kube-scheduler waits for it before filtering)."""
+    while it has not, or when it made none: kube-scheduler waits for it before filtering).
+    Then (claim name, template name) of each claim made from a template."""
     spec = pod.spec
     if spec is None or not spec.resourceClaims:
-        return ()
+        return (), ()
     made: dict[str, str] = {}
     status = pod.status
     for entry in (status.resourceClaimStatuses or ()) if status is not None else ():
         if entry.resourceClaimName:
             made[entry.name] = entry.resourceClaimName
     names: list[str] = []
+    templates: list[tuple[str, str]] = []
     for claim in spec.resourceClaims:
         name = claim.resourceClaimName or made.get(claim.name)
         if name and name not in names:
             names.append(name)
-    return tuple(names)
+            if not claim.resourceClaimName and claim.resourceClaimTemplateName:
+                templates.append((name, claim.resourceClaimTemplateName))
+    return tuple(names), tuple(templates)
 
 
 def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
     meta = pod.metadata or _ObjectMeta()
     labels = meta.labels
+    claim_names, claim_templates = _claims_of(pod)
     return PodInput(
         namespace=meta.namespace or "",
         name=meta.name or "",
@@ -277,7 +282,8 @@ def _pod_input(pod: _Pod, resource: str, keys: Keys = DEFAULT_KEYS) -> PodInput:
             meta.annotations,
             keys.prefix,
         ),
-        claim_names=_claim_names(pod),
+        claim_names=claim_names,
+        claim_templates=claim_templates,
     )
 
 

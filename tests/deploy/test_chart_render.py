@@ -442,7 +442,7 @@ def test_scorer_may_only_list_and_watch_what_its_watches_read(
 
 DRA_RULE = {
     "apiGroups": ["resource.k8s.io"],
-    "resources": ["resourceclaims", "devicetaintrules"],
+    "resources": ["resourceclaims", "resourceclaimtemplates", "devicetaintrules"],
     "verbs": ["list", "watch"],
 }
 
@@ -451,7 +451,7 @@ def test_dra_judging_sends_every_pod_and_lets_the_scorer_watch_claims_and_taints
     """A pod asking only through ResourceClaims requests no extended resource, and
     kube-scheduler sends an extender with managedResources only pods that request one of
     them: with DRA judging on, the registration has none, and the scorer may list and watch
-    claims and device taint rules (and nothing more)."""
+    claims, claim templates and device taint rules (and nothing more)."""
     rendered = render("scorer-dra")
     extender = rendered.scheduler_config()["extenders"][0]
     assert "managedResources" not in extender

@@ -258,18 +258,10 @@ def rules(plane: ControlPlane, node: str) -> dict[str, str]:
 
 
 def claim_pods(
-    scope: Scope,
-    prefix: str,
-    count: int,
-    *,
-    scheduler: str = SCHEDULER,
-    cpu: str | None = None,
-    scorer: ScorerProcess | None = None,
+    scope: Scope, prefix: str, count: int, *, scheduler: str = SCHEDULER, cpu: str | None = None
 ) -> list[str]:
     """`count` pods, each with a claim from the template made as the resourceclaim controller
-    makes it; each pod is held by a scheduling gate until its claim is ready, then released.
-    `scorer`: released once that scorer's watch has the claims too (a pod whose claim it has
-    not seen yet is judged as a pod without GPUs: docs/scorer.md)."""
+    makes it; each pod is held by a scheduling gate until its claim is ready, then released."""
     api = scope.api
     template = api.get(f"{RESOURCE}/v1/namespaces/default/resourceclaimtemplates/{TEMPLATE}")
     names = []
@@ -327,17 +319,6 @@ def claim_pods(
             },
         )
         names.append(name)
-    if scorer is not None and names:
-        probe = {
-            "metadata": {"name": "probe", "namespace": "default"},
-            "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
-        }
-        # The watch is in order: with the last claim it has the earlier ones.
-        wait_for(
-            "the scorer to have the pods' claims",
-            lambda: explained_claims(scorer, probe, []) is not None,
-            timeout_s=WATCH_SYNC_S,
-        )
     for name in names:
         api.merge_patch(
             f"/api/v1/namespaces/default/pods/{name}", {"spec": {"schedulingGates": []}}
@@ -695,7 +676,11 @@ def dra_scorer(
     scorer.start()
     try:
         scorer.wait_ready()
-        watches = ("gpu_scorer_claim_cache_ready", "gpu_scorer_taint_rule_cache_ready")
+        watches = (
+            "gpu_scorer_claim_cache_ready",
+            "gpu_scorer_claim_template_cache_ready",
+            "gpu_scorer_taint_rule_cache_ready",
+        )
         wait_for(
             "the scorer's DRA watches to list",
             lambda: all(scorer.metric(m) == 1 for m in watches),
@@ -852,9 +837,7 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
     try:
         scorer_holds(dra_scorer, others[-1], a)
         scope.settle()
-        pods = claim_pods(
-            scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m", scorer=dra_scorer
-        )
+        pods = claim_pods(scope, "scored", 6, scheduler=SCORED_SCHEDULER, cpu="500m")
         placed = pools_of(api, pods)
         assert all(str(device).startswith(f"{b}/") for device in placed.values()), placed
         pod = api.get(f"/api/v1/namespaces/default/pods/{pods[0]}")
@@ -870,6 +853,29 @@ def test_scorer_keeps_claim_pods_off_a_node_whose_free_gpus_are_hot(
         release(api, pods)
     finally:
         remove_layout(api, [a, b], others)
+
+
+def test_a_claim_the_scorer_has_not_seen_is_judged_on_its_template(
+    dra_scorer: ScorerProcess,
+) -> None:
+    """A pod whose status names a claim made from the template, before the claim's event has
+    reached the scorer (here: a claim never made): the scorer reads its request from the
+    template the API server holds, so the pod is judged as asking 1 GPU, nothing allocated."""
+    claim = "probe-gpu-not-made-yet"
+    probe = {
+        "metadata": {"name": "probe", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": TEMPLATE}]},
+        "status": {"resourceClaimStatuses": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
+    }
+    body = json.dumps({"Pod": probe, "Nodes": None, "NodeNames": []}).encode()
+    request = urllib.request.Request(
+        f"{dra_scorer.url}/explain", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        dra = json.loads(response.read())["pod"]["dra"]
+    assert dra["claims_read_from_templates"] == [claim]
+    assert dra["claims"] == [{"claim": f"default/{claim}", "gpus": 1, "allocated": []}]
+    assert dra["unknown_claims"] == []
 
 
 def extended_claims(api: KubeApi, pods: list[str]) -> dict[str, str] | None:

@@ -38,6 +38,7 @@ from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.dracache import (
     ClaimWatch,
     DraCache,
+    TemplateWatch,
     _Claim,
     _Rule,
     claim_info,
@@ -488,6 +489,9 @@ class _Source:
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         return self.data.claim(namespace, name)
 
+    def template(self, namespace: str, name: str) -> ClaimInfo | None:
+        return self.data.template(namespace, name)
+
     def devices(self, pool: str) -> NodeDevices:
         return self.data.devices(pool)
 
@@ -542,6 +546,73 @@ def test_app_filters_a_claim_pod_on_the_devices_left() -> None:
     assert f"gpu_scorer_filter_verdicts_total{{{counted}" in rendered
     scores = json.loads(app.handle("prioritize", body).body)
     assert {s["Host"]: s["Score"] for s in scores}["node-a"] == 0
+
+
+def test_a_claim_not_seen_yet_is_read_from_its_template() -> None:
+    """The pod's status names its claim before the claim's event arrives: until it does, the
+    claim is judged on the template it is made from; the claim itself once seen."""
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_claims([claim("default/x", 1, "gpu-0")])
+    data.replace_templates([claim("default/two-gpus", 2)])
+    base = msgspec.structs.replace(
+        pod(gpus=0), claim_names=("p-gpu",), claim_templates=(("p-gpu", "two-gpus"),)
+    )
+    judged = dra_pod(base, data, extended=False)
+    assert judged.dra == DraPod((claim("default/p-gpu", 2),), from_templates=("p-gpu",))
+    assert judged.gpu_request == 2
+    data.put_claim(claim("default/p-gpu", 1, "gpu-5"))
+    seen = dra_pod(base, data, extended=False)
+    assert seen.dra == DraPod((claim("default/p-gpu", 1, "gpu-5"),))
+    # Made from a template the watch does not know: as before the watch, no GPU.
+    other = msgspec.structs.replace(base, claim_templates=(("p-gpu", "absent"),))
+    assert data.delete_claim("default/p-gpu")
+    assert dra_pod(other, data, extended=False) is other
+    assert data.delete_template("default/two-gpus")
+    assert dra_pod(base, data, extended=False) is base
+
+
+def test_app_filters_a_claim_pod_whose_claim_is_not_seen_yet_on_its_template() -> None:
+    """A claim pod of a burst whose claim's event has not arrived: judged on its template's
+    request, so it fails the node whose only free GPUs are hot, and explain says so."""
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_rules({})
+    nodes = [
+        gpu_node("node-a", runs((4, COOL), (4, HOT))),
+        gpu_node("node-b", runs((8, COOL))),
+    ]
+    held = [claim(f"default/h{i}", 1, f"gpu-{i}") for i in range(4)]
+    data.replace_claims(held)
+    items = [{"metadata": {"name": n.name, "annotations": dict(n.annotations)}} for n in nodes]
+    document = {"Pod": _claim_pod_doc("p-gpu"), "Nodes": {"items": items}, "NodeNames": None}
+    body = json.dumps(document).encode()
+    app = ScorerApp(policy=POLICY, clock=fixed_clock(NOW), dra=data)
+    # Neither the claim nor its template seen: a pod without GPUs, both nodes pass.
+    assert len(json.loads(app.handle("filter", body).body)["Nodes"]["items"]) == 2
+    data.replace_templates([claim("default/one-gpu", 1)])
+    reply = json.loads(app.handle("filter", body).body)
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["node-b"]
+    assert reply["FailedNodes"] == {"node-a": "no gpu at or below utilization 0.90"}
+    explained = json.loads(app.handle("explain", body).body)
+    assert explained["pod"]["dra"]["claims_read_from_templates"] == ["p-gpu"]
+    assert explained["pod"]["dra"]["unknown_claims"] == []
+    assert explained["pod"]["dra"]["claims"][0]["claim"] == "default/p-gpu"
+
+
+def test_the_template_watch_keeps_what_a_claim_made_from_it_asks() -> None:
+    data = DraData(driver=DRIVER, device_classes=[DRIVER])
+    data.replace_templates([])
+    watch = TemplateWatch(data, "v1", metrics=None, tuning=None, rng=None, api=object())
+    template = {
+        "metadata": {"name": "t", "namespace": "ns", "resourceVersion": "7"},
+        "spec": {"metadata": {"labels": {"a": "b"}}, "spec": CLAIM_V1["spec"]},
+    }
+    watch._apply(json.dumps({"type": "ADDED", "object": template}).encode())
+    kept = data.template("ns", "t")
+    assert kept is not None
+    assert (kept.ref, kept.gpus, kept.allocated) == ("ns/t", 2, ())
+    assert kept.tolerations == (Toleration(PREFIX + "utilization", "Exists"),)
+    watch._apply(json.dumps({"type": "DELETED", "object": template}).encode())
+    assert data.template("ns", "t") is None
 
 
 # ------------------------------------------------------------------------------- faults at start
@@ -600,7 +671,7 @@ def test_discovery_retries_api_errors_then_finds_the_resources() -> None:
     """An API error is not an answer: discovery raises (the cache retries with back-off), and
     the next try finds what is served."""
     group = {"versions": [{"version": "v1"}]}
-    resources = {"resources": [{"name": "resourceclaims"}]}
+    resources = {"resources": [{"name": "resourceclaims"}, {"name": "resourceclaimtemplates"}]}
     client = _Client(
         {
             "/apis/resource.k8s.io": [_ApiError(503), group],
@@ -609,7 +680,7 @@ def test_discovery_retries_api_errors_then_finds_the_resources() -> None:
     )
     with pytest.raises(_ApiError):
         discover(_Api(client))
-    assert discover(_Api(client)) == {"resourceclaims": "v1"}
+    assert discover(_Api(client)) == {"resourceclaims": "v1", "resourceclaimtemplates": "v1"}
     retried = _Client(
         {
             "/apis/resource.k8s.io": [_ApiError(503), group],
