@@ -297,11 +297,14 @@ class ClaimWatch(_DraWatch):
     _page = msgspec.json.Decoder(_ClaimList)
     _event = msgspec.json.Decoder(_ClaimEvent)
 
-    def _keep(self, items: list[Any]) -> list[Any]:
+    def _info(self, obj: Any) -> tuple[str, ClaimInfo] | None:
         data = self.data
+        return claim_info(obj, device_classes=data.device_classes, driver=data.driver)
+
+    def _keep(self, items: list[Any]) -> list[Any]:
         kept = []
         for item in items:
-            info = claim_info(item, device_classes=data.device_classes, driver=data.driver)
+            info = self._info(item)
             if info is not None:
                 kept.append(info[1])
         return kept
@@ -310,44 +313,42 @@ class ClaimWatch(_DraWatch):
         self.data.replace_claims(items)
 
     def _on_event(self, kind: str, obj: Any) -> bool:
-        data = self.data
-        info = claim_info(obj, device_classes=data.device_classes, driver=data.driver)
+        info = self._info(obj)
         if info is None:
             return False
         if kind == "DELETED":
-            return data.delete_claim(info[0])
-        return data.put_claim(info[1])
+            return self._delete(info[0])
+        return self._put(info[1])
+
+    def _put(self, info: ClaimInfo) -> bool:
+        return self.data.put_claim(info)
+
+    def _delete(self, ref: str) -> bool:
+        return self.data.delete_claim(ref)
 
 
-class TemplateWatch(_DraWatch):
-    """ResourceClaimTemplates: a pod's claim made from one is judged on the template's request
-    until the claim watch has the claim (`serving.dra.dra_pod`)."""
+class TemplateWatch(ClaimWatch):
+    """ResourceClaimTemplates, kept as the claims made from them: a pod's claim made from one is
+    judged on the template's request until the claim watch has the claim
+    (`serving.dra.dra_pod`)."""
 
     kind = "claim_template"
     resource = "resourceclaimtemplates"
     _page = msgspec.json.Decoder(_TemplateList)
     _event = msgspec.json.Decoder(_TemplateEvent)
 
-    def _keep(self, items: list[Any]) -> list[Any]:
+    def _info(self, obj: Any) -> tuple[str, ClaimInfo] | None:
         data = self.data
-        kept = []
-        for item in items:
-            info = template_info(item, device_classes=data.device_classes, driver=data.driver)
-            if info is not None:
-                kept.append(info[1])
-        return kept
+        return template_info(obj, device_classes=data.device_classes, driver=data.driver)
 
     def _replace(self, items: list[Any]) -> None:
         self.data.replace_templates(items)
 
-    def _on_event(self, kind: str, obj: Any) -> bool:
-        data = self.data
-        info = template_info(obj, device_classes=data.device_classes, driver=data.driver)
-        if info is None:
-            return False
-        if kind == "DELETED":
-            return data.delete_template(info[0])
-        return data.put_template(info[1])
+    def _put(self, info: ClaimInfo) -> bool:
+        return self.data.put_template(info)
+
+    def _delete(self, ref: str) -> bool:
+        return self.data.delete_template(ref)
 
 
 class TaintRuleWatch(_DraWatch):
