@@ -171,9 +171,8 @@ class ListWatch:
 
     kind: str = "object"
     # Whether this kind's events wait out `CacheTuning.event_batch_s`. Only the kinds whose
-    # events are many and whose lateness something else covers: a claim's allocation has no
-    # proposal to stand in for it, and a burst of claim pods judged before the claims of those
-    # just placed were seen went to a node with hot free GPUs (tests/e2e/test_dra.py).
+    # events are many and whose lateness something else covers (a bind: the proposal). Nothing
+    # stands in for a claim's allocation until it is seen, so DRA pods are not held to it.
     batched: ClassVar[bool] = False
     _page: msgspec.json.Decoder[Any]
     _event: msgspec.json.Decoder[Any]

@@ -53,13 +53,11 @@ def dra_pod(pod: PodInput, source: DraSource | None, *, extended: bool) -> PodIn
     claims: list[ClaimInfo] = []
     missing: list[str] = []
     from_templates: list[str] = []
-    templates = dict(pod.claim_templates) if pod.claim_templates else None
     for name in pod.claim_names:
         claim = source.claim(pod.namespace, name)
-        if claim is None and templates is not None and name in templates:
-            template = source.template(pod.namespace, templates[name])
-            if template is not None:
-                claim = msgspec.structs.replace(template, ref=f"{pod.namespace}/{name}")
+        if claim is None:
+            claim = _from_template(pod, name, source)
+            if claim is not None:
                 from_templates.append(name)
         if claim is None:
             missing.append(name)
@@ -70,6 +68,18 @@ def dra_pod(pod: PodInput, source: DraSource | None, *, extended: bool) -> PodIn
         return pod
     dra = DraPod(tuple(claims), tuple(missing), extended_gpus, tuple(from_templates))
     return msgspec.structs.replace(pod, gpu_request=dra.gpus, dra=dra)
+
+
+def _from_template(pod: PodInput, name: str, source: DraSource) -> ClaimInfo | None:
+    """The pod's claim `name` as the template it was made from asks it (None: made from no
+    template the watch knows). Read only for a claim the watch does not know yet."""
+    for claim_name, template_name in pod.claim_templates:
+        if claim_name == name:
+            template = source.template(pod.namespace, template_name)
+            if template is None:
+                return None
+            return msgspec.structs.replace(template, ref=f"{pod.namespace}/{name}")
+    return None
 
 
 def dra_nodes(nodes: Sequence[NodeInput], source: DraSource, dra: DraPod) -> list[NodeInput]:

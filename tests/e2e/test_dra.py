@@ -748,18 +748,24 @@ def scorer_holds(scorer: ScorerProcess, claim: str, pool: str) -> None:
     )
 
 
-def explained_claims(
-    scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]
-) -> list[list[str]] | None:
-    """The allocations of the pod's claims as the scorer's explain reports them (None: the
-    scorer does not know the pod's claims yet)."""
+def explained_dra(scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]) -> Any:
+    """The pod's DRA request as the scorer's explain reports it (`pod.dra`; None for a pod it
+    judges without DRA)."""
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": nodes}).encode()
     request = urllib.request.Request(
         f"{scorer.url}/explain", data=body, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         document = json.loads(response.read())
-    dra = document.get("pod", {}).get("dra")
+    return document.get("pod", {}).get("dra")
+
+
+def explained_claims(
+    scorer: ScorerProcess, pod: dict[str, Any], nodes: list[str]
+) -> list[list[str]] | None:
+    """The allocations of the pod's claims as the scorer's explain reports them (None: the
+    scorer does not know the pod's claims yet)."""
+    dra = explained_dra(scorer, pod, nodes)
     if not dra or not dra["claims"]:
         return None
     return [list(pair) for claim in dra["claims"] for pair in claim["allocated"]]
@@ -867,12 +873,7 @@ def test_a_claim_the_scorer_has_not_seen_is_judged_on_its_template(
         "spec": {"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": TEMPLATE}]},
         "status": {"resourceClaimStatuses": [{"name": CLAIM_NAME, "resourceClaimName": claim}]},
     }
-    body = json.dumps({"Pod": probe, "Nodes": None, "NodeNames": []}).encode()
-    request = urllib.request.Request(
-        f"{dra_scorer.url}/explain", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        dra = json.loads(response.read())["pod"]["dra"]
+    dra = explained_dra(dra_scorer, probe, [])
     assert dra["claims_read_from_templates"] == [claim]
     assert dra["claims"] == [{"claim": f"default/{claim}", "gpus": 1, "allocated": []}]
     assert dra["unknown_claims"] == []

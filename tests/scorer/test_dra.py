@@ -719,9 +719,11 @@ class _HeldStream:
 
     def __init__(self, line: bytes) -> None:
         self.line = line
+        self.reading = threading.Event()  # the watch is waiting on its read
         self.release = threading.Event()
 
     def stream(self, **_: Any) -> Iterator[bytes]:
+        self.reading.set()
         self.release.wait()
         yield self.line + b"\n"
 
@@ -748,7 +750,9 @@ def test_a_claims_allocation_is_applied_as_it_comes_whatever_the_batch(
     watch._list = lambda **_: response  # type: ignore[method-assign]
     thread = threading.Thread(target=watch._watch_once, daemon=True)
     thread.start()
-    time.sleep(0.05)  # the read waits on the "server" far longer than a buffered read takes
+    assert response.reading.wait(30.0)
+    # The read has waited on the "server" far longer than a buffered read takes (2 ms).
+    time.sleep(0.05)
     response.release.set()
     thread.join(timeout=0.5 if watch_type is _BatchedClaimWatch else 30.0)
     try:
