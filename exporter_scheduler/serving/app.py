@@ -467,8 +467,8 @@ class ScorerApp:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         blocked = self._spread(request, pod_class)[1]
         judgement.block(blocked)
-        replies = judgement.replies  # bytes made earlier from these same entries, if any
-        body = None if replies is None else replies.get(verb)
+        replies = judgement.replies  # made earlier from these same entries, if anything
+        body = None if replies is None else replies.bodies.get(verb)
         if body is None:
             if verb == "prioritize":
                 body = judgement.prioritize_reply()
@@ -479,7 +479,7 @@ class ScorerApp:
                     passed, failed=failed, unresolvable=unresolvable
                 )
             if replies is not None:
-                replies[verb] = body
+                replies.bodies[verb] = body
         if verb == "prioritize":
             self._prioritizes = True  # kube-scheduler's configuration sends them
             return Response(200, body), judgement

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Final
 
-from exporter_scheduler.serving.verdicts import Entry, VerdictTable
+from exporter_scheduler.serving.verdicts import Entry, Prepared, VerdictTable
 
 # A view patched with at most this many changed names finds them by scanning its list rather
 # than by building the list's index (`ListView.positions`).
@@ -40,16 +40,16 @@ class ListView:
         *,
         seen: int,
         positions: dict[Hashable, int] | None = None,
-        replies: dict[str, bytes] | None = None,
+        replies: Prepared | None = None,
     ) -> None:
         self.names = names
         self.entries = entries  # None: a filter's, made from the tally indexes alone
         self.tally_ids = tally_ids
         self.counts = counts
         self.seen = seen
-        # The reply bytes made from these entries, by verb (`Judgement.replies`): the same
+        # What was made from these entries for replies (`Judgement.replies`): the same
         # entries give the same bytes, so a view whose entries did not change keeps them.
-        self.replies: dict[str, bytes] = {} if replies is None else replies
+        self.replies = Prepared() if replies is None else replies
         # Built when the view is first patched: most lists kube-scheduler sends are never sent
         # again (it samples a moving window of a large cluster), and building the index of a
         # list costs more than looking its names up.

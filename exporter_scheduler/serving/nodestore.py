@@ -296,8 +296,10 @@ class NodeStore:
         key = msgspec.json.encode(passed)
         self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
         ahead = self.judge(pod_class, passed, now, list_key=key)
-        if ahead.replies is not None and "prioritize" not in ahead.replies:
-            ahead.replies["prioritize"] = ahead.prioritize_reply()
+        prepared = ahead.replies
+        if prepared is not None and "prioritize" not in prepared.bodies:
+            prepared.bodies["prioritize"] = ahead.prioritize_reply()
+            ahead.top_scored(0)  # made now, while the entries are in the cache: kept in `prepared`
 
     def judge_dra(
         self,

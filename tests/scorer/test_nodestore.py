@@ -34,7 +34,7 @@ from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.app import ScorerApp
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from exporter_scheduler.serving.nodestore import NodeStore
-from exporter_scheduler.serving.verdicts import TallyKey
+from exporter_scheduler.serving.verdicts import Prepared, TallyKey
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, GpuState, Health, format_timestamp
 from tests.scorer._http_helpers import pod
 from tests.scorer.scoring_builders import A100, NOW, PREFIX, T4, V100, bound_pod
@@ -460,10 +460,13 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
         response = app.handle("filter", names_body(hinted(), names))
         return list(json.loads(response.body)["NodeNames"])
 
-    def prepared(names: Sequence[str]) -> bytes | None:
+    def made(names: Sequence[str]) -> Prepared | None:
         key = msgspec.json.encode(list(names))
-        replies = store.judge(pod_class, names, clock.now, list_key=key).replies
-        return None if replies is None else replies.get("prioritize")
+        return store.judge(pod_class, names, clock.now, list_key=key).replies
+
+    def prepared(names: Sequence[str]) -> bytes | None:
+        replies = made(names)
+        return None if replies is None else replies.bodies.get("prioritize")
 
     def prioritized(names: Sequence[str]) -> bytes:
         body = names_body(hinted(), names)
@@ -482,6 +485,11 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
     ahead = prepared(passed)
     assert ahead is not None
     assert prioritized(passed) is ahead
+    # The nodes the prioritize proposes, made with it: as a judgement of its own finds them.
+    kept = made(passed)
+    assert kept is not None
+    assert kept.top is not None
+    assert kept.top == store.judge(pod_class, passed, clock.now).top_scored(len(passed))
     # A node written between the filter and its prioritize: its score is fresh.
     passed = filtered(["n1", "n5", "n0"])
     ahead = prepared(passed)
