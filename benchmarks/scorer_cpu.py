@@ -114,7 +114,7 @@ def _call(sock: socket.socket, path: bytes, body: bytes) -> bytes:
     return rest
 
 
-def measure_tree(  # noqa: PLR0913 (the run's settings)
+def measure_tree(
     tree: Path, *, nodes: int, percentage: int, pairs: int, log_level: str, cool_mib: int = 0
 ) -> float:
     """Server CPU (us) per filter + prioritize pair of one fresh scorer process of `tree`."""

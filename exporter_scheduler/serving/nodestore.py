@@ -291,14 +291,18 @@ class NodeStore:
             lists.clear()
         lists[known[0]] = known
 
-    def judge_ahead(self, pod_class: PodClass, filtered: Judgement, now: datetime) -> None:
+    def judge_ahead(
+        self, pod_class: PodClass, filtered: Judgement, now: datetime, *, top: bool = False
+    ) -> None:
         """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
         the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
         order), so their verdicts and prioritize bytes are made now, under the key its request
         will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
         or the view patched with what changed since, as for any list asked about before. The
         caller asks only when more than one node passed (a single feasible node is bound
-        without scoring), and holds the filter's counters for that prioritize."""
+        without scoring), and holds the filter's counters for that prioritize. `top`: the nodes
+        at the top score are made too (`Judgement.top_scored`: where the scorer records the pod
+        in flight)."""
         mask = filtered.passed_mask()
         passed = tuple(compress(filtered.names, mask))
         key = msgspec.json.encode(passed)
@@ -323,7 +327,8 @@ class NodeStore:
         prepared = ahead.replies
         if prepared is not None and "prioritize" not in prepared.bodies:
             prepared.bodies["prioritize"] = ahead.prioritize_reply()
-            ahead.top_scored(0)  # made now, while the entries are in the cache: kept in `prepared`
+            if top:
+                ahead.top_scored(0)  # made now, while the entries are in the cache: kept
 
     def judge_dra(
         self,

@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter_scheduler.core.decoding import predecode
+from exporter_scheduler.core.inflight import BoundPod
 from exporter_scheduler.core.judge import evaluate
 from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.policy import Policy
@@ -378,8 +379,28 @@ def test_kept_scores_never_outlive_their_data_or_window(
 # ----------------------------------------------------------------------------- named cases
 
 
-def _app(store: NodeStore, clock: Clock, policy: Policy | None = None) -> ScorerApp:
-    return ScorerApp(policy=policy or Policy(), clock=clock, node_store=store)
+def _app(
+    store: NodeStore,
+    clock: Clock,
+    policy: Policy | None = None,
+    placements: RecordedPlacements | None = None,
+) -> ScorerApp:
+    return ScorerApp(
+        policy=policy or Policy(), clock=clock, node_store=store, placements=placements
+    )
+
+
+class RecordedPlacements:
+    """The nodes each proposal named (what `PodCache.propose` would count the pod on)."""
+
+    def __init__(self) -> None:
+        self.proposed: list[list[str]] = []
+
+    def propose(self, pod: BoundPod, nodes: Sequence[str], now: datetime) -> None:
+        self.proposed.append(list(nodes))
+
+    def forget(self, uid: str) -> None:
+        pass
 
 
 def _class(pod_doc: dict[str, Any], policy: Policy) -> PodClass:
@@ -449,15 +470,20 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
     """Once kube-scheduler has sent a prioritize, each names-only filter makes, after its own
     reply, the reply of the prioritize that follows it (the nodes that passed, in order, under
     the bytes kube-scheduler will send for them). That prioritize gets those bytes, or fresh
-    ones where a node was written in between; one passing node, or none, prepares nothing."""
+    ones where a node was written in between; one passing node, or none, prepares nothing.
+    The nodes the prioritize proposes (the top score) are made with its reply."""
     clock = Clock()
     store = NodeStore(clock=clock)
-    store.replace([gpu_node(n, utilization=0.95 if n == "n2" else 0.3) for n in NAMES])
-    app = _app(store, clock)
-    pod_class = _class(hinted(), app.policy)
+    utilization = {"n0": 0.1, "n1": 0.2, "n2": 0.95, "n3": 0.3, "n4": 0.4, "n5": 0.5}
+    store.replace([gpu_node(n, utilization=utilization[n]) for n in NAMES])
+    placements = RecordedPlacements()
+    app = _app(store, clock, placements=placements)
+    the_pod = hinted()
+    the_pod["metadata"]["uid"] = "uid-1"  # a pod without one is not proposed
+    pod_class = _class(the_pod, app.policy)
 
     def filtered(names: Sequence[str]) -> list[str]:
-        response = app.handle("filter", names_body(hinted(), names))
+        response = app.handle("filter", names_body(the_pod, names))
         return list(json.loads(response.body)["NodeNames"])
 
     def made(names: Sequence[str]) -> Prepared | None:
@@ -469,7 +495,7 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
         return None if replies is None else replies.bodies.get("prioritize")
 
     def prioritized(names: Sequence[str]) -> bytes:
-        body = names_body(hinted(), names)
+        body = names_body(the_pod, names)
         want, _ = reference("prioritize", body, store.lookup(names), clock.now, app.policy)
         got = app.handle("prioritize", body).body
         assert got == want
@@ -482,14 +508,13 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
     prioritized(passed)
     # Now each filter prepares its prioritize, which gets exactly those bytes.
     passed = filtered(["n3", "n4", "n5", "n0"])
-    ahead = prepared(passed)
-    assert ahead is not None
-    assert prioritized(passed) is ahead
-    # The nodes the prioritize proposes, made with it: as a judgement of its own finds them.
     kept = made(passed)
     assert kept is not None
-    assert kept.top is not None
-    assert kept.top == store.judge(pod_class, passed, clock.now).top_scored(len(passed))
+    # With it, the nodes it proposes: as a judgement of its own finds them.
+    assert kept.top == store.judge(pod_class, passed, clock.now).top_scored(3) == ["n0"]
+    ahead = kept.bodies["prioritize"]
+    assert prioritized(passed) is ahead
+    assert placements.proposed[-1] == ["n0"]
     # A node written between the filter and its prioritize: its score is fresh.
     passed = filtered(["n1", "n5", "n0"])
     ahead = prepared(passed)
