@@ -7,7 +7,8 @@ feels; wall time alone hides a thread hand-off or a syscall that another process
 One scorer process per tree (this checkout and, with `--before REF`, an export of REF) serves a
 names-only node store of `--nodes` nodes, one in ten above the utilization limit, so that every
 filter logs its rejections, as `gpu-scorer serve` does: JSON lines at INFO through
-`logs.configure_logging`, to /dev/null. One keep-alive connection sends what kube-scheduler sends
+`logs.configure_logging`, to /dev/null, and the prioritize's proposals recorded, as with the
+Pod watch (`RecordedProposals`). One keep-alive connection sends what kube-scheduler sends
 (`benchmarks.kube_requests`): per pod, a fresh Pod object from a mix of classes, a filter of the
 next window of its rotation over the nodes (500 names at 5,000 nodes, each window starting where
 the last ended), then a prioritize of the names that filter passed. The figure is the process's
@@ -70,7 +71,24 @@ def tree_app(tree: Path, nodes: int, log_level: str) -> tuple[Any, Any]:
     store = helpers.store_of(
         gpu_node(f"node-{i:05d}", utilization=0.95 if i % 10 == 0 else 0.1) for i in range(nodes)
     )
-    return helpers.make_app(node_store=store), writer
+    app = helpers.make_app(node_store=store)
+    app.placements = RecordedProposals()  # as `serve` wires its Pod watch, on by default
+    return app, writer
+
+
+class RecordedProposals:
+    """Where `serve`'s Pod watch (`PodCache`) records the node each prioritize proposes for
+    its pod: here they are only counted. The scorer's own work for a proposal (the top-scored
+    nodes of the reply) is what this measures; counting the pod on its node is the Pod watch's."""
+
+    def __init__(self) -> None:
+        self.proposed = 0
+
+    def propose(self, pod: object, nodes: object, now: object) -> None:
+        self.proposed += 1
+
+    def forget(self, uid: str) -> None:
+        pass
 
 
 def serve(tree: Path, nodes: int, log_level: str) -> None:
