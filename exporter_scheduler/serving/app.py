@@ -460,11 +460,9 @@ class ScorerApp:
         if dra is not None and self.dra is not None:
             excluded = exclusions(names, self.dra, dra)
             judgement = self.node_store.judge_dra(pod_class, names, excluded, now)
-        else:  # a filter reads the verdicts' tally indexes alone, unless a prioritize follows
+        else:  # a filter reads the verdicts' tally indexes alone
             store, only = self.node_store, verb == "filter"
-            judgement = store.judge(
-                pod_class, names, now, list_key=key, tallies_only=only, ahead=self._prioritizes
-            )
+            judgement = store.judge(pod_class, names, now, list_key=key, tallies_only=only)
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         blocked = self._spread(request, pod_class)[1]

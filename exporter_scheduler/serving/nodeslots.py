@@ -66,8 +66,6 @@ class NodeSlots:
         by_name: Mapping[Hashable, int],
         names: Sequence[str],
         list_key: bytes,
-        *,
-        first_by_name: bool = True,
     ) -> list[int | None] | None:
         """Each name's tally index (None where it has no entry), or None when the slots
         changed while they were read. `row` holds the indexes by slot, `by_name` by name;
@@ -76,8 +74,7 @@ class NodeSlots:
         A list seen for the first time is looked up by name: many are seen once (a window
         moves on when kube-scheduler's own filters reject nodes), and making a gather costs
         more than that lookup, cold, by a third lookup per name (its slot's int). Its gather
-        is made the second time it comes, and read from the third. Without `first_by_name`
-        the first time gives None: the caller reads the list's entries instead."""
+        is made the second time it comes, and read from the third."""
         epoch = self.epoch
         kept = self._gathers.get(list_key) if list_key else None
         if kept is None or kept[0] != epoch:
@@ -85,7 +82,7 @@ class NodeSlots:
                 if len(self._gathers) >= self.max_lists:
                     self._gathers = {}
                 self._gathers[list_key] = (epoch, None)
-            return list(map(by_name.get, names)) if first_by_name else None
+            return list(map(by_name.get, names))
         gather = kept[1]
         if gather is None:
             gather = _gather(list(map(self.of.get, names, repeat(_NO_SLOT))))

@@ -168,7 +168,6 @@ class NodeStore:
         *,
         list_key: bytes = b"",
         tallies_only: bool = False,
-        ahead: bool = False,
     ) -> Judgement:
         """The verdicts of `names` for `pod_class` at `now`, as `evaluate` gives them.
 
@@ -177,9 +176,6 @@ class NodeStore:
         looked up name by name again: its last entries are patched with the names stored since.
         `tallies_only`: the caller reads the verdicts' tally indexes alone (a filter), so a
         class without a chain reads no entry while its bounds say that every entry holds.
-        `ahead`: the filter's passing entries will make the prioritize after it (`judge_ahead`),
-        so a list seen for the first time reads its entries now, once, rather than its tally
-        indexes now and the same names' entries again after the reply.
         """
         now = as_utc(now)
         now_ts = now.timestamp()
@@ -213,9 +209,7 @@ class NodeStore:
             # each in a cache line of its own, cost several times as much (a filter after an
             # idle pause misses the cache on nearly every one). Only while the table's bounds
             # say that every entry holds: else each entry's window is read below.
-            ids = self._slots.tally_ids(
-                table.tally_row, table.tallies, names, list_key, first_by_name=not ahead
-            )
+            ids = self._slots.tally_ids(table.tally_row, table.tallies, names, list_key)
             id_counts = count_ids(ids) if ids is not None else None  # type: ignore[arg-type]  # None counted like an index
             if id_counts is not None and None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
@@ -252,7 +246,7 @@ class NodeStore:
         fetch = None if entries is not None else partial(self._entries_of, table, names, now)
         if not list_key:
             return table.judgement(
-                names, entries, judged, tally_ids=tally_ids, counts=counts, fetch=fetch, seen=seen
+                names, entries, judged, tally_ids=tally_ids, counts=counts, fetch=fetch
             )
         if len(table.views) >= _VIEWS_PER_CLASS:
             table.views.clear()
@@ -266,7 +260,6 @@ class NodeStore:
             counts=counts,
             replies=view.replies,
             fetch=fetch,
-            seen=seen,
         )
 
     def _entries_of(
@@ -303,27 +296,10 @@ class NodeStore:
         without scoring), and holds the filter's counters for that prioritize. `top`: the nodes
         at the top score are made too (`Judgement.top_scored`: where the scorer records the pod
         in flight)."""
-        mask = filtered.passed_mask()
-        passed = tuple(compress(filtered.names, mask))
+        passed = tuple(compress(filtered.names, filtered.passed_mask()))
         key = msgspec.json.encode(passed)
         self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
-        read, read_from = filtered.read_entries(), filtered.read_from
-        table = self._tables.get(pod_class.key)
-        if (
-            read is None
-            or read_from is None
-            or read_from[0] is not table  # the class's table was dropped since
-            or table.views.get(key) is not None  # a list seen before: patched as it is
-        ):
-            ahead = self.judge(pod_class, passed, now, list_key=key)
-        else:
-            seen = read_from[1]
-            # The filter read its entries, at this same `now`: those of the nodes that passed,
-            # as current as the change log's position before it read them, which the view
-            # keeps, so that the prioritize patches in whatever was stored since.
-            entries = list(compress(read, mask))
-            ids = list(map(TALLY, entries))
-            ahead = self._viewed(table, passed, entries, 0, ids, count_ids(ids), key, seen, now)
+        ahead = self.judge(pod_class, passed, now, list_key=key)
         prepared = ahead.replies
         if prepared is not None and "prioritize" not in prepared.bodies:
             prepared.bodies["prioritize"] = ahead.prioritize_reply()

@@ -271,7 +271,6 @@ class VerdictTable(Generic[ViewT]):
         counts: Mapping[int, int] | None = None,
         replies: Prepared | None = None,
         fetch: Callable[[], list[Entry]] | None = None,
-        seen: int | None = None,
     ) -> Judgement:
         """A request's verdicts from its entries (in request order), or from their tally
         indexes alone with `fetch` to read the entries when a reply needs more: the chain
@@ -300,7 +299,6 @@ class VerdictTable(Generic[ViewT]):
             counts=counts,
             replies=replies,
             fetch=fetch,
-            read_from=None if seen is None else (self, seen),
         )
 
 
@@ -341,7 +339,6 @@ class Judgement:
         "judged",
         "names",
         "overrides",
-        "read_from",
         "replies",
         "tally_keys",
     )
@@ -358,7 +355,6 @@ class Judgement:
         counts: Mapping[int, int] | None = None,
         replies: Prepared | None = None,
         fetch: Callable[[], list[Entry]] | None = None,
-        read_from: tuple[VerdictTable[Any], int] | None = None,
     ) -> None:
         if entries is None and (tally_ids is None or fetch is None):
             raise ValueError("a judgement without entries needs their tally indexes and fetch")
@@ -375,14 +371,6 @@ class Judgement:
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
         self._overruled: list[tuple[int, str]] | None = None
-        # The table the entries are from, and its change-log position read before they were
-        # (None: not logged).
-        self.read_from = read_from
-
-    def read_entries(self) -> list[Entry] | None:
-        """The entries if they were read when the judgement was made (None: made from the tally
-        indexes alone, and not read since)."""
-        return self._entries
 
     @property
     def entries(self) -> list[Entry]:

@@ -526,32 +526,6 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
         assert prepared(left) is None
 
 
-def test_a_prioritize_prepared_from_its_filters_entries_shows_a_write_made_in_between() -> None:
-    """A filter of a list not seen before, with a prioritize to follow, reads its entries once,
-    and the prioritize's reply is made from those of the nodes that passed. A node written
-    after the filter read them and before that reply was made shows in the prioritize, as it
-    would had the prioritize read every name itself."""
-    clock = Clock()
-    store = NodeStore(clock=clock)
-    store.replace([gpu_node(n, utilization=0.95 if n == "n2" else 0.3) for n in NAMES])
-    app = _app(store, clock)
-    pod_class = _class(hinted(), app.policy)
-    filtered = store.judge(
-        pod_class, NAMES, clock.now, list_key=b"window", tallies_only=True, ahead=True
-    )
-    assert filtered.read_entries() is not None  # read once, by the filter
-    passed = [n for n, ok in zip(NAMES, filtered.passed_mask(), strict=True) if ok]
-    assert passed == ["n0", "n1", "n3", "n4", "n5"]
-    store.put(gpu_node("n4", utilization=0.7))
-    store.judge_ahead(pod_class, filtered, clock.now)
-    body = names_body(hinted(), passed)
-    want, _ = reference("prioritize", body, store.lookup(passed), clock.now, app.policy)
-    assert app.handle("prioritize", body).body == want
-    # Without a prioritize to follow, a filter reads its tally indexes alone.
-    alone = store.judge(pod_class, NAMES[1:], clock.now, list_key=b"another", tallies_only=True)
-    assert alone.read_entries() is None
-
-
 def test_a_prioritize_decodes_no_pod_its_filter_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The prioritize after a filter carries the same Pod bytes: its pod is the filter's,
     decoded once. A prioritize of another pod is decoded and judged as that pod."""
