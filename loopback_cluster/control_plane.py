@@ -494,10 +494,13 @@ class KubeApi:
         body: object | None = None,
         *,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> tuple[int, bytes]:
         """One request; retried once on a connection the server closed while idle."""
         payload = None if body is None else json.dumps(body).encode()
         headers = dict(self._headers)
+        if accept is not None:
+            headers["Accept"] = accept
         if payload is not None:
             headers["Content-Type"] = content_type
         for attempt in (1, 2):

@@ -46,7 +46,7 @@ from exporter_scheduler.core.dra import (
     first_gpu_count,
 )
 from exporter_scheduler.edges.dradata import DraData
-from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch
+from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, call_list
 from exporter_scheduler.serving.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.dracache")
@@ -372,35 +372,6 @@ class TaintRuleWatch(_DraWatch):
         name = obj.metadata.name
         taint = None if kind == "DELETED" else rule_taint(obj, driver=self.data.driver)
         return self.data.put_rule(name, taint)
-
-
-def call_list(api: Any, path: str, **kwargs: Any) -> Any:
-    """A LIST or WATCH of `path` with the arguments the list + watch loop passes to a typed
-    list call, through the client's `call_api` (the raw response, read by msgspec)."""
-    names = {
-        "limit": "limit",
-        "_continue": "continue",
-        "resource_version": "resourceVersion",
-        "allow_watch_bookmarks": "allowWatchBookmarks",
-        "timeout_seconds": "timeoutSeconds",
-        "watch": "watch",
-    }
-    query: list[tuple[str, str]] = []
-    for arg, name in names.items():
-        value = kwargs.get(arg)
-        if value is None or value is False:
-            continue
-        query.append((name, "true" if value is True else str(value)))
-    return api.api_client.call_api(
-        path,
-        "GET",
-        query_params=query,
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _return_http_data_only=True,
-        _preload_content=False,
-        _request_timeout=kwargs.get("_request_timeout"),
-    )
 
 
 def discover(api: Any) -> dict[str, str]:

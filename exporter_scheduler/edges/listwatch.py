@@ -45,6 +45,13 @@ from exporter_scheduler.serving.metrics import ScorerMetrics
 
 log = logging.getLogger("exporter_scheduler.listwatch")
 
+# What a metadata-only LIST and WATCH ask for (as client-go's metadata client does), with whole
+# objects as the fallback of a server that cannot: each object's metadata alone, where a Node's
+# status (conditions, capacity, addresses, images) is most of its bytes.
+JSON: Final = "application/json"
+METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io," + JSON
+METADATA_WATCH: Final = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io," + JSON
+
 # A watch that ends sooner than this after opening is reopened after the back-off.
 _SHORT_WATCH_S: Final = 1.0
 # A read of the watch stream that took longer than this waited on the server (one the socket's
@@ -174,6 +181,9 @@ class ListWatch:
     # events are many and whose lateness something else covers (a bind: the proposal). Nothing
     # stands in for a claim's allocation until it is seen, so DRA pods are not held to it.
     batched: ClassVar[bool] = False
+    # Whether the cache reads only its objects' metadata: its LIST pages and WATCH events then
+    # ask for `PartialObjectMetadata` (`METADATA_LIST`, `METADATA_WATCH`).
+    metadata_only: ClassVar[bool] = False
     _page: msgspec.json.Decoder[Any]
     _event: msgspec.json.Decoder[Any]
 
@@ -366,9 +376,10 @@ class ListWatch:
         if endpoint is None:
             return None
         defaults = dict(api_client.default_headers)
+        accept = METADATA_LIST if self.metadata_only else JSON
         return PageReader(
             endpoint,
-            lambda: request_headers(configuration, defaults),
+            lambda: request_headers(configuration, defaults, accept),
             connect_timeout_s=self.tuning.connect_timeout_s,
             read_timeout_s=self.tuning.watch_timeout_s,
         )
@@ -476,3 +487,33 @@ def lines_of(response: Any) -> Iterator[bytes]:
                 yield line
     if pending.strip():
         yield pending
+
+
+def call_list(api: Any, path: str, *, accept: str = JSON, **kwargs: Any) -> Any:
+    """A LIST or WATCH of `path` with the arguments the list + watch loop passes to a typed
+    list call, through the client's `call_api` (the raw response, read by msgspec), asking for
+    `accept` (a typed call sets its own)."""
+    names = {
+        "limit": "limit",
+        "_continue": "continue",
+        "resource_version": "resourceVersion",
+        "allow_watch_bookmarks": "allowWatchBookmarks",
+        "timeout_seconds": "timeoutSeconds",
+        "watch": "watch",
+    }
+    query: list[tuple[str, str]] = []
+    for arg, name in names.items():
+        value = kwargs.get(arg)
+        if value is None or value is False:
+            continue
+        query.append((name, "true" if value is True else str(value)))
+    return api.api_client.call_api(
+        path,
+        "GET",
+        query_params=query,
+        header_params={"Accept": accept},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=kwargs.get("_request_timeout"),
+    )

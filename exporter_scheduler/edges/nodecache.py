@@ -26,7 +26,14 @@ import msgspec
 
 from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.records import NodeInput
-from exporter_scheduler.edges.listwatch import CacheTuning, ListWatch, WatchExpiredError
+from exporter_scheduler.edges.listwatch import (
+    METADATA_LIST,
+    METADATA_WATCH,
+    CacheTuning,
+    ListWatch,
+    WatchExpiredError,
+    call_list,
+)
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from exporter_scheduler.serving.nodeobjects import (
     agent_write_time,
@@ -100,6 +107,7 @@ class NodeCache(ListWatch):
 
     kind = "node"
     batched = True
+    metadata_only = True  # names, labels, annotations and managedFields are all it reads
 
     def __init__(
         self,
@@ -138,7 +146,8 @@ class NodeCache(ListWatch):
 
     # ------------------------------------------------------------------ the loop's hooks
     def _list(self, **kwargs: Any) -> Any:
-        return self._api.list_node(**kwargs)
+        accept = METADATA_WATCH if kwargs.get("watch") else METADATA_LIST
+        return call_list(self._api, "/api/v1/nodes", accept=accept, **kwargs)
 
     def _list_path(self) -> tuple[str, dict[str, str]]:
         return "/api/v1/nodes", {}

@@ -106,10 +106,12 @@ class Endpoint:
         return cls("https", url.hostname, port, prefix, context, server_name)
 
 
-def request_headers(configuration: Any, default_headers: Mapping[str, str]) -> dict[str, str]:
+def request_headers(
+    configuration: Any, default_headers: Mapping[str, str], accept: str = "application/json"
+) -> dict[str, str]:
     """The headers the client would send with a GET: its defaults and its credentials, read now
-    (the configuration's hook reloads a rotated token)."""
-    headers = {"Accept": "application/json", **default_headers}
+    (the configuration's hook reloads a rotated token), asking for `accept`."""
+    headers = {**default_headers, "Accept": accept}
     for setting in configuration.auth_settings().values():
         if setting.get("in") == "header" and setting.get("value"):
             headers[setting["key"]] = setting["value"]

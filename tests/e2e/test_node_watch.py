@@ -1,0 +1,69 @@
+"""The names-only scorer's Node watch, on the real API server: each Node's metadata alone.
+
+A Node's status (conditions, capacity, addresses, the kubelet's list of images) is most of its
+bytes, and the scorer reads none of it; a 5,000-node cluster's Node watch sends every one of
+the kubelets' and agents' writes. So the `NodeCache` asks for `PartialObjectMetadata`, as
+client-go's metadata client does, with whole Nodes as the fallback of a server that cannot.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter_scheduler.edges.listwatch import METADATA_LIST, METADATA_WATCH
+from exporter_scheduler.edges.nodecache import NodeCache
+from exporter_scheduler.serving.metrics import ScorerMetrics
+from kube_standins.nodes import gpu_node
+from loopback_cluster.control_plane import ControlPlane, KubeApi
+from loopback_cluster.workload import register_node
+
+pytestmark = pytest.mark.e2e
+
+NODE = "metadata-watch-node"
+UTILIZATION = "gpu-scheduler.example.com/utilization"
+
+
+def test_the_node_watch_reads_each_nodes_metadata_alone(
+    control_plane: ControlPlane, admin: KubeApi
+) -> None:
+    register_node(admin, gpu_node(NODE, annotations={UTILIZATION: "0.25"}))
+    try:
+        whole = len(admin.raw("GET", f"/api/v1/nodes/{NODE}")[1])
+        status, body = admin.raw("GET", "/api/v1/nodes?limit=500", accept=METADATA_LIST)
+        assert status == 200
+        listed = json.loads(body)
+        assert listed["kind"] == "PartialObjectMetadataList"
+        (item,) = [i for i in listed["items"] if i["metadata"]["name"] == NODE]
+        assert set(item) == {"kind", "apiVersion", "metadata"}
+        assert item["metadata"]["annotations"][UTILIZATION] == "0.25"
+        metadata_bytes = len(json.dumps(item, separators=(",", ":")))
+        assert metadata_bytes < whole / 2, (metadata_bytes, whole)
+
+        admin.merge_patch(
+            f"/api/v1/nodes/{NODE}", {"metadata": {"annotations": {UTILIZATION: "0.5"}}}
+        )
+        since = listed["metadata"]["resourceVersion"]
+        watched = f"/api/v1/nodes?watch=true&resourceVersion={since}&timeoutSeconds=1"
+        status, stream = admin.raw("GET", watched, accept=METADATA_WATCH)
+        assert status == 200
+        events = [json.loads(line) for line in stream.splitlines() if line.strip()]
+        mine = [e for e in events if e["object"]["metadata"].get("name") == NODE]
+        assert [e["object"]["kind"] for e in mine] == ["PartialObjectMetadata"]
+        assert mine[0]["object"]["metadata"]["annotations"][UTILIZATION] == "0.5"
+
+        # The scorer's own cache, from those metadata-only pages and events.
+        with NodeCache(
+            kubeconfig=str(control_plane.admin_kubeconfig), metrics=ScorerMetrics()
+        ) as cache:
+            assert cache.wait_until(lambda c: c.ready(), 30)
+            assert cache.lookup([NODE])[0].annotations.get(UTILIZATION) == "0.5"
+            admin.merge_patch(
+                f"/api/v1/nodes/{NODE}", {"metadata": {"annotations": {UTILIZATION: "0.75"}}}
+            )
+            assert cache.wait_until(
+                lambda c: c.lookup([NODE])[0].annotations.get(UTILIZATION) == "0.75", 30
+            )
+    finally:
+        admin.raw("DELETE", f"/api/v1/nodes/{NODE}")
