@@ -19,7 +19,7 @@ def test_a_small_run_measures_both_trees_with_rejections_logged() -> None:
     if probe.returncode != 0:
         pytest.skip("not a git checkout")
     args = argparse.Namespace(
-        before="HEAD", nodes=200, percentage=0, pairs=40, rounds=2, log_level="info"
+        before="HEAD", nodes=200, percentage=0, pairs=40, rounds=2, log_level="info", cool_mib=1
     )
     result = scorer_cpu.run(args)
     assert set(result["cpu_us_per_pair"]) == {"before (HEAD)", "this checkout"}
@@ -28,3 +28,4 @@ def test_a_small_run_measures_both_trees_with_rejections_logged() -> None:
         assert all(v > 0 for v in values)  # a filter and a prioritize cost some CPU
     assert result["ratio_to_before"] > 0
     assert result["config"]["log_level"] == "info"
+    assert result["config"]["cool_mib"] == 1
