@@ -10,8 +10,8 @@ keeps the map as it was: the last known data of each node, dated by its own `upd
 
 Only names, labels, annotations under the prefix and the agent's `managedFields` time are kept
 of each Node, all of them metadata: the LIST and the WATCH ask for `PartialObjectMetadata`
-(about 2.6 of a realistic GPU Node's 6.4 KB; the kubelet's status, most of the rest, changes on
-every heartbeat), and from a server that sends whole Nodes instead the rest is skipped in C.
+(about 2.6 of a realistic GPU Node's 6.4 KB; the kubelet's status is most of the rest), and
+from a server that sends whole Nodes instead the rest is skipped in C.
 """
 
 from __future__ import annotations
