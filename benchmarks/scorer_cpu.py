@@ -18,10 +18,11 @@ run's whole CPU). The trees alternate for
 `--rounds` rounds; the table gives medians and the ratio between the trees.
 
 `--cool-mib N`: before each request the client reads one byte of every cache line of an N MiB
-buffer, as kube-scheduler, the API server and etcd do between a pod's calls on a machine they
-saturate: the scorer then reads its store from memory rather than from a cache it had to itself
-(with 0, the default, back-to-back pairs keep it warm, and a change in what a request reads
-shows less than it does under the real scheduler).
+buffer, as kube-scheduler, the API server and etcd read their own memory between a pod's calls
+on a machine they saturate. From the other core it evicts the scorer's store from the shared
+last-level cache, not from the scorer core's own caches; it brings the CPU per pair near what
+the real scheduler's runs show (with 0, the default, back-to-back pairs keep the store warm, and
+a change in what a request reads shows less than it does under the real scheduler).
 
     python -m benchmarks.scorer_cpu --before HEAD~1
     python -m benchmarks.scorer_cpu --json
@@ -52,6 +53,7 @@ from benchmarks.machine import machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 WARM_PAIRS = 200
+_CACHE_LINE_BYTES = 64  # x86-64's
 
 
 def tree_app(tree: Path, nodes: int, log_level: str) -> tuple[Any, Any]:
@@ -140,7 +142,7 @@ def measure_tree(
 
     def cool() -> None:
         if cool_mib:
-            cooler[::64].tobytes()  # one byte per cache line, in C
+            cooler[::_CACHE_LINE_BYTES].tobytes()  # one byte per cache line, in C
 
     proc = subprocess.Popen(
         [

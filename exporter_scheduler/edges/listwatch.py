@@ -316,6 +316,12 @@ class ListWatch:
             self._stop.wait(self._rng.uniform(backoff_s / 2, backoff_s))
             backoff_s = min(backoff_s * 2, self.tuning.backoff_max_s)
 
+    def _accept(self, *, watch: bool) -> str:
+        """The `Accept` header of this cache's LIST (`watch` False) or WATCH requests."""
+        if not self.metadata_only:
+            return JSON
+        return METADATA_WATCH if watch else METADATA_LIST
+
     def _timeouts(self, read_s: float) -> tuple[float, float]:
         return (self.tuning.connect_timeout_s, read_s)
 
@@ -376,7 +382,7 @@ class ListWatch:
         if endpoint is None:
             return None
         defaults = dict(api_client.default_headers)
-        accept = METADATA_LIST if self.metadata_only else JSON
+        accept = self._accept(watch=False)
         return PageReader(
             endpoint,
             lambda: request_headers(configuration, defaults, accept),

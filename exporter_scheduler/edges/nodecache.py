@@ -29,8 +29,6 @@ import msgspec
 from exporter_scheduler.core.decoding import predecode
 from exporter_scheduler.core.records import NodeInput
 from exporter_scheduler.edges.listwatch import (
-    METADATA_LIST,
-    METADATA_WATCH,
     CacheTuning,
     ListWatch,
     WatchExpiredError,
@@ -63,7 +61,7 @@ _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 
 class _Decoders:
     """What is read of a LIST page or a watch event, for one annotation prefix: names,
-    resourceVersions, the annotations under the prefix (the rest of a Node is skipped in C,
+    resourceVersions, labels, the annotations under the prefix (the rest of a Node is skipped in C,
     not built as Python objects), managedFields' manager and time, an ERROR event's Status."""
 
     def __init__(self, keys: Keys) -> None:
@@ -75,12 +73,14 @@ class _Decoders:
                 ("labels", dict[str, str] | None, None),
                 ("annotations", gpu_annotations_type(keys) | None, None),
                 ("managedFields", tuple[managed_fields_entry_type(keys), ...] | None, None),  # type: ignore[misc]
-                # NodeList only: the token for the next page (`continue` is a Python keyword).
+                # A list's only: the token for the next page (`continue` is a Python keyword).
                 ("continue_", str | None, msgspec.field(default=None, name="continue")),
             ],
         )
         obj = msgspec.defstruct(
-            "Object",  # a Node, a NodeList's metadata carrier, or a Status in an ERROR event
+            # A Node or its PartialObjectMetadata, a list's metadata carrier, or a Status in an
+            # ERROR event (which the API server sends as it is, whatever was asked for).
+            "Object",
             [
                 ("metadata", meta | None, None),
                 ("code", int | None, None),
@@ -148,7 +148,7 @@ class NodeCache(ListWatch):
 
     # ------------------------------------------------------------------ the loop's hooks
     def _list(self, **kwargs: Any) -> Any:
-        accept = METADATA_WATCH if kwargs.get("watch") else METADATA_LIST
+        accept = self._accept(watch=bool(kwargs.get("watch")))
         return call_list(self._api, "/api/v1/nodes", accept=accept, **kwargs)
 
     def _list_path(self) -> tuple[str, dict[str, str]]:

@@ -109,9 +109,10 @@ class Endpoint:
 def request_headers(
     configuration: Any, default_headers: Mapping[str, str], accept: str = "application/json"
 ) -> dict[str, str]:
-    """The headers the client would send with a GET: its defaults and its credentials, read now
-    (the configuration's hook reloads a rotated token), asking for `accept`."""
-    headers = {**default_headers, "Accept": accept}
+    """The headers the client would send with a GET asking for `accept`: its defaults (which
+    win, as in the client's `call_api`) and its credentials, read now (the configuration's
+    hook reloads a rotated token)."""
+    headers = {"Accept": accept, **default_headers}
     for setting in configuration.auth_settings().values():
         if setting.get("in") == "header" and setting.get("value"):
             headers[setting["key"]] = setting["value"]

@@ -485,8 +485,12 @@ class ScorerApp:
             return Response(200, body), judgement
         # kube-scheduler scores (and so prioritizes) only when more than one node is left.
         if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
-            top = self.placements is not None  # the prioritize proposes the pod's node
-            ahead = partial(self.node_store.judge_ahead, pod_class, judgement, now, top=top)
+            # The prioritize proposes the pod's node (`serving.proposals.proposal`).
+            pod = request.pod
+            proposes = self.placements is not None and pod.gpu_request > 0 and bool(pod.uid)
+            ahead = partial(
+                self.node_store.judge_ahead, pod_class, judgement, now, proposes=proposes
+            )
             steps.first.append(ahead)
             steps.awaits_next = True
         # The node store logged the rejected nodes' values when it judged them.

@@ -285,7 +285,7 @@ class NodeStore:
         lists[known[0]] = known
 
     def judge_ahead(
-        self, pod_class: PodClass, filtered: Judgement, now: datetime, *, top: bool = False
+        self, pod_class: PodClass, filtered: Judgement, now: datetime, *, proposes: bool = False
     ) -> None:
         """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
         the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
@@ -293,18 +293,20 @@ class NodeStore:
         will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
         or the view patched with what changed since, as for any list asked about before. The
         caller asks only when more than one node passed (a single feasible node is bound
-        without scoring), and holds the filter's counters for that prioritize. `top`: the nodes
-        at the top score are made too (`Judgement.top_scored`: where the scorer records the pod
-        in flight)."""
+        without scoring), and holds the filter's counters for that prioritize. `proposes`: that
+        prioritize proposes the pod's node (`serving.proposals`), so the nodes at the top score
+        are found now too, while the entries are in the cache, and kept with the reply."""
         passed = tuple(compress(filtered.names, filtered.passed_mask()))
         key = msgspec.json.encode(passed)
         self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
         ahead = self.judge(pod_class, passed, now, list_key=key)
         prepared = ahead.replies
-        if prepared is not None and "prioritize" not in prepared.bodies:
+        if prepared is None:
+            return
+        if "prioritize" not in prepared.bodies:
             prepared.bodies["prioritize"] = ahead.prioritize_reply()
-            if top:
-                ahead.top_scored(0)  # made now, while the entries are in the cache: kept
+        if proposes and prepared.top is None:
+            ahead.top_scored(0)  # fills `prepared.top`; what `most` cuts is the prioritize's
 
     def judge_dra(
         self,

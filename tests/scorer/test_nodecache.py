@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from exporter_scheduler.edges.listwatch import METADATA_LIST, METADATA_WATCH
 from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache, WatchExpiredError
 from exporter_scheduler.serving.metrics import ScorerMetrics
 from kube_standins.apiserver import ApiServerStandIn, Fault
@@ -86,6 +87,28 @@ def test_initial_list(cache: NodeCache) -> None:
     assert _metric(cache, "gpu_scorer_node_cache_nodes") == 3
     assert _metric(cache, "gpu_scorer_node_cache_relists_total") == 1
     assert _metric(cache, "gpu_scorer_node_cache_ready") == 1
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["page-reader", "client"])
+def test_the_list_and_the_watch_ask_for_each_nodes_metadata_alone(
+    standin: ApiServerStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, paged: bool
+) -> None:
+    """The LIST (read by the page reader, or through the client where it cannot be, behind a
+    proxy) asks for `PartialObjectMetadataList` and the WATCH for `PartialObjectMetadata`,
+    both with whole Nodes as the fallback: the stand-in sends those, and they are read too."""
+    if not paged:
+        monkeypatch.setattr(NodeCache, "_open_reader", lambda _self: None)
+    kubeconfig = standin.write_kubeconfig(tmp_path / "kubeconfig")
+    with NodeCache(kubeconfig=str(kubeconfig), metrics=ScorerMetrics(), tuning=FAST) as cache:
+        assert cache.wait_until(lambda c: c.ready(), WAIT_S)
+        standin.put_node(node("a", gpu_annotations(utilization=0.77), agent_time=AGENT_TIME))
+        assert cache.wait_until(lambda c: _utilization(c, "a") == "0.77", WAIT_S)
+    asked = {
+        (r.param("watch") is not None, r.headers.get("Accept"))
+        for r in standin.requests
+        if r.path == "/api/v1/nodes"
+    }
+    assert asked == {(False, METADATA_LIST), (True, METADATA_WATCH)}
 
 
 def test_modified_added_and_deleted(cache: NodeCache, standin: ApiServerStandIn) -> None:

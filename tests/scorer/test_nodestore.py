@@ -569,7 +569,7 @@ def test_a_step_after_the_reply_that_fails_leaves_the_others_to_run(
     app = _app(store, clock)
     app.handle("prioritize", names_body(hinted(), NAMES))
 
-    def broken(*_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise RuntimeError("prepared prioritize")
 
     monkeypatch.setattr(store, "judge_ahead", broken)
