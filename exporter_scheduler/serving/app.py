@@ -485,13 +485,10 @@ class ScorerApp:
             return Response(200, body), judgement
         # kube-scheduler scores (and so prioritizes) only when more than one node is left.
         if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
-            # The prioritize proposes the pod's node (`serving.proposals.proposal`).
-            pod = request.pod
+            pod = request.pod  # whose node the prioritize proposes (`serving.proposals`)
             proposes = self.placements is not None and pod.gpu_request > 0 and bool(pod.uid)
-            ahead = partial(
-                self.node_store.judge_ahead, pod_class, judgement, now, proposes=proposes
-            )
-            steps.first.append(ahead)
+            ahead = partial(self.node_store.judge_ahead, pod_class, judgement, now)
+            steps.first.append(partial(ahead, proposes=proposes))
             steps.awaits_next = True
         # The node store logged the rejected nodes' values when it judged them.
         pod_ref = _pod_ref(request)
