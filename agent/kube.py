@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import urllib3
 
+from gpu_contract.media import METADATA_LIST
 from gpu_contract.schema import DEFAULT_KEYS, FIELD_MANAGER, Keys, merge_patch
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,6 @@ _CONFIGURATION: Final = client.Configuration
 _CORE_V1_API: Final = client.CoreV1Api
 
 MERGE_PATCH: Final = "application/merge-patch+json"
-PARTIAL_METADATA_LIST: Final = (
-    "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
-)
 # The kubelet names a static pod by the hash of its manifest; the API's mirror pod carries that
 # hash here, and it is the UID in the pod's cgroup.
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
@@ -443,7 +441,7 @@ class NodeAnnotator:
                     ("fieldSelector", f"spec.nodeName={self.node_name}"),
                     ("resourceVersion", "0"),
                 ],
-                header_params={"Accept": PARTIAL_METADATA_LIST},
+                header_params={"Accept": METADATA_LIST},
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
                 _preload_content=False,

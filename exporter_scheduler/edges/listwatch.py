@@ -42,15 +42,9 @@ from exporter_scheduler.edges.pagereader import (
     request_headers,
 )
 from exporter_scheduler.serving.metrics import ScorerMetrics
+from gpu_contract.media import JSON, METADATA_LIST, METADATA_WATCH
 
 log = logging.getLogger("exporter_scheduler.listwatch")
-
-# What a metadata-only LIST and WATCH ask for (as client-go's metadata client does), with whole
-# objects as the fallback of a server that cannot: each object's metadata alone, where a Node's
-# status (conditions, capacity, addresses, images) is most of its bytes.
-JSON: Final = "application/json"
-METADATA_LIST: Final = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io," + JSON
-METADATA_WATCH: Final = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io," + JSON
 
 # A watch that ends sooner than this after opening is reopened after the back-off.
 _SHORT_WATCH_S: Final = 1.0

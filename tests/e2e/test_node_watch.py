@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from exporter_scheduler.edges.listwatch import METADATA_LIST, METADATA_WATCH
 from exporter_scheduler.edges.nodecache import NodeCache
 from exporter_scheduler.serving.metrics import ScorerMetrics
+from gpu_contract.media import METADATA_LIST, METADATA_WATCH
 from gpu_contract.schema import FIELD_MANAGER
 from kube_standins.nodes import gpu_node
 from loopback_cluster.control_plane import ControlPlane, KubeApi

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from exporter_scheduler.edges.listwatch import METADATA_LIST, METADATA_WATCH
 from exporter_scheduler.edges.nodecache import CacheTuning, NodeCache, WatchExpiredError
 from exporter_scheduler.serving.metrics import ScorerMetrics
+from gpu_contract.media import METADATA_LIST, METADATA_WATCH
 from kube_standins.apiserver import ApiServerStandIn, Fault
 from kube_standins.nodes import gpu_node, with_agent_write
 from tests.fixture_paths import APISERVER_FIXTURES
