@@ -58,7 +58,7 @@ from exporter_scheduler.serving.logfields import count_and_log
 from exporter_scheduler.serving.metrics import ScorerMetrics, Verb
 from exporter_scheduler.serving.nodeobjects import gpu_keys, record_input, record_labels
 from exporter_scheduler.serving.nodestore import NodeStore
-from exporter_scheduler.serving.proposals import proposal, spread_capped
+from exporter_scheduler.serving.proposals import proposal, proposes, spread_capped
 from exporter_scheduler.serving.responses import (
     TEXT,
     Response,
@@ -460,9 +460,9 @@ class ScorerApp:
         if dra is not None and self.dra is not None:
             excluded = exclusions(names, self.dra, dra)
             judgement = self.node_store.judge_dra(pod_class, names, excluded, now)
-        else:  # a filter reads the verdicts' tally indexes alone
-            store, only = self.node_store, verb == "filter"
-            judgement = store.judge(pod_class, names, now, list_key=key, tallies_only=only)
+        else:  # both replies read the verdicts' tally indexes alone
+            store = self.node_store
+            judgement = store.judge(pod_class, names, now, list_key=key, tallies_only=True)
         if judgement.judged:
             self.metrics.request_path_judgements_by_verb[verb].inc(judgement.judged)
         blocked = self._spread(request, pod_class)[1]
@@ -485,10 +485,10 @@ class ScorerApp:
             return Response(200, body), judgement
         # kube-scheduler scores (and so prioritizes) only when more than one node is left.
         if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
-            pod = request.pod  # whose node the prioritize proposes (`serving.proposals`)
-            proposes = self.placements is not None and pod.gpu_request > 0 and bool(pod.uid)
+            # The prioritize proposes the pod's node when something records proposals.
+            top = self.placements is not None and proposes(request.pod, pod_class)
             ahead = partial(self.node_store.judge_ahead, pod_class, judgement, now)
-            steps.first.append(partial(ahead, proposes=proposes))
+            steps.first.append(partial(ahead, proposes=top))
             steps.awaits_next = True
         # The node store logged the rejected nodes' values when it judged them.
         pod_ref = _pod_ref(request)

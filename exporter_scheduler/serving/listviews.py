@@ -123,19 +123,30 @@ class ListView:
         entries = None if self.entries is None else self.entries[:]
         tally_ids = self.tally_ids[:]
         counts = dict(self.counts)
+        moved = False
         for entry, where in found:
             if entry is None:  # dropped: its name is judged as unknown on the full path
                 return None
             for index in where:
                 old = tally_ids[index]
                 if old != entry.tally:
+                    moved = True
                     counts[old] -= 1
                     counts[entry.tally] = counts.get(entry.tally, 0) + 1
                     tally_ids[index] = entry.tally
                 if entries is not None:
                     entries[index] = entry
+        # Without entries, the replies derive from the names and their tally indexes alone
+        # (each index carries the node's score): the same indexes give the same bytes.
+        replies = self.replies if entries is None and not moved else None
         return ListView(
-            self.names, entries, tally_ids, counts, seen=log_end, positions=self._positions
+            self.names,
+            entries,
+            tally_ids,
+            counts,
+            seen=log_end,
+            positions=self._positions,
+            replies=replies,
         )
 
 

@@ -174,8 +174,9 @@ class NodeStore:
         `list_key` names the node list (the request's `NodeNames` bytes: the same key must mean
         the same names in the same order). A list asked about before for this class is not
         looked up name by name again: its last entries are patched with the names stored since.
-        `tallies_only`: the caller reads the verdicts' tally indexes alone (a filter), so a
-        class without a chain reads no entry while its bounds say that every entry holds.
+        `tallies_only`: the caller reads the verdicts' tally indexes alone (a filter's reply
+        and a prioritize's both derive from them, the scores included), so a class without a
+        chain reads no entry while its bounds say that every entry holds.
         """
         now = as_utc(now)
         now_ts = now.timestamp()
@@ -203,6 +204,7 @@ class NodeStore:
                     fetch=None
                     if patched.entries is not None
                     else partial(self._entries_of, table, view.names, now),
+                    seen=patched.seen,
                 )
         if tallies_only and not pod_class.chain_active and table.holds(now_ts, epoch):
             # The list's tally indexes gathered by their slots (`nodeslots`): the entries,
@@ -246,7 +248,7 @@ class NodeStore:
         fetch = None if entries is not None else partial(self._entries_of, table, names, now)
         if not list_key:
             return table.judgement(
-                names, entries, judged, tally_ids=tally_ids, counts=counts, fetch=fetch
+                names, entries, judged, tally_ids=tally_ids, counts=counts, fetch=fetch, seen=seen
             )
         if len(table.views) >= _VIEWS_PER_CLASS:
             table.views.clear()
@@ -260,6 +262,7 @@ class NodeStore:
             counts=counts,
             replies=view.replies,
             fetch=fetch,
+            seen=seen,
         )
 
     def _entries_of(
@@ -289,24 +292,35 @@ class NodeStore:
     ) -> None:
         """After a filter's reply: the prioritize kube-scheduler sends next for the pod names
         the nodes that passed, in the reply's order (its `HTTPExtender.Filter` keeps that
-        order), so their verdicts and prioritize bytes are made now, under the key its request
-        will carry, while kube-scheduler runs its own score plugins. The prioritize finds them,
-        or the view patched with what changed since, as for any list asked about before. The
-        caller asks only when more than one node passed (a single feasible node is bound
-        without scoring), and holds the filter's counters for that prioritize. `proposes`: that
-        prioritize proposes the pod's node (`serving.proposals`), so the nodes at the top score
-        are found now too, while the entries are in the cache, and kept with the reply."""
-        passed = tuple(compress(filtered.names, filtered.passed_mask()))
+        order), so its reply is made now, under the key its request will carry, while
+        kube-scheduler runs its own score plugins. The prioritize finds it, or the view patched
+        with what changed since, as for any list asked about before. The caller asks only when
+        more than one node passed (a single feasible node is bound without scoring), and holds
+        the filter's counters for that prioritize. `proposes`: that prioritize proposes the
+        pod's node (`serving.proposals`), so the nodes at the top score are found now too.
+
+        The view is made from the filter's own tally indexes, which carry each node's score,
+        as of the filter's position in the change log: no name is looked up again."""
+        mask = filtered.passed_mask()
+        passed = tuple(compress(filtered.names, mask))
         key = msgspec.json.encode(passed)
         self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
-        ahead = self.judge(pod_class, passed, now, list_key=key)
+        seen, table = filtered.seen, self._table(pod_class)
+        # A list prepared before is patched, as its prioritize would patch it. The filter's
+        # indexes are current to `seen` unless it stored entries itself (logged after `seen`,
+        # to be patched in again); the chain reads the entries.
+        if seen is None or filtered.judged or pod_class.chain_active or key in table.views:
+            ahead = self.judge(pod_class, passed, now, list_key=key, tallies_only=True)
+        else:
+            ids = list(compress(filtered.tally_indexes(), mask))
+            ahead = self._viewed(table, passed, None, 0, ids, count_ids(ids), key, seen, now)
         prepared = ahead.replies
         if prepared is None:
             return
         if "prioritize" not in prepared.bodies:
             prepared.bodies["prioritize"] = ahead.prioritize_reply()
         if proposes and prepared.top is None:
-            ahead.top_scored(0)  # fills `prepared.top`; what `most` cuts is the prioritize's
+            ahead.prepare_top()
 
     def judge_dra(
         self,

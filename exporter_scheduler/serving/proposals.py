@@ -14,6 +14,7 @@ from typing import Final
 
 from exporter_scheduler.core.inflight import BASIS_POINTS, BoundPod
 from exporter_scheduler.core.podclass import PodClass
+from exporter_scheduler.core.records import PodInput
 from exporter_scheduler.serving import wire
 from exporter_scheduler.serving.metrics import Verb
 from exporter_scheduler.serving.verdicts import Judgement
@@ -30,6 +31,13 @@ def spread_capped(pod_class: PodClass) -> bool:
     return pod_class.hints.spread_max_per_domain is not None and pod_class.hint_problem is None
 
 
+def proposes(pod: PodInput, pod_class: PodClass) -> bool:
+    """Whether an answer for `pod` can propose a node for it at all: it asks for GPUs (the
+    only pods in-flight accounting counts), its hints are valid (else no node passes) and it
+    has a uid (what its bind is matched by)."""
+    return pod.gpu_request > 0 and pod_class.hint_problem is None and bool(pod.uid)
+
+
 def proposal(
     verb: Verb,
     request: wire.ExtenderRequest,
@@ -40,7 +48,7 @@ def proposal(
     """The pod as it would count in flight, and the nodes to count it on; None when there is
     nothing to propose (no GPUs, a bad hint, no uid, no single or top node)."""
     pod = request.pod
-    if pod.gpu_request <= 0 or pod_class.hint_problem is not None or not pod.uid:
+    if not proposes(pod, pod_class):
         return None
     if verb == "filter":
         only = judgement.only_passed()

@@ -1,5 +1,5 @@
 """Verdicts packed for replies: a node's verdict for one pod class, kept with its time window and
-its encoded `HostPriority` fragment, and a request's verdicts assembled from them.
+its tally index, and a request's verdicts assembled from them.
 
 Both modes keep a `VerdictTable` per pod class: the names-only node store by node name (kept
 current by the watch thread), full-node requests by the node's content (what a verdict reads of
@@ -29,7 +29,7 @@ from exporter_scheduler.core.podclass import PodClass
 from exporter_scheduler.core.records import ChainOutcome, NodeInput, NodeVerdict
 from exporter_scheduler.core.validity import validity_window
 from exporter_scheduler.serving.nodeobjects import NODE_CONTENT
-from exporter_scheduler.serving.wire import encode_host_priority
+from exporter_scheduler.serving.wire import encode_prioritize_reply
 
 # Sorts after every real rank, so that `min` over entries (in C) finds the best rank.
 NO_RANK: Final = 1 << 30
@@ -40,6 +40,10 @@ _LOG_MAX_FACTOR: Final = 8
 ViewT = TypeVar("ViewT")
 # (passed, unresolvable, reason, data_status): what the verdict counters read.
 TallyKey = tuple[bool, bool, str | None, str]
+# A tally index stands for a tally key and a score (0 to `MAX_SCORE`): a handful of each per
+# class, so the few indexes of a request say everything its replies need, the prioritize's
+# scores included, without reading a node's entry (`Judgement.scores`).
+_TallyScore = tuple[bool, bool, str | None, str, int]
 
 
 class Entry(msgspec.Struct, frozen=True, gc=False):
@@ -58,9 +62,9 @@ class Entry(msgspec.Struct, frozen=True, gc=False):
     reason: str | None
     passed_rank: int  # its model rank if it passed (chain active), else NO_RANK
     below_rank: int  # its model rank if at or below the chain's threshold, else NO_RANK
-    tally: int  # index of its TallyKey in the table's `tally_keys` (ints count fastest)
-    priority: bytes  # its `HostPriority` entry, score before the chain
-    score: int = 0  # the score before the chain
+    # Index of its tally key and score in the table's `tally_keys` and `tally_scores` (the
+    # score before the chain; ints count fastest).
+    tally: int
 
     def holds_at(self, now_ts: float) -> bool:
         return self.from_ts <= now_ts < self.until_ts
@@ -72,8 +76,6 @@ _PASSED: Final = attrgetter("passed")
 _PASSED_RANK: Final = attrgetter("passed_rank")
 _BELOW_RANK: Final = attrgetter("below_rank")
 TALLY: Final = attrgetter("tally")
-_PRIORITY: Final = attrgetter("priority")
-_SCORE: Final = attrgetter("score")
 
 
 # More distinct tally indexes than this in one request are counted in one pass (`count_ids`).
@@ -119,6 +121,7 @@ class VerdictTable(Generic[ViewT]):
         "tally_ids",
         "tally_keys",
         "tally_row",
+        "tally_scores",
         "views",
     )
 
@@ -161,10 +164,12 @@ class VerdictTable(Generic[ViewT]):
         self.max_from_ts = -math.inf
         self.min_until_ts = math.inf
         self.epoch = 0
-        self.tally_ids: dict[TallyKey, int] = {}
-        # Append-only: an entry's index is in it before the entry is stored, so readers index
-        # it without a lock.
+        self.tally_ids: dict[_TallyScore, int] = {}
+        # Append-only, by tally index (a key repeats, once per score): an entry's index is in
+        # both before the entry is stored, in `tally_scores` first, so readers index them
+        # without a lock.
         self.tally_keys: list[TallyKey] = []
+        self.tally_scores: list[int] = []
         self.last_used = 0
         self._tally_lock = threading.Lock()
 
@@ -188,8 +193,6 @@ class VerdictTable(Generic[ViewT]):
             rank if verdict.passed else NO_RANK,
             rank if verdict.at_or_below_threshold else NO_RANK,
             self._tally_id(verdict),
-            encode_host_priority(node.name, verdict.score),
-            verdict.score,
         )
         return entry, verdict
 
@@ -251,13 +254,15 @@ class VerdictTable(Generic[ViewT]):
         self.max_from_ts = max(map(FROM, entries), default=-math.inf)
 
     def _tally_id(self, verdict: NodeVerdict) -> int:
-        tally = (verdict.passed, verdict.unresolvable, verdict.reason, verdict.data_status)
+        v = verdict
+        tally = (v.passed, v.unresolvable, v.reason, v.data_status, v.score)
         found = self.tally_ids.get(tally)
         if found is None:
             with self._tally_lock:  # tables are judged from more than one thread
                 found = self.tally_ids.get(tally)
                 if found is None:
-                    self.tally_keys.append(tally)
+                    self.tally_scores.append(v.score)
+                    self.tally_keys.append(tally[:4])
                     found = self.tally_ids[tally] = len(self.tally_keys) - 1
         return found
 
@@ -271,10 +276,12 @@ class VerdictTable(Generic[ViewT]):
         counts: Mapping[int, int] | None = None,
         replies: Prepared | None = None,
         fetch: Callable[[], list[Entry]] | None = None,
+        seen: int | None = None,
     ) -> Judgement:
         """A request's verdicts from its entries (in request order), or from their tally
         indexes alone with `fetch` to read the entries when a reply needs more: the chain
-        resolved, the overrides (a bad hint, the chain) read."""
+        resolved, the overrides (a bad hint, the chain) read. `seen`: the position in the
+        change log that the entries or indexes are current to, if the table keeps one."""
         c = self.pod_class
         chain = None
         if c.chain_active:
@@ -294,11 +301,13 @@ class VerdictTable(Generic[ViewT]):
             entries,
             overrides,
             self.tally_keys,
+            self.tally_scores,
             judged,
             tally_ids=tally_ids,
             counts=counts,
             replies=replies,
             fetch=fetch,
+            seen=seen,
         )
 
 
@@ -315,7 +324,8 @@ class Prepared:
     def __init__(self) -> None:
         self.bodies: dict[str, bytes] = {}
         # The nodes at the highest score above 0 after the overrides, in request order, all
-        # of them however many share it (`Judgement.top_scored` cuts by its `most`).
+        # of them however many share it (`Judgement.prepare_top`; `top_scored` cuts by its
+        # `most`).
         self.top: list[str] | None = None
 
 
@@ -335,26 +345,32 @@ class Judgement:
         "_entries",
         "_fetch",
         "_ids",
+        "_mask",
         "_overruled",
+        "_scores",
         "judged",
         "names",
         "overrides",
         "replies",
+        "seen",
         "tally_keys",
+        "tally_scores",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (a table's parts, as `VerdictTable.judgement` holds them)
         self,
         names: Sequence[str],
         entries: list[Entry] | None,
         overrides: Overrides,
         tally_keys: list[TallyKey],
+        tally_scores: list[int],
         judged: int,
         *,
         tally_ids: list[int] | None = None,
         counts: Mapping[int, int] | None = None,
         replies: Prepared | None = None,
         fetch: Callable[[], list[Entry]] | None = None,
+        seen: int | None = None,
     ) -> None:
         if entries is None and (tally_ids is None or fetch is None):
             raise ValueError("a judgement without entries needs their tally indexes and fetch")
@@ -365,12 +381,21 @@ class Judgement:
         self._entries = entries
         self._fetch = fetch  # reads the entries, when made from tally indexes alone
         self.overrides = overrides
-        # A copy taken after the entries were read: it holds every index they carry.
+        # Copies taken after the entries were read: they hold every index they carry (the
+        # scores after the keys: the table appends them the other way round).
         self.tally_keys = tally_keys[:]
+        self.tally_scores = tally_scores[:]
         self.judged = judged  # entries this request had to judge itself
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
+        # The position in the table's change log they are current to (None: not kept): a
+        # list made from them is patched from there (`NodeStore.judge_ahead`).
+        self.seen = seen
         self._overruled: list[tuple[int, str]] | None = None
+        # Made once (the filter's reply and the prioritize it prepares read the same mask;
+        # the prioritize's reply and its proposal the same scores), until `block`.
+        self._mask: list[bool] | None = None
+        self._scores: list[int] | None = None
 
     @property
     def entries(self) -> list[Entry]:
@@ -392,8 +417,12 @@ class Judgement:
         earlier from the same entries no longer apply."""
         if blocked:
             self.overrides = self.overrides._replace(blocked=blocked)
-            self._overruled = None
+            self._overruled = self._mask = self._scores = None
             self.replies = None
+
+    def tally_indexes(self) -> list[int]:
+        """Per node, in request order: its entry's tally index (before the overrides)."""
+        return self._tally_ids()
 
     def _tally_ids(self) -> list[int]:
         if self._ids is None:
@@ -436,11 +465,14 @@ class Judgement:
         return found
 
     def passed_mask(self) -> list[bool]:
-        """Per node, in request order: does it pass, after the overrides."""
-        passed_by_id = [key[0] for key in self.tally_keys]
-        mask = list(map(passed_by_id.__getitem__, self._tally_ids()))
-        for i, _ in self.overruled():
-            mask[i] = False
+        """Per node, in request order: does it pass, after the overrides. Not a copy."""
+        mask = self._mask
+        if mask is None:
+            passed_by_id = [key[0] for key in self.tally_keys]
+            mask = list(map(passed_by_id.__getitem__, self._tally_ids()))
+            for i, _ in self.overruled():
+                mask[i] = False
+            self._mask = mask
         return mask
 
     def rejections(self) -> tuple[dict[str, str], dict[str, str]]:
@@ -465,13 +497,20 @@ class Judgement:
             unresolvable[names[i]] = reason
         return failed, unresolvable
 
+    def scores(self) -> list[int]:
+        """Per node, in request order: its score after the overrides (0 where they reject
+        it), from the tally indexes alone. Not a copy."""
+        scores = self._scores
+        if scores is None:
+            scores = list(map(self.tally_scores.__getitem__, self._tally_ids()))  # in C
+            for i, _ in self.overruled():
+                scores[i] = 0
+            self._scores = scores
+        return scores
+
     def prioritize_reply(self) -> bytes:
         """The bytes `wire.encode_prioritize_reply(evaluation.scores())` gives."""
-        entries = self.entries
-        pieces = list(map(_PRIORITY, entries))
-        for i, _ in self.overruled():
-            pieces[i] = encode_host_priority(entries[i].node.name, 0)
-        return b"[" + b",".join(pieces) + b"]"
+        return encode_prioritize_reply(zip(self.names, self.scores(), strict=True))
 
     def only_passed(self) -> str | None:
         """The one node that passed, after the overrides, if exactly one did: kube-scheduler
@@ -486,17 +525,21 @@ class Judgement:
     def top_scored(self, most: int) -> list[str]:
         """The nodes with the highest score above 0 after the overrides, if at most `most`
         share it (more: the scheduler's own scores decide among them, so none is expected)."""
+        top = self.prepare_top()
+        return top[:] if len(top) <= most else []
+
+    def prepare_top(self) -> list[str]:
+        """Every node at the highest score above 0 after the overrides, however many share it:
+        found once and kept with the prepared replies (`Prepared.top`), if any. Not a copy."""
         prepared = self.replies
         top = None if prepared is None else prepared.top
         if top is None:
-            scores = list(map(_SCORE, self.entries))  # in C
-            for i, _ in self.overruled():
-                scores[i] = 0
+            scores = self.scores()
             best = max(scores, default=0)
             top = [] if best <= 0 else list(compress(self.names, map(eq, scores, repeat(best))))
             if prepared is not None:
                 prepared.top = top  # racy: any thread makes the same list of the same entries
-        return top[:] if len(top) <= most else []
+        return top
 
     def passing(self) -> int:
         """How many nodes pass, after the overrides."""
@@ -511,7 +554,10 @@ class Judgement:
         """Node counts per `(passed, unresolvable, reason, data_status)`, after the overrides."""
         keys = self.tally_keys
         by_id = self._counts if self._counts is not None else count_ids(self._tally_ids())
-        counts = {keys[i]: n for i, n in by_id.items() if n}
+        counts: dict[TallyKey, int] = {}
+        for i, n in by_id.items():
+            if n:  # a key repeats once per score
+                counts[keys[i]] = counts.get(keys[i], 0) + n
         overruled = self.overruled()
         if overruled:
             ids = self._tally_ids()

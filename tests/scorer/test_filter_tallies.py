@@ -1,9 +1,9 @@
-"""A names-only filter reads each node's tally index alone, and its entries only when asked.
+"""A names-only request reads each node's tally index alone, and its entries only when asked.
 
 The node store keeps, per pod class, each node's tally index by name and at the node's
-slot (`VerdictTable.tallies`, `tally_row`, `nodeslots`); a filter of a class without a chain
-reads those, and a `Judgement` made from them reads the entries on first use (a prioritize's
-scores, a spread cap's check).
+slot (`VerdictTable.tallies`, `tally_row`, `nodeslots`). An index stands for a tally key and a
+score, so the filter and the prioritize of a class without a chain read those alone, and a
+`Judgement` made from them reads the entries on first use (the chain, the explanation).
 Replies stay the bytes a fresh `evaluate` gives (`reference`), whatever was read.
 """
 
@@ -72,7 +72,7 @@ def _in_step(table: VerdictTable[Any]) -> bool:
     )
 
 
-def test_a_filter_reads_no_entry_and_its_prioritize_does() -> None:
+def test_a_filter_and_a_prioritize_read_no_entry() -> None:
     clock = Clock()
     store = _store(clock)
     app = ScorerApp(policy=Policy(), clock=clock, node_store=store)
@@ -89,7 +89,7 @@ def test_a_filter_reads_no_entry_and_its_prioritize_does() -> None:
     body = names_body(hinted(), ("n2", "n3"))
     want, _ = reference("prioritize", body, store.lookup(("n2", "n3")), clock.now, app.policy)
     assert app.handle("prioritize", body).body == want
-    assert CountedEntries.reads == 2
+    assert CountedEntries.reads == 0
 
 
 def test_tally_indexes_follow_every_write() -> None:
@@ -124,7 +124,7 @@ def test_a_class_with_a_chain_reads_its_entries() -> None:
 @pytest.mark.parametrize("then", ["kept", "written", "deleted"])
 def test_entries_read_after_the_indexes_are_those_stored_since(then: str) -> None:
     """A judgement's entries read after a write show it, as if the write had come a moment
-    before the request: the filter's verdicts are those of its own read."""
+    before the request; its replies are those of its own read of the tally indexes."""
     clock = Clock()
     store = _store(clock)
     policy = Policy()
@@ -132,15 +132,17 @@ def test_entries_read_after_the_indexes_are_those_stored_since(then: str) -> Non
     store.judge(pod_class, NAMES, clock.now)
     names = ("n3", "n4", "n0")
     judgement = store.judge(pod_class, names, clock.now, tallies_only=True)
+    read = store.lookup(names)
     if then == "written":
         store.put(gpu_node("n3", utilization=0.99))
     elif then == "deleted":
         store.delete("n3")  # unknown now: judged without data (lenient: passes)
     assert judgement.passed_mask() == [True, False, True]
     body = names_body(hinted(), names)
-    want, _ = reference("prioritize", body, store.lookup(names), clock.now, policy)
+    want, _ = reference("prioritize", body, read, clock.now, policy)
     assert judgement.prioritize_reply() == want
     assert [e.node.name for e in judgement.entries] == list(names)
+    assert judgement.entries[0].node == store.lookup(names)[0]  # the write, or unknown
 
 
 def test_a_spread_cap_over_tally_indexes_counts_as_over_entries() -> None:
@@ -163,12 +165,12 @@ def test_a_spread_cap_over_tally_indexes_counts_as_over_entries() -> None:
 
 def test_a_judgement_needs_its_entries_or_a_way_to_read_them() -> None:
     with pytest.raises(ValueError, match="tally indexes and fetch"):
-        Judgement(["n0"], None, Overrides(), [], 0, tally_ids=[0])
+        Judgement(["n0"], None, Overrides(), [], [], 0, tally_ids=[0])
 
 
-def test_the_prioritize_of_a_list_passed_whole_reads_its_entries_once() -> None:
-    """A filter that passed every node prepares its prioritize under its own list's key: the
-    entries that preparation reads are kept with the list's view, for the prioritize."""
+def test_the_prioritize_of_a_list_passed_whole_reads_no_entry() -> None:
+    """A filter that passed every node prepares its prioritize under its own list's key, from
+    its own tally indexes: neither reads an entry, nor does the proposal's top score."""
     clock = Clock()
     store = _store(clock)
     app = ScorerApp(policy=Policy(), clock=clock, node_store=store)
@@ -178,11 +180,12 @@ def test_the_prioritize_of_a_list_passed_whole_reads_its_entries_once() -> None:
     names = ("n5", "n3", "n2", "n0")
     body = names_body(hinted(), names)
     assert json.loads(app.handle("filter", body).body)["NodeNames"] == list(names)
-    assert CountedEntries.reads == len(names)  # the preparation, after the filter's reply
+    assert CountedEntries.reads == 0  # nor the preparation, after the filter's reply
     want, _ = reference("prioritize", body, store.lookup(names), clock.now, app.policy)
     assert app.handle("prioritize", body).body == want
-    # What a prioritize reads of its entries beyond the reply (where it expects the pod).
+    # What a prioritize reads beyond the reply (where it expects the pod).
     key = msgspec.json.encode(names)
     pod_class = _class(hinted(), app.policy)
-    assert store.judge(pod_class, names, clock.now, list_key=key).top_scored(3) == []
-    assert CountedEntries.reads == len(names)
+    judged = store.judge(pod_class, names, clock.now, list_key=key, tallies_only=True)
+    assert judged.top_scored(3) == []
+    assert CountedEntries.reads == 0

@@ -524,6 +524,59 @@ def test_a_filter_prepares_the_prioritize_that_follows_it() -> None:
     for names, left in ((["n2", "n3"], ["n3"]), (["n2"], [])):
         assert filtered(names) == left
         assert prepared(left) is None
+    # A pod the prioritize cannot propose (no uid: its bind could not be matched) gets its
+    # prioritize prepared, and no top.
+    the_pod["metadata"]["uid"] = ""
+    passed = filtered(["n4", "n0", "n1"])
+    kept = made(passed)
+    assert kept is not None
+    assert "prioritize" in kept.bodies
+    assert kept.top is None
+
+
+def test_a_prepared_prioritize_follows_what_was_written_after_its_filter_read() -> None:
+    """The prioritize a filter prepares is made from the filter's own tally indexes (each
+    carries the node's score), current to the filter's read. A node written after that read
+    is patched in when the prioritize comes, even if the preparation ran after the write; a
+    write that changes no tally index leaves the prepared bytes standing."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    # Enough nodes that a list of them is patched for one change (`listviews`).
+    every = [f"m{i:02d}" for i in range(16)]
+    store.replace([gpu_node(n, utilization=0.05 * (i + 1)) for i, n in enumerate(every)])
+    placements = RecordedPlacements()
+    app = _app(store, clock, placements=placements)
+    the_pod = hinted()
+    the_pod["metadata"]["uid"] = "uid-1"
+    pod_class = _class(the_pod, app.policy)
+    app.handle("filter", names_body(the_pod, every))  # every entry judged for the class
+    app.handle("prioritize", names_body(the_pod, every[:2]))  # kube-scheduler prioritizes
+
+    def prioritized(names: list[str]) -> bytes:
+        body = names_body(the_pod, names)
+        want, _ = reference("prioritize", body, store.lookup(names), clock.now, app.policy)
+        got = app.handle("prioritize", body).body
+        assert got == want
+        scores = {host["Host"]: host["Score"] for host in json.loads(got)}
+        top = [name for name in names if scores[name] == max(scores.values())]
+        assert placements.proposed[-1] == top  # what the reply puts on top
+        return got
+
+    names = every[8:0:-1]
+    response = app.answer("filter", names_body(the_pod, names))  # read, replied, not prepared
+    assert json.loads(response.body)["NodeNames"] == names
+    store.put(gpu_node("m01", utilization=0.6))  # the top node, no longer the top
+    response.finish()  # the preparation, from the filter's read
+    prioritized(names)
+    assert "m01" not in placements.proposed[-1]
+    # A node written with a new utilization and the same verdict and score: the prepared
+    # bytes stand.
+    names = every[:12]
+    app.handle("filter", names_body(the_pod, names))
+    key = msgspec.json.encode(names)
+    prepared = store._table(pod_class).views[key].replies.bodies["prioritize"]
+    store.put(gpu_node("m05", utilization=0.32))  # 0.30 before; a score of 7 either way
+    assert prioritized(names) is prepared
 
 
 def test_a_prioritize_decodes_no_pod_its_filter_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
