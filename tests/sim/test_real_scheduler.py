@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -961,3 +963,17 @@ def test_pooling_a_file_that_is_no_run_is_a_clear_error(
     other.write_text(json.dumps({"benchmark": "scorer_latency", "rows": []}))
     assert real_scheduler.main(["--pool", str(other)]) == 2
     assert "not a readable `--json` document" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", range(1, 8))
+def test_the_rounds_orders_balance_which_mode_runs_before_which(count: int) -> None:
+    modes = [f"m{i}" for i in range(count)]
+    rows = [real_scheduler.round_order(modes, index) for index in range(2 * count)]
+    cycle = count if count % 2 == 0 else 2 * count  # the design's rows, then again
+    assert rows[cycle:] == rows[: 2 * count - cycle]
+    assert all(sorted(row) == modes for row in rows)  # every mode once a round
+    before = Counter(pair for row in rows[:cycle] for pair in itertools.pairwise(row))
+    pairs = list(itertools.permutations(modes, 2))
+    assert set(before) == set(pairs)
+    assert len(set(before.values())) <= 1  # each ordered pair equally often
+    assert real_scheduler.round_order(["none", "names", "null-go-names"], 0)[0] == "none"
