@@ -24,6 +24,13 @@ last-level cache, not from the scorer core's own caches; it brings the CPU per p
 the real scheduler's runs show (with 0, the default, back-to-back pairs keep the store warm, and
 a change in what a request reads shows less than it does under the real scheduler).
 
+`--fresh-lists`: each window is rotated by a random offset not used for it yet, so that a list's
+bytes come back only after every rotation of its window has been sent (500 times at 5,000 nodes).
+kube-scheduler's parallel filter hands a window's names over in the order its chunks finish
+(`benchmarks.window_check`), so a window that comes back need not come back byte for byte, and
+what the scorer keeps per list (keyed by its bytes) need not be found. Without it, at 5,000 nodes
+each window comes back, in the same order, every tenth pod.
+
     python -m benchmarks.scorer_cpu --before HEAD~1
     python -m benchmarks.scorer_cpu --json
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import random
 import socket
 import statistics
 import subprocess
@@ -134,11 +142,35 @@ def _call(sock: socket.socket, path: bytes, body: bytes) -> bytes:
     return rest
 
 
+class FreshOrders:
+    """`--fresh-lists`: each window rotated by an offset not used for its names yet, drawn at
+    random, so that a window's bytes come back only once every rotation of it has been sent."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._left: dict[tuple[str, ...], list[int]] = {}
+
+    def __call__(self, names: list[str]) -> list[str]:
+        left = self._left.get(tuple(names))
+        if not left:
+            left = self._left[tuple(names)] = self._rng.sample(range(len(names)), len(names))
+        at = left.pop()
+        return names[at:] + names[:at]
+
+
 def measure_tree(
-    tree: Path, *, nodes: int, percentage: int, pairs: int, log_level: str, cool_mib: int = 0
+    tree: Path,
+    *,
+    nodes: int,
+    percentage: int,
+    pairs: int,
+    log_level: str,
+    cool_mib: int = 0,
+    fresh_lists: bool = False,
 ) -> float:
     """Server CPU (us) per filter + prioritize pair of one fresh scorer process of `tree`."""
     cooler = memoryview(bytearray(cool_mib << 20))
+    fresh = FreshOrders(seed=nodes) if fresh_lists else None  # the same lists for every tree
 
     def cool() -> None:
         if cool_mib:
@@ -168,7 +200,9 @@ def measure_tree(
             def pair() -> None:
                 the_pod = pods.next()
                 cool()
-                reply = _call(sock, b"/filter", filter_body(the_pod, rotation.window()))
+                window = rotation.window()
+                window = window if fresh is None else fresh(window)
+                reply = _call(sock, b"/filter", filter_body(the_pod, window))
                 if not json.loads(reply)["FailedNodes"]:
                     raise SystemExit("no node rejected: the log lines would not be measured")
                 cool()  # kube-scheduler's own score plugins run here
@@ -203,6 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pairs=args.pairs,
             log_level=args.log_level,
             cool_mib=args.cool_mib,
+            fresh_lists=args.fresh_lists,
         ),
     )
     medians = {label: statistics.median(values) for label, values in rounds.items()}
@@ -216,6 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rounds": args.rounds,
             "log_level": args.log_level,
             "cool_mib": args.cool_mib,
+            "fresh_lists": args.fresh_lists,
         },
         "cpu_us_per_pair": {
             label: [round(v, 1) for v in values] for label, values in rounds.items()
@@ -246,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="MiB the client reads before each request, to leave the scorer's caches cold",
+    )
+    parser.add_argument(
+        "--fresh-lists",
+        action="store_true",
+        help="rotate each window by an offset not used for it yet, so that lists do not come back",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
