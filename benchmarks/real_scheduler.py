@@ -175,6 +175,9 @@ class Config:
     # The CPUs the extenders run on, every other process of the run kept off them (empty: all
     # share every CPU); see `--extender-cpus`.
     extender_cpus: tuple[int, ...] = ()
+    # How each round orders its modes (`round_order`); documents of runs made before it was
+    # recorded lack it: their rounds rotated one order.
+    round_order: str = "williams"
 
     def pods_for(self, mode: str) -> int:
         return self.full_pods if mode.endswith("full") else self.pods
@@ -794,6 +797,13 @@ def run(
     }
 
 
+# How a run's document says its rounds were ordered, by `Config.round_order`.
+_ORDERS: Final = {
+    "rotation": "in rotating order",
+    "williams": "in orders balanced for the mode run just before",
+}
+
+
 def round_order(modes: Sequence[str], index: int) -> list[str]:
     """The order of round `index`'s modes: the rows of a Williams design, so that over as many
     rounds as there are modes (twice as many for an odd count) each mode runs right after each
@@ -1217,13 +1227,13 @@ def markdown_section(
     per_request = f"per request in those rounds{cpu_text}{machine_text}. {sharing}"
     # Runs from before the version was recorded were all made on v1.36.3.
     kubernetes = document.get("kubernetes", "v1.36.3")
+    ordered = _ORDERS[first.get("round_order", "rotation")]
     return f"""{HEADING}
 
 Command: `{command}` (machine: {document["machine"]}, {document["measured_at"]}). A real
 kube-scheduler {kubernetes} on the loopback control plane ([control-plane.md](control-plane.md))
 places a burst of {first["pods"]} one-GPU pods ({first.get("full_pods", first["pods"])} in the
-full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode in orders balanced
-for the mode run just before,
+full-node modes, which run 20-40x slower), {first["rounds"]} rounds per mode {ordered},
 while GPU annotations are patched at a fleet's write rate ({churn}). pods/s is counted
 from the first bind to the last, read from a pod watch; `scorer ms` is the scorer's own mean time
 {per_request}

@@ -44,6 +44,7 @@ from exporter_scheduler.core.spread import (
     check_spread,
 )
 from exporter_scheduler.serving import wire
+from exporter_scheduler.serving.contentverdicts import ContentVerdicts
 from exporter_scheduler.serving.dra import dra_nodes, dra_pod, dra_reply, exclusions
 from exporter_scheduler.serving.echo import Buffer
 from exporter_scheduler.serving.explain import explain, render_text, with_learned_basis
@@ -68,7 +69,7 @@ from exporter_scheduler.serving.responses import (
     method_not_allowed,
     normalize_path_prefix,
 )
-from exporter_scheduler.serving.verdicts import ContentVerdicts, Judgement
+from exporter_scheduler.serving.verdicts import Judgement
 
 # Compiled pod classes kept for reuse; beyond this the cache starts afresh (they are cheap).
 _MAX_POD_CLASSES: Final = 256
@@ -485,8 +486,7 @@ class ScorerApp:
             return Response(200, body), judgement
         # kube-scheduler scores (and so prioritizes) only when more than one node is left.
         if dra is None and not blocked and self._prioritizes and judgement.passing() > 1:
-            # The prioritize proposes the pod's node when something records proposals.
-            top = self.placements is not None and proposes(request.pod, pod_class)
+            top = self.placements is not None and proposes(request.pod, pod_class)  # recorded
             ahead = partial(self.node_store.judge_ahead, pod_class, judgement, now)
             steps.first.append(partial(ahead, proposes=top))
             steps.awaits_next = True

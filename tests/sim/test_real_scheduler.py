@@ -117,6 +117,20 @@ def test_the_section_says_where_pinned_extenders_ran() -> None:
     assert "patcher) on the other CPUs." in section
 
 
+def test_the_section_says_how_its_rounds_were_ordered() -> None:
+    document = _paired_document([90.0, 95.0, 100.0], none=[120.0] * 3, null=[100.0] * 3)
+    config = document["sizes"][0]["config"]  # type: ignore[index]
+
+    def section() -> str:
+        text = real_scheduler.markdown_section(document, command="c", before=None, plotted=False)
+        return " ".join(text.split())
+
+    config.pop("round_order", None)  # a run from before the order was recorded
+    assert "rounds per mode in rotating order," in section()
+    config["round_order"] = real_scheduler.Config(nodes=1).round_order
+    assert "rounds per mode in orders balanced for the mode run just before," in section()
+
+
 def _document(
     on_pods_per_s: float, off_pods_per_s: float, variant: str = "names-no-inflight"
 ) -> dict[str, Any]:
