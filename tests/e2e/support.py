@@ -103,8 +103,20 @@ def _minor_key(minor: str) -> tuple[int, int]:
 
 
 _BARRIERS = itertools.count()
-# The names-only scorers of the running stacks (`started_stack`): `Scope.settle` waits for them.
+# The names-only scorers running (`settles_with`): `Scope.settle` waits for them.
 _NAMES_ONLY_SCORERS: list[ScorerProcess] = []
+
+
+@contextlib.contextmanager
+def settles_with(scorer: ScorerProcess) -> Iterator[None]:
+    """While in this block, `Scope.settle` also waits until the names-only `scorer`'s node
+    cache holds every Node write made so far: a pod scheduled through it must not be judged on
+    a Node the scorer has not yet seen written."""
+    _NAMES_ONLY_SCORERS.append(scorer)
+    try:
+        yield
+    finally:
+        _NAMES_ONLY_SCORERS.remove(scorer)
 
 
 def _wait_for_cache_dump(
@@ -508,13 +520,10 @@ def started_stack(
         )
         extender = ExtenderConfig(scorer.url, node_cache_capable=names_only, ignorable=False)
         control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
-        if names_only:
-            _NAMES_ONLY_SCORERS.append(scorer)
         try:
-            yield ScorerStack(mode, scheduler_name, scorer)
+            with settles_with(scorer) if names_only else contextlib.nullcontext():
+                yield ScorerStack(mode, scheduler_name, scorer)
         finally:
-            if names_only:
-                _NAMES_ONLY_SCORERS.remove(scorer)
             control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
     finally:
         scorer.kill()

@@ -44,7 +44,7 @@ from tests.deploy.image_support import (
     mounted_image,
     service_account_files,
 )
-from tests.e2e.support import Scope, installed_agent, wait_failed_scheduling
+from tests.e2e.support import Scope, installed_agent, settles_with, wait_failed_scheduling
 
 
 @pytest.fixture(scope="module")
@@ -129,27 +129,31 @@ def test_the_scorer_from_the_image_places_pods_for_the_real_scheduler(
         assert extender.node_cache_capable
         control_plane.start_scheduler(SchedulerConfig(scheduler_name, extender))
         try:
-            now = datetime.now(UTC)
-            cool, hot, scorching = scope.node("cool"), scope.node("hot"), scope.node("scorching")
-            publish(api, cool, gpu_state(utilization=0.10, at=now))
-            publish(api, hot, gpu_state(utilization=0.95, at=now))
-            publish(api, scorching, gpu_state(utilization=0.10, temperature_c=88, at=now))
-            scope.settle()
-            first = scope.pod(gpu_pod(scope.name("first"), scheduler_name=scheduler_name))
-            assert wait_for("the pod to bind", lambda: pod_node(api, first), timeout_s=30) == cool
+            # Its node cache is waited for by `settle`, as a stack's scorer is.
+            with settles_with(scorer):
+                now = datetime.now(UTC)
+                cool, hot = scope.node("cool"), scope.node("hot")
+                scorching = scope.node("scorching")
+                publish(api, cool, gpu_state(utilization=0.10, at=now))
+                publish(api, hot, gpu_state(utilization=0.95, at=now))
+                publish(api, scorching, gpu_state(utilization=0.10, temperature_c=88, at=now))
+                scope.settle()
+                first = scope.pod(gpu_pod(scope.name("first"), scheduler_name=scheduler_name))
+                bound = wait_for("the pod to bind", lambda: pod_node(api, first), timeout_s=30)
+                assert bound == cool
 
-            # Once the cool node is hot too, no node passes: the reasons are the scorer's.
-            publish(api, cool, gpu_state(utilization=0.97))
-            scope.settle()
-            second = scope.pod(gpu_pod(scope.name("second"), scheduler_name=scheduler_name))
-            # Reasons are listed sorted; an earlier attempt may have seen another state.
-            wait_failed_scheduling(
-                api,
-                second,
-                starting_with="0/3 nodes are available: 1 gpu temperature at or above 85C, "
-                "2 gpu utilization above 0.90.",
-            )
-            assert pod_node(api, second) is None
+                # Once the cool node is hot too, no node passes: the reasons are the scorer's.
+                publish(api, cool, gpu_state(utilization=0.97))
+                scope.settle()
+                second = scope.pod(gpu_pod(scope.name("second"), scheduler_name=scheduler_name))
+                # Reasons are listed sorted; an earlier attempt may have seen another state.
+                wait_failed_scheduling(
+                    api,
+                    second,
+                    starting_with="0/3 nodes are available: 1 gpu temperature at or above 85C, "
+                    "2 gpu utilization above 0.90.",
+                )
+                assert pod_node(api, second) is None
         finally:
             control_plane.stop_scheduler(f"kube-scheduler-{scheduler_name}")
         assert scorer.alive(), scorer.log()
