@@ -211,7 +211,10 @@ class NodeStore:
             # each in a cache line of its own, cost several times as much (a filter after an
             # idle pause misses the cache on nearly every one). Only while the table's bounds
             # say that every entry holds: else each entry's window is read below.
-            ids = self._slots.tally_ids(table.tally_row, table.tallies, names, list_key)
+            # A prioritize's list (the nodes a filter passed) comes once: no gather is kept
+            # for it, where it would push kube-scheduler's windows out.
+            gathered = b"" if list_key in self._ahead else list_key
+            ids = self._slots.tally_ids(table.tally_row, table.tallies, names, gathered)
             id_counts = count_ids(ids) if ids is not None else None  # type: ignore[arg-type]  # None counted like an index
             if id_counts is not None and None not in id_counts and table.holds(now_ts, epoch):
                 return self._viewed(table, names, None, 0, ids, id_counts, list_key, seen, now)  # type: ignore[arg-type]  # no None here
@@ -305,11 +308,19 @@ class NodeStore:
         passed = tuple(compress(filtered.names, mask))
         key = msgspec.json.encode(passed)
         self._remember_list((key, passed), ahead=True)  # its request needs no decoding either
-        seen, table = filtered.seen, self._table(pod_class)
+        seen, table = filtered.seen, self._tables.get(pod_class.key)
         # A list prepared before is patched, as its prioritize would patch it. The filter's
-        # indexes are current to `seen` unless it stored entries itself (logged after `seen`,
-        # to be patched in again); the chain reads the entries.
-        if seen is None or filtered.judged or pod_class.chain_active or key in table.views:
+        # indexes are current to `seen` in the table it read, unless that table was dropped
+        # since or it stored entries itself (logged after `seen`, to be patched in again);
+        # the chain reads the entries.
+        if (
+            seen is None
+            or filtered.table is not table
+            or table is None
+            or filtered.judged
+            or pod_class.chain_active
+            or key in table.views
+        ):
             ahead = self.judge(pod_class, passed, now, list_key=key, tallies_only=True)
         else:
             ids = list(compress(filtered.tally_indexes(), mask))

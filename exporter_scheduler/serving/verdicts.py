@@ -307,6 +307,7 @@ class VerdictTable(Generic[ViewT]):
             replies=replies,
             fetch=fetch,
             seen=seen,
+            table=self,
         )
 
 
@@ -352,6 +353,7 @@ class Judgement:
         "overrides",
         "replies",
         "seen",
+        "table",
         "tally_keys",
         "tally_scores",
     )
@@ -370,6 +372,7 @@ class Judgement:
         replies: Prepared | None = None,
         fetch: Callable[[], list[Entry]] | None = None,
         seen: int | None = None,
+        table: VerdictTable[Any] | None = None,
     ) -> None:
         if entries is None and (tally_ids is None or fetch is None):
             raise ValueError("a judgement without entries needs their tally indexes and fetch")
@@ -387,8 +390,10 @@ class Judgement:
         self.judged = judged  # entries this request had to judge itself
         self._ids = tally_ids  # the entries' tally indexes, when the caller has them
         self._counts = counts  # and their counts
-        # The position in the table's change log they are current to (None: not kept): a
-        # list made from them is patched from there (`NodeStore.judge_ahead`).
+        # The table they were read from, and the position in its change log they are current
+        # to (None: not kept): a list made from them is patched from there, in that table
+        # alone (`NodeStore.judge_ahead`; a class's table can be dropped and made again).
+        self.table = table
         self.seen = seen
         self._overruled: list[tuple[int, str]] | None = None
         # Made once (the filter's reply and the prioritize it prepares read the same mask;

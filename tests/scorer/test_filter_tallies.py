@@ -189,3 +189,21 @@ def test_the_prioritize_of_a_list_passed_whole_reads_no_entry() -> None:
     judged = store.judge(pod_class, names, clock.now, list_key=key, tallies_only=True)
     assert judged.top_scored(3) == []
     assert CountedEntries.reads == 0
+
+
+def test_a_prioritize_list_keeps_no_gather_of_its_slots() -> None:
+    """The slots of a window kube-scheduler sends again are kept with its bytes; a list that
+    a filter prepared for its prioritize comes once, and keeps none (it would push the windows
+    out of the few kept)."""
+    clock = Clock()
+    store = _store(clock)
+    pod_class = _class(hinted(), Policy())
+    store.judge(pod_class, NAMES, clock.now)  # every entry judged
+    window, passed = NAMES[:4], NAMES[2:]
+    window_key, passed_key = msgspec.json.encode(window), msgspec.json.encode(passed)
+    store._remember_list((passed_key, passed), ahead=True)
+    for names, key in ((window, window_key), (passed, passed_key)):
+        store.judge(pod_class, names, clock.now, list_key=key, tallies_only=True)
+    gathers = store._slots._gathers
+    assert window_key in gathers
+    assert passed_key not in gathers

@@ -538,7 +538,8 @@ def test_a_prepared_prioritize_follows_what_was_written_after_its_filter_read() 
     """The prioritize a filter prepares is made from the filter's own tally indexes (each
     carries the node's score), current to the filter's read. A node written after that read
     is patched in when the prioritize comes, even if the preparation ran after the write; a
-    write that changes no tally index leaves the prepared bytes standing."""
+    write that changes no tally index leaves the prepared bytes standing. (Every node passes
+    here, so the prepared list is the filter's own view; a list of its own is the next test.)"""
     clock = Clock()
     store = NodeStore(clock=clock)
     # Enough nodes that a list of them is patched for one change (`listviews`).
@@ -577,6 +578,73 @@ def test_a_prepared_prioritize_follows_what_was_written_after_its_filter_read() 
     prepared = store._table(pod_class).views[key].replies.bodies["prioritize"]
     store.put(gpu_node("m05", utilization=0.32))  # 0.30 before; a score of 7 either way
     assert prioritized(names) is prepared
+
+
+def test_a_prioritize_prepared_from_the_filters_indexes_follows_a_write_since(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A filter that rejected some nodes prepares its prioritize for a list of its own from its
+    tally indexes, with no name judged or looked up again; a node written between the filter's
+    read and the preparation is patched in at the prioritize."""
+    clock = Clock()
+    store = NodeStore(clock=clock)
+    every = [f"m{i:02d}" for i in range(16)]
+    hot = {"m03", "m07"}
+    store.replace(
+        [gpu_node(n, utilization=0.95 if n in hot else 0.05 * (i + 1)) for i, n in enumerate(every)]
+    )
+    placements = RecordedPlacements()
+    app = _app(store, clock, placements=placements)
+    the_pod = hinted()
+    the_pod["metadata"]["uid"] = "uid-1"
+    app.handle("filter", names_body(the_pod, every))  # every entry judged for the class
+    app.handle("prioritize", names_body(the_pod, every[:2]))  # kube-scheduler prioritizes
+    names = every[12:0:-1]
+    response = app.answer("filter", names_body(the_pod, names))
+    passed = json.loads(response.body)["NodeNames"]
+    assert passed == [n for n in names if n not in hot]
+    store.put(gpu_node("m01", utilization=0.6))  # the top node, no longer the top
+    judged: list[object] = []
+    judge = store.judge
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "judge", lambda *a, **k: judged.append(a) or judge(*a, **k))
+        response.finish()  # the preparation
+    assert judged == []  # made from the filter's indexes
+    body = names_body(the_pod, passed)
+    want, _ = reference("prioritize", body, store.lookup(passed), clock.now, app.policy)
+    assert app.handle("prioritize", body).body == want
+    scores = {host["Host"]: host["Score"] for host in json.loads(want)}
+    assert placements.proposed[-1] == [n for n in passed if scores[n] == max(scores.values())]
+    assert "m01" not in placements.proposed[-1]
+
+
+def test_a_filter_whose_class_was_dropped_before_its_preparation() -> None:
+    """The filter's tally indexes belong to its class's table as it was: a class dropped from
+    the store (at most `max_classes`) between the filter and its preparation gets a new table,
+    and the preparation judges the names in it instead of reading the old indexes there."""
+    clock = Clock()
+    store = NodeStore(clock=clock, max_classes=1)
+    every = [f"m{i:02d}" for i in range(16)]
+    store.replace(
+        [
+            gpu_node(n, utilization=0.95 if n == "m03" else 0.05 * (i + 1))
+            for i, n in enumerate(every)
+        ]
+    )
+    app = _app(store, clock)
+    first, other = hinted(), hinted({"max-utilization": "0.50"})
+    app.handle("filter", names_body(first, every))
+    app.handle("prioritize", names_body(first, every[:2]))  # kube-scheduler prioritizes
+    response = app.answer("filter", names_body(first, every[10::-1]))
+    # Another connection's requests (straight to the store: through the app, each would run
+    # the held preparation first): the first class's table dropped, and made again.
+    store.judge(_class(other, app.policy), every[::-1], clock.now)
+    store.judge(_class(first, app.policy), every[5:], clock.now, tallies_only=True)
+    response.finish()  # the preparation of the first filter's prioritize
+    passed = json.loads(response.body)["NodeNames"]
+    body = names_body(first, passed)
+    want, _ = reference("prioritize", body, store.lookup(passed), clock.now, app.policy)
+    assert app.handle("prioritize", body).body == want
 
 
 def test_a_prioritize_decodes_no_pod_its_filter_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
